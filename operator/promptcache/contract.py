@@ -1,0 +1,69 @@
+"""Names shared by the control plane and the data plane, written down once.
+
+The renderer writes these into pods and the cache front reads them back, so a
+typo on either side would silently switch a feature off. Both sides import them
+from here. This module must stay free of heavy imports (no torch, no Kubernetes
+client): the operator and the front both load it.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Final
+
+# --- spec/000: the prompt-embeds cache size, per API-server process -----------
+SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR: Final[str] = "SG_PROMPT_EMBEDS_CACHE_GIB"
+
+# --- spec/004: what clients send ----------------------------------------------
+DEFAULT_ISOLATION_HEADER: Final[str] = "x-prompt-cache-isolation-key"
+DEFAULT_ISOLATION_FIELD: Final[str] = "prompt_cache_isolation_key"
+PROMPT_CACHE_MAX_LEN_FIELD: Final[str] = "prompt_cache_max_len"
+DEFAULT_SESSION_HEADER: Final[str] = "x-session-affinity"
+SESSION_USER_FIELD: Final[str] = "user"
+# --- spec/004: what clients get back --------------------------------------------
+DEFAULT_PROMPT_TOKENS_HEADER: Final[str] = "dashflow-prompt-tokens"
+DEFAULT_CACHED_PROMPT_TOKENS_HEADER: Final[str] = "dashflow-cached-prompt-tokens"
+
+# --- vLLM request field the isolation policy controls -------------------------
+CACHE_SALT_FIELD: Final[str] = "cache_salt"
+
+
+class IsolationMode(StrEnum):
+    """How the cache front turns an isolation key into vLLM's `cache_salt`."""
+
+    SHARED = "Shared"
+    """No salt: every request shares one cache (spec/004's dedicated default)."""
+    PER_KEY = "PerKey"
+    """A key, when sent, becomes an HMAC-derived salt; requests without one share."""
+    REQUIRED = "Required"
+    """Every request must carry a key; one without gets HTTP 400."""
+
+
+# --- the model-server pod's shape ---------------------------------------------
+SERVING_PORT: Final[int] = 8000
+"""The port the InferencePool targets: the cache front's, or vLLM's without a front."""
+VLLM_LOCAL_PORT: Final[int] = 8001
+"""vLLM's port when a cache front stands in front of it; bound to 127.0.0.1 only."""
+SALT_KEY_SECRET_KEY: Final[str] = "salt-key"
+"""The key inside the salt Secret that holds the HMAC secret."""
+SALT_KEY_MOUNT_DIR: Final[str] = "/etc/promptcache/salt"
+
+
+class FrontEnv:
+    """Environment variables the renderer sets on the cache-front container.
+
+    Each has a matching `promptcache front` flag; the flag wins when both are given.
+    """
+
+    UPSTREAM: Final[str] = "PROMPTCACHE_UPSTREAM"
+    LISTEN: Final[str] = "PROMPTCACHE_LISTEN"
+    ISOLATION_MODE: Final[str] = "PROMPTCACHE_ISOLATION_MODE"
+    ISOLATION_HEADER: Final[str] = "PROMPTCACHE_ISOLATION_HEADER"
+    ISOLATION_FIELD: Final[str] = "PROMPTCACHE_ISOLATION_FIELD"
+    SALT_KEY_FILE: Final[str] = "PROMPTCACHE_SALT_KEY_FILE"
+    HONOR_MAX_LEN: Final[str] = "PROMPTCACHE_HONOR_PROMPT_CACHE_MAX_LEN"
+    SESSION_HEADER: Final[str] = "PROMPTCACHE_SESSION_HEADER"
+    SESSION_FROM_USER: Final[str] = "PROMPTCACHE_SESSION_FROM_USER"
+    PROMPT_TOKENS_HEADER: Final[str] = "PROMPTCACHE_PROMPT_TOKENS_HEADER"
+    CACHED_PROMPT_TOKENS_HEADER: Final[str] = "PROMPTCACHE_CACHED_PROMPT_TOKENS_HEADER"
+    MAX_BODY_BYTES: Final[str] = "PROMPTCACHE_MAX_BODY_BYTES"

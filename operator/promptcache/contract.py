@@ -67,3 +67,22 @@ class FrontEnv:
     PROMPT_TOKENS_HEADER: Final[str] = "PROMPTCACHE_PROMPT_TOKENS_HEADER"
     CACHED_PROMPT_TOKENS_HEADER: Final[str] = "PROMPTCACHE_CACHED_PROMPT_TOKENS_HEADER"
     MAX_BODY_BYTES: Final[str] = "PROMPTCACHE_MAX_BODY_BYTES"
+    MAX_IN_FLIGHT: Final[str] = "PROMPTCACHE_MAX_IN_FLIGHT"
+    """Requests the front works on at once; more get HTTP 503 (bounds its memory)."""
+    DECODE_WORKERS: Final[str] = "PROMPTCACHE_DECODE_WORKERS"
+    """Threads for base64/torch.load/hashing, kept off the event loop."""
+    TURBOQUANT_DTYPE: Final[str] = "PROMPTCACHE_TURBOQUANT_DTYPE"
+    """The dtype TurboQuant payloads are decoded to before vLLM sees them."""
+    UPSTREAM_TIMEOUT_SECONDS: Final[str] = "PROMPTCACHE_UPSTREAM_TIMEOUT_SECONDS"
+    """Longest the front waits for vLLM to start answering a request."""
+
+
+# --- the cache front's answers a client program must recognise ----------------
+PROMPT_EMBEDS_NOT_CACHED_ERROR_CODE: Final[str] = "prompt_embeds_not_cached"
+"""`error.code` of the HTTP 409 a request gets when it references identifiers the
+front does not hold; `error.missing_prompt_embeds_ids` lists exactly those."""
+MISSING_PROMPT_EMBEDS_IDS_FIELD: Final[str] = "missing_prompt_embeds_ids"
+FRONT_HEALTH_PATH: Final[str] = "/healthz"
+"""Liveness of the cache front itself (the renderer's livenessProbe)."""
+FRONT_READY_PATH: Final[str] = "/readyz"
+"""Readiness: 200 only while vLLM behind the front answers its /health."""

@@ -67,6 +67,10 @@ class FrontEnv:
     PROMPT_TOKENS_HEADER: Final[str] = "PROMPTCACHE_PROMPT_TOKENS_HEADER"
     CACHED_PROMPT_TOKENS_HEADER: Final[str] = "PROMPTCACHE_CACHED_PROMPT_TOKENS_HEADER"
     MAX_BODY_BYTES: Final[str] = "PROMPTCACHE_MAX_BODY_BYTES"
+    WORKERS: Final[str] = "PROMPTCACHE_WORKERS"
+    """Front processes sharing the serving port (SO_REUSEPORT), one per vLLM API server, each
+    with its own prompt-embeds cache: the renderer sets it to `engine.apiServerCount`, which
+    is why the per-pod ceiling is apiServerCount × SG_PROMPT_EMBEDS_CACHE_GIB (spec/000)."""
     MAX_IN_FLIGHT: Final[str] = "PROMPTCACHE_MAX_IN_FLIGHT"
     """Requests the front works on at once; more get HTTP 503 (bounds its memory)."""
     DECODE_WORKERS: Final[str] = "PROMPTCACHE_DECODE_WORKERS"

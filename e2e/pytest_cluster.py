@@ -1,0 +1,254 @@
+"""Pytest plugin: a real Kubernetes cluster for tests marked ``@pytest.mark.cluster``.
+
+Why a plugin module (registered from ``tests/conftest.py`` and ``e2e/conftest.py``) rather
+than fixtures in one conftest: both test trees need the same *single* session cluster;
+fixtures defined in two conftests would be two fixture definitions and start two clusters.
+
+Fixtures:
+- ``cluster`` (session): a started cluster (``e2e/cluster up``), or the cluster that
+  ``KUBECONFIG`` points at when ``PROMPTCACHE_USE_EXISTING_CLUSTER=1``. Torn down at the end.
+- ``cluster_factory`` (session): ``cluster_factory(gateway_crds=False)`` starts another,
+  independent local cluster (e.g. without Gateway API CRDs); all are torn down at the end.
+- ``namespace`` (function): a fresh namespace in ``cluster`` whose default ServiceAccount
+  exists (pods can be created at once); deleted afterwards.
+
+Env: ``PROMPTCACHE_CACHE_DIR`` (binaries and cluster dirs), ``PROMPTCACHE_USE_EXISTING_CLUSTER``,
+``PROMPTCACHE_POD_CIDR`` (pod CIDR of an existing cluster whose pod IPs are loopback).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+E2E_DIR = Path(__file__).resolve().parent
+CLUSTER_CLI = E2E_DIR / "cluster"
+CACHE = Path(os.environ.get("PROMPTCACHE_CACHE_DIR") or Path.home() / ".cache" / "promptcache")
+UP_TIMEOUT_S = 240  # warm `up` takes well under 60 s; a loaded CI machine gets slack
+
+
+def _cli(*args: str, timeout: float = UP_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(CLUSTER_CLI), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@functools.cache
+def binary(name: str) -> Path:
+    """Path of a binary built by ``e2e/cluster build`` (kubectl, helm, epp, kwok, ...)."""
+    proc = _cli("which", name, timeout=60)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name} is not built: run `e2e/cluster build` ({proc.stderr.strip()})")
+    return Path(proc.stdout.strip())
+
+
+@dataclass
+class Cluster:
+    """Handle on a running cluster: kubeconfig, kubectl/helm helpers, a Python client."""
+
+    kubeconfig: Path
+    pod_cidr: str | None  # loopback CIDR of fake pod IPs; None when pod IPs are not loopback
+    mode: str  # "local" (built here), "existing" (KUBECONFIG), "kind"
+    dir: Path | None = None
+    gateway_crds: bool = True
+    nodes: list[str] = field(default_factory=list)
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Environment for a subprocess that should talk to this cluster."""
+        return {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+
+    @property
+    def loopback_pod_ips(self) -> bool:
+        """True when a test may bind a server to a pod's IP (kwok pods in 127/8)."""
+        return bool(self.pod_cidr) and str(self.pod_cidr).startswith("127.")
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        """Run kubectl against this cluster; raises with stderr on failure when ``check``."""
+        proc = subprocess.run(
+            [str(binary("kubectl")), "--kubeconfig", str(self.kubeconfig), *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(
+                f"kubectl {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}"
+            )
+        return proc
+
+    def helm(
+        self, *args: str, check: bool = True, timeout: float = 180
+    ) -> subprocess.CompletedProcess[str]:
+        """Run helm against this cluster with a private helm home (no user config leaks in)."""
+        home = Path(self.dir or CACHE) / "helm-home"
+        env = {
+            **self.env,
+            "HELM_CACHE_HOME": str(home / "cache"),
+            "HELM_CONFIG_HOME": str(home / "config"),
+            "HELM_DATA_HOME": str(home / "data"),
+        }
+        proc = subprocess.run(
+            [str(binary("helm")), "--kubeconfig", str(self.kubeconfig), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            env=env,
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}")
+        return proc
+
+    @cached_property
+    def api_client(self) -> Any:
+        """A ``kubernetes.client.ApiClient`` for this cluster (official Python client)."""
+        from kubernetes import config  # imported lazily: unit-only runs need not load it
+
+        return config.new_client_from_config(config_file=str(self.kubeconfig))
+
+    @property
+    def core(self) -> Any:
+        from kubernetes import client
+
+        return client.CoreV1Api(self.api_client)
+
+    @property
+    def apps(self) -> Any:
+        from kubernetes import client
+
+        return client.AppsV1Api(self.api_client)
+
+    @property
+    def custom(self) -> Any:
+        from kubernetes import client
+
+        return client.CustomObjectsApi(self.api_client)
+
+    def create_namespace(self, prefix: str = "t") -> str:
+        """A fresh namespace, returned once its default ServiceAccount exists (pods need it)."""
+        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        self.kubectl("create", "namespace", name)
+        self.wait_for(
+            lambda: self.kubectl("get", "serviceaccount", "default", "-n", name, check=False)
+            .returncode
+            == 0,
+            f"default ServiceAccount in {name}",
+        )
+        return name
+
+    def wait_for(self, cond: Callable[[], bool], what: str, timeout: float = 90) -> None:
+        """Poll ``cond`` (bounded); fail with ``what`` named."""
+        deadline = time.monotonic() + timeout
+        while not cond():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            time.sleep(0.3)
+
+    def get_json(self, *args: str) -> Any:
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+
+def start_local_cluster(gateway_crds: bool = True, name: str | None = None) -> Cluster:
+    """Start a fresh local cluster in its own dir; the caller must ``stop_cluster`` it."""
+    name = name or f"pytest-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    d = CACHE / "clusters" / name
+    args = ["up", "--dir", str(d), "--no-build", "--watch-pid", str(os.getpid())]
+    if not gateway_crds:
+        args.append("--no-gateway-crds")
+    proc = _cli(*args)
+    if proc.returncode != 0:
+        _cli("down", "--dir", str(d), timeout=60)
+        raise RuntimeError(f"e2e/cluster up failed:\n{proc.stderr[-4000:]}")
+    status = json.loads(_cli("status", "--dir", str(d), "--json", timeout=60).stdout)
+    return Cluster(
+        kubeconfig=Path(status["kubeconfig"]),
+        pod_cidr=status["pod_cidr"] or None,
+        mode=status["mode"],
+        dir=d,
+        gateway_crds=bool(status["gateway_crds"]),
+        nodes=list(status["nodes"]),
+    )
+
+
+def stop_cluster(c: Cluster) -> None:
+    if c.mode != "existing" and c.dir is not None:
+        _cli("down", "--dir", str(c.dir), timeout=120)
+
+
+def existing_cluster() -> Cluster | None:
+    """The cluster KUBECONFIG points at, when the user asked for it explicitly."""
+    if os.environ.get("PROMPTCACHE_USE_EXISTING_CLUSTER") != "1":
+        return None
+    kubeconfig = os.environ.get("KUBECONFIG")
+    if not kubeconfig:
+        raise RuntimeError("PROMPTCACHE_USE_EXISTING_CLUSTER=1 needs KUBECONFIG set")
+    return Cluster(
+        kubeconfig=Path(kubeconfig.split(os.pathsep)[0]),
+        pod_cidr=os.environ.get("PROMPTCACHE_POD_CIDR") or None,
+        mode="existing",
+        gateway_crds=True,
+    )
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    """The session's cluster: started once, shared by every ``cluster``-marked test."""
+    existing = existing_cluster()
+    if existing is not None:
+        yield existing
+        return
+    c = start_local_cluster(gateway_crds=True)
+    try:
+        yield c
+    finally:
+        stop_cluster(c)
+
+
+@pytest.fixture(scope="session")
+def cluster_factory() -> Iterator[Callable[..., Cluster]]:
+    """Start extra local clusters on demand, e.g. ``cluster_factory(gateway_crds=False)``."""
+    started: list[Cluster] = []
+
+    def make(gateway_crds: bool = True) -> Cluster:
+        if existing_cluster() is not None:
+            pytest.skip("extra clusters need the local control plane, not an existing cluster")
+        c = start_local_cluster(gateway_crds=gateway_crds)
+        started.append(c)
+        return c
+
+    try:
+        yield make
+    finally:
+        for c in started:
+            stop_cluster(c)
+
+
+@pytest.fixture
+def namespace(cluster: Cluster) -> Iterator[str]:
+    """A fresh namespace in the session cluster, deleted (without waiting) afterwards."""
+    name = cluster.create_namespace()
+    try:
+        yield name
+    finally:
+        cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)

@@ -1,0 +1,98 @@
+"""Every error the front itself answers with, as one exception carrying its HTTP form.
+
+Hierarchy: `FrontError` is the only type; its `code` is stable and
+machine-readable (clients branch on it), its `message` is for people and names
+the field and the fix. The body follows OpenAI's error shape so existing
+clients surface the message::
+
+    {"error": {"message": "...", "type": "invalid_request_error",
+               "code": "prompt_embeds_not_cached", "param": "prompt_embeds",
+               "missing_prompt_embeds_ids": ["blake3:..."]}}
+
+Upstream (vLLM) errors are never wrapped: their status and body pass through.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final
+
+from promptcache.contract import (
+    MISSING_PROMPT_EMBEDS_IDS_FIELD,
+    PROMPT_EMBEDS_NOT_CACHED_ERROR_CODE,
+)
+
+INVALID_JSON: Final = "invalid_json"
+BODY_NOT_OBJECT: Final = "body_not_object"
+REQUEST_TOO_LARGE: Final = "request_too_large"
+ISOLATION_KEY_REQUIRED: Final = "isolation_key_required"
+INVALID_ISOLATION_KEY: Final = "invalid_isolation_key"
+INVALID_PROMPT_CACHE_MAX_LEN: Final = "invalid_prompt_cache_max_len"
+INVALID_PROMPT_EMBEDS: Final = "invalid_prompt_embeds"
+INVALID_PROMPT_EMBEDS_ID: Final = "invalid_prompt_embeds_id"
+PROMPT_EMBEDS_ID_MISMATCH: Final = "prompt_embeds_id_mismatch"
+PROMPT_EMBEDS_NOT_CACHED: Final = PROMPT_EMBEDS_NOT_CACHED_ERROR_CODE
+PATH_FORBIDDEN: Final = "path_forbidden"
+FRONT_OVERLOADED: Final = "front_overloaded"
+UPSTREAM_UNAVAILABLE: Final = "upstream_unavailable"
+UPSTREAM_TIMEOUT: Final = "upstream_timeout"
+UPSTREAM_FAILED: Final = "upstream_failed"
+
+_TYPES: Final[dict[int, str]] = {
+    400: "invalid_request_error",
+    403: "permission_error",
+    409: "invalid_request_error",
+    413: "invalid_request_error",
+    502: "upstream_error",
+    503: "overloaded_error",
+    504: "upstream_error",
+}
+
+
+class FrontError(Exception):
+    """A request the front answers itself, with a stable code and a clear message."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        param: str | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.param = param
+        self.extra = dict(extra or {})
+
+    def body(self) -> dict[str, Any]:
+        """The JSON object the client receives."""
+        error: dict[str, Any] = {
+            "message": self.message,
+            "type": _TYPES.get(self.status, "invalid_request_error"),
+            "code": self.code,
+            "param": self.param,
+        }
+        error.update(self.extra)
+        return {"error": error}
+
+    def body_bytes(self) -> bytes:
+        """The response body, encoded."""
+        return json.dumps(self.body()).encode("utf-8")
+
+
+def not_cached(missing: list[str], param: str) -> FrontError:
+    """The 409 that tells a client exactly which payloads to upload again."""
+    n = len(missing)
+    noun = "identifier is" if n == 1 else "identifiers are"
+    return FrontError(
+        409,
+        PROMPT_EMBEDS_NOT_CACHED,
+        f"{n} prompt-embeds {noun} not cached on this server; send the payloads for "
+        f"the identifiers in {MISSING_PROMPT_EMBEDS_IDS_FIELD} again",
+        param=param,
+        extra={MISSING_PROMPT_EMBEDS_IDS_FIELD: missing},
+    )

@@ -1,0 +1,124 @@
+"""The front's Prometheus metrics, and the merge with vLLM's own.
+
+The front owns the pod's serving port, so the Endpoint Picker scrapes the
+front: `/metrics` must carry vLLM's `vllm:*` series unchanged, followed by the
+front's own `promptcache_front_*` series. The names never collide, so a plain
+concatenation of the two text expositions is a valid exposition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from promptcache.embeds.cache import PromptEmbedsCacheStats
+
+PREFIX: Final = "promptcache_front"
+CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class _CacheCollector(Collector):
+    """Reads the prompt-embeds cache's own counters at scrape time (spec/000 stats)."""
+
+    def __init__(self, stats: Callable[[], PromptEmbedsCacheStats]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._stats()
+        p = f"{PREFIX}_prompt_embeds_cache"
+        yield CounterMetricFamily(f"{p}_hits", "Cache lookups that found a payload.", s.hits)
+        yield CounterMetricFamily(f"{p}_lookups", "Cache lookups made.", s.lookups)
+        yield GaugeMetricFamily(
+            f"{p}_hit_ratio", "Fraction of lookups that hit (0 before any).", s.hit_ratio
+        )
+        yield GaugeMetricFamily(f"{p}_entries", "Payloads held.", s.entries)
+        yield GaugeMetricFamily(f"{p}_used_bytes", "Bytes charged to the cache.", s.used_bytes)
+        yield GaugeMetricFamily(
+            f"{p}_capacity_bytes", "Bytes the cache may hold (0 = disabled).", s.capacity_bytes
+        )
+        yield CounterMetricFamily(
+            f"{p}_oversize_rejections",
+            "Payloads never cached because they were larger than the whole cache.",
+            s.oversize_rejections,
+        )
+
+
+class FrontMetrics:
+    """One registry per app, so tests can run several fronts in one process."""
+
+    def __init__(self, cache_stats: Callable[[], PromptEmbedsCacheStats]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            f"{PREFIX}_requests", "Requests answered, by endpoint and HTTP status.",
+            ["endpoint", "code"], registry=r,
+        )
+        self.id_lookups = Counter(
+            f"{PREFIX}_prompt_embeds_id_lookups",
+            "Prompt-embeds identifiers referenced by clients, by endpoint and result.",
+            ["endpoint", "result"], registry=r,
+        )
+        self.uploads = Counter(
+            f"{PREFIX}_prompt_embeds_uploads",
+            "Uploaded prompt-embeds payloads, by verification result.",
+            ["result"], registry=r,
+        )
+        self.bytes_saved = Counter(
+            f"{PREFIX}_prompt_embeds_bytes_saved",
+            "Payload bytes clients did not send because they referenced an identifier.",
+            registry=r,
+        )
+        self.isolation = Counter(
+            f"{PREFIX}_isolation_decisions",
+            "Isolation decisions, by configured mode and outcome.",
+            ["mode", "decision"], registry=r,
+        )
+        self.client_salt_removed = Counter(
+            f"{PREFIX}_client_cache_salt_removed",
+            "Requests whose client-supplied cache_salt was replaced or removed.",
+            registry=r,
+        )
+        self.max_len_not_enforced = Counter(
+            f"{PREFIX}_prompt_cache_max_len_not_enforced",
+            "Requests with a positive prompt_cache_max_len, which vLLM cannot enforce.",
+            registry=r,
+        )
+        self.upstream_errors = Counter(
+            f"{PREFIX}_upstream_errors",
+            "Requests vLLM could not answer, by kind.",
+            ["kind"], registry=r,
+        )
+        self.client_disconnects = Counter(
+            f"{PREFIX}_client_disconnects",
+            "Requests the client abandoned; the upstream request was cancelled.",
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            f"{PREFIX}_in_flight_requests", "Requests being worked on now.", registry=r
+        )
+        self.upstream_metrics_up = Gauge(
+            f"{PREFIX}_upstream_metrics_up",
+            "1 if the last scrape of vLLM's /metrics succeeded, else 0.",
+            registry=r,
+        )
+        r.register(_CacheCollector(cache_stats))
+
+    def render(self) -> bytes:
+        """The front's own exposition text."""
+        return generate_latest(self.registry)
+
+
+def merge_expositions(upstream: bytes | None, own: bytes) -> bytes:
+    """vLLM's exposition followed by the front's, as one valid text exposition."""
+    if not upstream:
+        return own
+    text = upstream
+    # An OpenMetrics '# EOF' must only end the whole document; drop vLLM's.
+    lines = text.rstrip(b"\n").split(b"\n")
+    if lines and lines[-1].strip() == b"# EOF":
+        lines = lines[:-1]
+    return b"\n".join(lines) + b"\n" + own

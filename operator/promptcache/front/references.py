@@ -1,0 +1,300 @@
+"""Prompt embeds by reference: find them in a request, resolve, verify, cache.
+
+The wire shapes (documented in docs/cache-front.md):
+
+* `/v1/completions`: `prompt_embeds` is a string or a list of strings; each is
+  a base64 payload or an identifier (`blake3:<64 hex>`; base64 never has `:`).
+  A client that uploads payloads may name the identifiers it computed in
+  `prompt_embeds_ids`, parallel to `prompt_embeds` (a string, or a list with
+  `null` for entries it does not name).
+* `/v1/chat/completions`: a content part `{"type": "prompt_embeds", "data": X}`
+  where X is a payload or an identifier; `"prompt_embeds_id"` beside `data`
+  names the identifier of an uploaded payload.
+
+The front removes its own fields (`prompt_embeds_ids`, `prompt_embeds_id`)
+before vLLM sees the request, so vLLM gets exactly what it would have got
+from a client that inlined every payload.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
+
+from promptcache.embeds.idsyntax import is_prompt_embeds_id
+from promptcache.front.errors import (
+    INVALID_PROMPT_EMBEDS,
+    INVALID_PROMPT_EMBEDS_ID,
+    PROMPT_EMBEDS_ID_MISMATCH,
+    FrontError,
+    not_cached,
+)
+
+COMPLETION_IDS_FIELD: Final = "prompt_embeds_ids"
+CHAT_PART_ID_FIELD: Final = "prompt_embeds_id"
+PROMPT_EMBEDS_FIELD: Final = "prompt_embeds"
+CHAT_PART_TYPE: Final = "prompt_embeds"
+
+
+class VerifiedLike(Protocol):
+    """What resolution needs from a verified payload (see `verify.Verified`)."""
+
+    @property
+    def identifier(self) -> str: ...
+    @property
+    def turboquant(self) -> bool: ...
+    @property
+    def forward(self) -> str: ...
+
+
+class CacheLike(Protocol):
+    """The two methods of `promptcache.embeds.PromptEmbedsCache` the front calls."""
+
+    def get(self, identifier: str, cache_salt: str | None = None) -> str | None: ...
+    def put(self, identifier: str, payload: str, cache_salt: str | None = None) -> bool: ...
+
+
+Verifier = Callable[[str], Awaitable[VerifiedLike]]
+"""Runs `verify.verify_payload` off the event loop; raises `verify.PayloadError`."""
+
+
+@dataclass(slots=True)
+class _Slot:
+    container: Any
+    key: Any
+    value: str
+    named_id: str | None
+    param: str
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What resolution did, for metrics."""
+
+    hits: int = 0
+    misses: int = 0
+    uploads_verified: int = 0
+    uploads_rejected: int = 0
+    stored: int = 0
+    bytes_saved: int = 0
+    slots: int = 0
+    missing: list[str] = field(default_factory=list)
+
+
+class KindIndex:
+    """Remembers which cached identifiers are TurboQuant, so a dense hit needs no decode.
+
+    Bounded LRU of identifier → is-TurboQuant; forgetting an entry only costs one
+    extra decode on the next hit, never a wrong answer.
+    """
+
+    def __init__(self, capacity: int = 100_000) -> None:
+        self._capacity = capacity
+        self._kinds: OrderedDict[str, bool] = OrderedDict()
+
+    def get(self, identifier: str) -> bool | None:
+        kind = self._kinds.get(identifier)
+        if kind is not None:
+            self._kinds.move_to_end(identifier)
+        return kind
+
+    def set(self, identifier: str, turboquant: bool) -> None:
+        self._kinds[identifier] = turboquant
+        self._kinds.move_to_end(identifier)
+        while len(self._kinds) > self._capacity:
+            self._kinds.popitem(last=False)
+
+
+def _bad_id(param: str, value: object) -> FrontError:
+    shown = repr(value)[:80]
+    return FrontError(
+        400,
+        INVALID_PROMPT_EMBEDS_ID,
+        f"{param} is not a prompt-embeds identifier: expected 'blake3:' followed by 64 "
+        f"lowercase hex digits, got {shown}",
+        param=param,
+    )
+
+
+def _named_id(param: str, value: object) -> str | None:
+    if value is None:
+        return None
+    if not is_prompt_embeds_id(value):
+        raise _bad_id(param, value)
+    return value
+
+
+def _completion_slots(body: dict[str, Any]) -> list[_Slot]:
+    embeds = body.get(PROMPT_EMBEDS_FIELD)
+    ids = body.pop(COMPLETION_IDS_FIELD, None)
+    if embeds is None:
+        if ids is not None:
+            raise FrontError(
+                400,
+                INVALID_PROMPT_EMBEDS_ID,
+                f"{COMPLETION_IDS_FIELD} names identifiers but the request has no "
+                f"{PROMPT_EMBEDS_FIELD}",
+                param=COMPLETION_IDS_FIELD,
+            )
+        return []
+    if isinstance(embeds, str):
+        if ids is not None and not isinstance(ids, str):
+            raise FrontError(
+                400,
+                INVALID_PROMPT_EMBEDS_ID,
+                f"{COMPLETION_IDS_FIELD} must be a string when {PROMPT_EMBEDS_FIELD} is one",
+                param=COMPLETION_IDS_FIELD,
+            )
+        named = _named_id(COMPLETION_IDS_FIELD, ids)
+        return [_Slot(body, PROMPT_EMBEDS_FIELD, embeds, named, PROMPT_EMBEDS_FIELD)]
+    if not isinstance(embeds, list) or not all(isinstance(e, str) for e in embeds):
+        raise FrontError(
+            400,
+            INVALID_PROMPT_EMBEDS,
+            f"{PROMPT_EMBEDS_FIELD} must be a string or a list of strings",
+            param=PROMPT_EMBEDS_FIELD,
+        )
+    if ids is not None and (not isinstance(ids, list) or len(ids) != len(embeds)):
+        raise FrontError(
+            400,
+            INVALID_PROMPT_EMBEDS_ID,
+            f"{COMPLETION_IDS_FIELD} must be a list as long as {PROMPT_EMBEDS_FIELD} "
+            f"({len(embeds)} entries), with null where no identifier is named",
+            param=COMPLETION_IDS_FIELD,
+        )
+    slots = []
+    for i, value in enumerate(embeds):
+        named = _named_id(f"{COMPLETION_IDS_FIELD}[{i}]", ids[i] if ids is not None else None)
+        slots.append(_Slot(embeds, i, value, named, f"{PROMPT_EMBEDS_FIELD}[{i}]"))
+    return slots
+
+
+def _chat_slots(body: dict[str, Any]) -> list[_Slot]:
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return []  # vLLM reports malformed messages itself
+    slots = []
+    for m, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            continue
+        for p, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != CHAT_PART_TYPE:
+                continue
+            param = f"messages[{m}].content[{p}]"
+            named = _named_id(f"{param}.{CHAT_PART_ID_FIELD}", part.pop(CHAT_PART_ID_FIELD, None))
+            data = part.get("data")
+            if not isinstance(data, str):
+                if named is not None:
+                    data = named  # an identifier given only by name is a reference
+                    part["data"] = data
+                else:
+                    raise FrontError(
+                        400,
+                        INVALID_PROMPT_EMBEDS,
+                        f"{param}.data must be a base64 payload or a prompt-embeds identifier",
+                        param=f"{param}.data",
+                    )
+            slots.append(_Slot(part, "data", data, named, f"{param}.data"))
+    return slots
+
+
+def find_slots(path: str, body: dict[str, Any]) -> list[_Slot]:
+    """Every place in the request where a prompt-embeds payload or reference sits."""
+    if path == "/v1/completions":
+        return _completion_slots(body)
+    if path == "/v1/chat/completions":
+        return _chat_slots(body)
+    return []
+
+
+def _is_reference(value: str) -> bool:
+    # base64 never contains ':', so anything with one claims to be an identifier
+    return ":" in value
+
+
+async def resolve(
+    path: str,
+    body: dict[str, Any],
+    *,
+    cache: CacheLike | None,
+    scope: str | None,
+    verifier: Verifier,
+    kinds: KindIndex,
+) -> Outcome:
+    """Replace every reference with its payload and verify every upload, in place.
+
+    `cache` is None when this request may not use the cache (disabled, or
+    prompt_cache_max_len 0). Raises `FrontError`: 409 with the missing
+    identifiers, 400 for a bad identifier, a bad payload or an id mismatch.
+    Nothing is stored unless the whole request verified.
+    """
+    outcome = Outcome()
+    slots = find_slots(path, body)
+    outcome.slots = len(slots)
+    if not slots:
+        return outcome
+
+    hits: list[tuple[_Slot, str]] = []
+    uploads: list[_Slot] = []
+    for slot in slots:
+        if not _is_reference(slot.value):
+            uploads.append(slot)
+            continue
+        if not is_prompt_embeds_id(slot.value):
+            raise _bad_id(slot.param, slot.value)
+        if slot.named_id is not None and slot.named_id != slot.value:
+            raise FrontError(
+                400,
+                PROMPT_EMBEDS_ID_MISMATCH,
+                f"{slot.param} references {slot.value} but names {slot.named_id}",
+                param=slot.param,
+            )
+        payload = cache.get(slot.value, scope) if cache is not None else None
+        if payload is None:
+            if slot.value not in outcome.missing:
+                outcome.missing.append(slot.value)
+            outcome.misses += 1
+        else:
+            hits.append((slot, payload))
+            outcome.hits += 1
+            outcome.bytes_saved += len(payload) - len(slot.value)
+    if outcome.missing:
+        raise not_cached(outcome.missing, slots[0].param.split("[")[0])
+
+    verified: list[tuple[_Slot, VerifiedLike]] = []
+    for slot in uploads:
+        try:
+            result = await verifier(slot.value)
+        except ValueError as exc:
+            outcome.uploads_rejected += 1
+            raise FrontError(
+                400, INVALID_PROMPT_EMBEDS, f"{slot.param} {exc}", param=slot.param
+            ) from None
+        if slot.named_id is not None and slot.named_id != result.identifier:
+            outcome.uploads_rejected += 1
+            raise FrontError(
+                400,
+                PROMPT_EMBEDS_ID_MISMATCH,
+                f"{slot.param} hashes to {result.identifier}, not to the identifier the "
+                f"client named ({slot.named_id}); nothing was cached",
+                param=slot.param,
+            )
+        verified.append((slot, result))
+    outcome.uploads_verified = len(verified)
+
+    for slot, result in verified:
+        slot.container[slot.key] = result.forward
+        kinds.set(result.identifier, result.turboquant)
+        if cache is not None and cache.put(result.identifier, slot.value, scope):
+            outcome.stored += 1
+    for slot, payload in hits:
+        if kinds.get(slot.value) is False:
+            slot.container[slot.key] = payload
+        else:  # TurboQuant, or forgotten: derive the dense form again
+            result = await verifier(payload)
+            kinds.set(result.identifier, result.turboquant)
+            slot.container[slot.key] = result.forward
+    return outcome

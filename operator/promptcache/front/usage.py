@@ -1,0 +1,149 @@
+"""Prompt-token counts out of vLLM responses, whole or streamed.
+
+Headers go out before a body, and the usage of a streamed response is only
+known at its end, so a streamed response cannot carry the counts as headers.
+The front therefore writes them, at the end of the stream, as SSE comment
+lines (`: dashflow-prompt-tokens: 123`), just before `data: [DONE]`. SSE
+clients ignore comment lines (the OpenAI SDKs included), so nothing breaks;
+clients that want the counts read them there (the client helper does). aiohttp
+cannot send HTTP trailers, and most proxies drop them, so trailers are not used.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Final
+
+MAX_EVENT_BYTES: Final[int] = 1 << 20
+"""An SSE event longer than this is passed on uninspected, bounding the buffer."""
+DONE: Final[bytes] = b"data: [DONE]"
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """The two counts spec/004 puts in response headers."""
+
+    prompt_tokens: int
+    cached_tokens: int | None
+    """None when vLLM does not report it (it needs --enable-prompt-tokens-details)."""
+
+
+def usage_from(obj: Any) -> Usage | None:
+    """The usage block of a completion or chunk, if it has a usable one."""
+    if not isinstance(obj, dict):
+        return None
+    usage = obj.get("usage")
+    if not isinstance(usage, dict):
+        return None
+    prompt = usage.get("prompt_tokens")
+    if isinstance(prompt, bool) or not isinstance(prompt, int):
+        return None
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if isinstance(cached, bool) or not isinstance(cached, int):
+        cached = None
+    return Usage(prompt_tokens=prompt, cached_tokens=cached)
+
+
+def usage_headers(usage: Usage, prompt_header: str, cached_header: str) -> dict[str, str]:
+    """The response headers for one usage block."""
+    headers = {prompt_header: str(usage.prompt_tokens)}
+    if usage.cached_tokens is not None:
+        headers[cached_header] = str(usage.cached_tokens)
+    return headers
+
+
+def usage_comment(usage: Usage, prompt_header: str, cached_header: str) -> bytes:
+    """The SSE comment lines carrying the usage headers at the end of a stream."""
+    lines = [f": {name}: {value}\n" for name, value in usage_headers(
+        usage, prompt_header, cached_header).items()]
+    return ("".join(lines) + "\n").encode("ascii")
+
+
+def _event_data(event: bytes) -> bytes | None:
+    data = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
+    return b"\n".join(data) if data else None
+
+
+class SseRelay:
+    """Passes SSE events through one at a time, noting usage and dropping what it added.
+
+    Only the current, incomplete event is ever held (capped by MAX_EVENT_BYTES),
+    so a long stream is never buffered whole.
+    """
+
+    def __init__(self, *, strip_usage_chunk: bool, prompt_header: str, cached_header: str):
+        self._strip = strip_usage_chunk
+        self._prompt_header = prompt_header
+        self._cached_header = cached_header
+        self._pending = b""
+        self._passthrough = False
+        self._comment_sent = False
+        self.usage: Usage | None = None
+
+    def _comment(self) -> bytes:
+        if self.usage is None or self._comment_sent:
+            return b""
+        self._comment_sent = True
+        return usage_comment(self.usage, self._prompt_header, self._cached_header)
+
+    def _event(self, event: bytes) -> bytes:
+        """What to send for one complete event (without its blank-line terminator)."""
+        data = _event_data(event.replace(b"\r\n", b"\n"))
+        if data is None:
+            return event + b"\n\n"
+        if data.strip() == b"[DONE]":
+            return self._comment() + event + b"\n\n"
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            return event + b"\n\n"
+        usage = usage_from(chunk)
+        if usage is not None:
+            self.usage = usage
+            if self._strip and isinstance(chunk, dict) and chunk.get("choices") == []:
+                return b""  # the usage-only chunk the client did not ask for
+        return event + b"\n\n"
+
+    def feed(self, data: bytes) -> bytes:
+        """Take bytes from vLLM; return the bytes to send the client now."""
+        if self._passthrough:
+            return data
+        self._pending += data
+        out = []
+        while True:
+            cut = self._pending.find(b"\n\n")
+            crlf = self._pending.find(b"\r\n\r\n")
+            if crlf != -1 and (cut == -1 or crlf < cut):
+                event, self._pending = self._pending[:crlf], self._pending[crlf + 4:]
+            elif cut != -1:
+                event, self._pending = self._pending[:cut], self._pending[cut + 2:]
+            else:
+                break
+            out.append(self._event(event))
+        if len(self._pending) > MAX_EVENT_BYTES:
+            out.append(self._pending)
+            self._pending = b""
+            self._passthrough = True
+        return b"".join(out)
+
+    def finish(self) -> bytes:
+        """The stream ended: flush what is left, plus the usage comment if not yet sent."""
+        rest, self._pending = self._pending, b""
+        comment = self._comment()
+        if rest and comment and not rest.endswith(b"\n\n"):
+            rest += b"\n\n"  # keep the comment out of an unterminated last event
+        return rest + comment
+
+
+async def relay(chunks: AsyncIterator[bytes], sse: SseRelay) -> AsyncIterator[bytes]:
+    """Run an upstream byte stream through an `SseRelay`."""
+    async for chunk in chunks:
+        out = sse.feed(chunk)
+        if out:
+            yield out
+    tail = sse.finish()
+    if tail:
+        yield tail

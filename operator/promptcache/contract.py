@@ -44,7 +44,7 @@ SERVING_PORT: Final[int] = 8000
 """The port the InferencePool targets: the cache front's, or vLLM's without a front."""
 VLLM_LOCAL_PORT: Final[int] = 8001
 """vLLM's port when a cache front stands in front of it; bound to 127.0.0.1 only."""
-SALT_KEY_SECRET_KEY: Final[str] = "salt-key"
+SALT_KEY_SECRET_KEY: Final[str] = "salt-key"  # noqa: S105 - a key name, not a secret
 """The key inside the salt Secret that holds the HMAC secret."""
 SALT_KEY_MOUNT_DIR: Final[str] = "/etc/promptcache/salt"
 
@@ -70,7 +70,7 @@ class FrontEnv:
     WORKERS: Final[str] = "PROMPTCACHE_WORKERS"
     """Front processes sharing the serving port (SO_REUSEPORT), one per vLLM API server, each
     with its own prompt-embeds cache: the renderer sets it to `engine.apiServerCount`, which
-    is why the per-pod ceiling is apiServerCount × SG_PROMPT_EMBEDS_CACHE_GIB (spec/000)."""
+    is why the per-pod ceiling is apiServerCount x SG_PROMPT_EMBEDS_CACHE_GIB (spec/000)."""
     MAX_IN_FLIGHT: Final[str] = "PROMPTCACHE_MAX_IN_FLIGHT"
     """Requests the front works on at once; more get HTTP 503 (bounds its memory)."""
     DECODE_WORKERS: Final[str] = "PROMPTCACHE_DECODE_WORKERS"

@@ -1,0 +1,81 @@
+"""The base every API model shares: camelCase on the wire, strict types, no unknown keys.
+
+Strict so that the CLI refuses exactly what the API server would refuse (a
+string where an integer belongs is a mistake, not something to coerce), and
+`extra="forbid"` so a typo in a field name is an error rather than a silently
+ignored setting. Attribute docstrings become the field descriptions of the CRD
+and of the docs table, so each fact is written once.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, PlainValidator, StringConstraints, WithJsonSchema
+from pydantic.alias_generators import to_camel
+
+
+class ApiModel(BaseModel):
+    """Base of every model in the resource."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        strict=True,
+        frozen=True,
+        use_attribute_docstrings=True,
+        validate_default=False,
+    )
+
+
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+HEADER_NAME_PATTERN = r"^[a-z0-9!#$%&'*+.^_`|~-]+$"
+"""An HTTP field name (RFC 9110 token), lower-case as HTTP/2 requires."""
+BODY_FIELD_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+
+DnsLabel = Annotated[str, StringConstraints(min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN)]
+ObjectName = Annotated[
+    str,
+    StringConstraints(
+        min_length=1,
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+    ),
+]
+HeaderName = Annotated[str, StringConstraints(max_length=256, pattern=HEADER_NAME_PATTERN)]
+OptionalHeaderName = Annotated[
+    str, StringConstraints(max_length=256, pattern=r"^([a-z0-9!#$%&'*+.^_`|~-]+)?$")
+]
+OptionalBodyField = Annotated[
+    str, StringConstraints(max_length=128, pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$")
+]
+_QUANTITY_RE = re.compile(QUANTITY_PATTERN)
+
+
+def _quantity(value: object) -> int | str:
+    """Accept what the API server accepts for a quantity: an integer or a quantity string."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError("must be a quantity such as 4, 500m or 64Gi")
+    if isinstance(value, str) and not _QUANTITY_RE.match(value):
+        raise ValueError(f"{value!r} is not a quantity (examples: 4, 500m, 64Gi)")
+    return value
+
+
+Quantity = Annotated[
+    int | str,
+    PlainValidator(_quantity),
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "pattern": QUANTITY_PATTERN,
+            "x-kubernetes-int-or-string": True,
+        }
+    ),
+]
+ImageRef = Annotated[str, StringConstraints(min_length=1, max_length=512, pattern=r"^\S+$")]

@@ -1,0 +1,27 @@
+"""Identity of the resource and the pinned defaults every other module reads."""
+
+from __future__ import annotations
+
+from typing import Final
+
+GROUP: Final[str] = "serving.promptcache.io"
+VERSION: Final[str] = "v1alpha1"
+API_VERSION: Final[str] = f"{GROUP}/{VERSION}"
+KIND: Final[str] = "PromptCacheDeployment"
+PLURAL: Final[str] = "promptcachedeployments"
+SINGULAR: Final[str] = "promptcachedeployment"
+SHORT_NAMES: Final[tuple[str, ...]] = ("pcd",)
+CATEGORIES: Final[tuple[str, ...]] = ("promptcache",)
+CRD_NAME: Final[str] = f"{PLURAL}.{GROUP}"
+
+DEFAULT_VLLM_IMAGE: Final[str] = "vllm/vllm-openai:v0.33.0"
+"""Pinned, never `latest`: a model server that changes under a rollout is an outage."""
+DEFAULT_EPP_IMAGE: Final[str] = "ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.10.0"
+"""The Endpoint Picker release the generated EndpointPickerConfig is verified against."""
+DEFAULT_FRONT_IMAGE: Final[str] = "ghcr.io/promptcache/promptcache-front:0.1.0"
+"""The cache-front image the Dockerfile's `front` target publishes."""
+
+EPP_MIN_BLOCK_SIZE_TOKENS: Final[int] = 64
+"""The Endpoint Picker raises smaller prefix block sizes to this (llm-d-router #1158)."""
+
+GIB: Final[int] = 1024**3

@@ -1,0 +1,291 @@
+"""The desired state of a PromptCacheDeployment: one model per concern.
+
+Every default, bound and enum a user can meet lives here; the CRD schema, the
+docs table and the renderer all derive from these classes.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from promptcache.api.base import (
+    ApiModel,
+    DnsLabel,
+    HeaderName,
+    ImageRef,
+    ObjectName,
+    OptionalBodyField,
+    OptionalHeaderName,
+    Quantity,
+)
+from promptcache.api.constants import DEFAULT_EPP_IMAGE, DEFAULT_FRONT_IMAGE, DEFAULT_VLLM_IMAGE
+from promptcache.api.rules import enforce_rules
+from promptcache.contract import (
+    DEFAULT_CACHED_PROMPT_TOKENS_HEADER,
+    DEFAULT_ISOLATION_FIELD,
+    DEFAULT_ISOLATION_HEADER,
+    DEFAULT_PROMPT_TOKENS_HEADER,
+    DEFAULT_SESSION_HEADER,
+    SALT_KEY_SECRET_KEY,
+)
+
+IsolationModeName = Literal["Shared", "PerKey", "Required"]
+FailureMode = Literal["FailOpen", "FailClose"]
+PullPolicy = Literal["Always", "IfNotPresent", "Never"]
+
+
+class SecretKeyRef(ApiModel):
+    """A key inside a Secret in the resource's namespace."""
+
+    name: ObjectName
+    """Name of the Secret."""
+    key: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")] = "token"
+    """Key inside the Secret."""
+
+
+class SaltSecretRef(SecretKeyRef):
+    """The Secret holding the HMAC key that turns isolation keys into salts."""
+
+    key: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")] = (
+        SALT_KEY_SECRET_KEY
+    )
+    """Key inside the Secret."""
+
+
+class Toleration(ApiModel):
+    """A pod toleration, as in core/v1."""
+
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+class Resources(ApiModel):
+    """Compute resources of one model-server pod."""
+
+    gpus: Annotated[int, Field(ge=0, le=64)] = 1
+    """GPUs per pod, requested as `nvidia.com/gpu`. 0 runs on CPU (tests, tiny models)."""
+    requests: dict[str, Quantity] = Field(default_factory=dict)
+    """Extra resource requests, e.g. `cpu: "8"`, `memory: 64Gi`."""
+    limits: dict[str, Quantity] = Field(default_factory=dict)
+    """Extra resource limits. The GPU limit is set from `gpus`."""
+
+
+class ModelCache(ApiModel):
+    """Where model weights are cached, mounted at `HF_HOME`."""
+
+    claim_name: ObjectName | None = None
+    """An existing PersistentVolumeClaim to keep weights across restarts. Empty: an emptyDir."""
+    size_limit: Quantity | None = None
+    """Size limit of the emptyDir when no claim is named."""
+
+
+class ModelSpec(ApiModel):
+    """The model to serve and the pods that serve it."""
+
+    name: Annotated[str, Field(min_length=1, max_length=512)]
+    """Model to load: a Hugging Face id (`org/model`) or a URI/path `vllm serve` accepts."""
+    served_model_name: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    """Name clients put in `model`. Defaults to `name`."""
+    image: ImageRef = DEFAULT_VLLM_IMAGE
+    """vLLM image. Pinned by default; pin yours too."""
+    image_pull_policy: PullPolicy = "IfNotPresent"
+    replicas: Annotated[int, Field(ge=0, le=1000)] = 1
+    """Model-server pods. Also the scale subresource: `kubectl scale pcd/NAME --replicas N`."""
+    resources: Resources = Field(default_factory=Resources)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: Annotated[list[Toleration], Field(max_length=32)] = Field(default_factory=list)
+    hf_token_secret_ref: SecretKeyRef | None = None
+    """Secret holding a Hugging Face token, exposed as `HF_TOKEN`."""
+    model_cache: ModelCache = Field(default_factory=ModelCache)
+
+    @property
+    def effective_served_name(self) -> str:
+        return self.served_model_name or self.name
+
+
+class EnvVar(ApiModel):
+    """A plain environment variable for the vLLM container."""
+
+    name: Annotated[
+        str, Field(min_length=1, max_length=256, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+    ]
+    value: str = ""
+
+
+class EngineSpec(ApiModel):
+    """vLLM engine settings that matter for caching."""
+
+    api_server_count: Annotated[int, Field(ge=1, le=64)] = 1
+    """vLLM API server processes per pod (`--api-server-count`). Each keeps its own caches."""
+    block_size: Literal[8, 16, 32, 64, 128] = 16
+    """KV-cache block size in tokens (`--block-size`); the Endpoint Picker tunes to it."""
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
+    """Fraction of GPU memory vLLM may use (`--gpu-memory-utilization`)."""
+    max_model_len: Annotated[int, Field(ge=1)] | None = None
+    """Context length cap (`--max-model-len`). Empty: the model's own."""
+    extra_args: Annotated[list[str], Field(max_length=64)] = Field(default_factory=list)
+    """Extra `vllm serve` flags, appended last."""
+    env: Annotated[list[EnvVar], Field(max_length=64)] = Field(default_factory=list)
+    """Extra environment for the vLLM container."""
+
+
+class PromptEmbedsSpec(ApiModel):
+    """Prompt embeddings, and the cache that lets clients send them by identifier."""
+
+    enabled: bool = False
+    """Accept prompt embeddings (`--enable-prompt-embeds`)."""
+    cache_gib: Annotated[float, Field(ge=0, le=1024, alias="cacheGiB")] = 1.0
+    """Cache per serving process, in GiB (`SG_PROMPT_EMBEDS_CACHE_GIB`); 0 disables it.
+    The real ceiling is `apiServerCount` x this per pod."""
+
+
+class IsolationSpec(ApiModel):
+    """Tenant isolation of cached prompts by salt (spec/004 and spec/000)."""
+
+    mode: IsolationModeName = "PerKey"
+    """`Shared`: one cache for all. `PerKey`: a key, when sent, isolates; requests without one
+    share. `Required`: a request without a key is refused with HTTP 400."""
+    header: OptionalHeaderName = DEFAULT_ISOLATION_HEADER
+    """Request header carrying the isolation key; empty to not read one."""
+    body_field: OptionalBodyField = DEFAULT_ISOLATION_FIELD
+    """Request body field carrying the isolation key; empty to not read one."""
+    salt_secret_ref: SaltSecretRef | None = None
+    """Secret holding the salt HMAC key. Empty: the operator generates `<name>-salt` once."""
+    honor_prompt_cache_max_len: bool = True
+    """Honour `prompt_cache_max_len` from requests (0 makes a request uncacheable)."""
+
+    @model_validator(mode="after")
+    def _rules(self) -> IsolationSpec:
+        return enforce_rules(self, "isolation")
+
+
+class SessionAffinitySpec(ApiModel):
+    """Route requests of one session to one replica (spec/004 'cache locality').
+
+    Rendered as the Endpoint Picker's `session-affinity-filter` with `strategy: session_id`:
+    a bound session is pinned to its replica whatever the load scorers say."""
+
+    enabled: bool = False
+    header: HeaderName = DEFAULT_SESSION_HEADER
+    """Header carrying the session identifier."""
+    use_user_field: bool = True
+    """Also take the session from the body's `user` field when the header is absent."""
+    ttl_seconds: Annotated[int, Field(ge=1, le=86400)] = 300
+    """How long an idle session stays bound to its replica."""
+
+
+class ScorerWeights(ApiModel):
+    """Weights of the Endpoint Picker's scorers (the llm-d defaults)."""
+
+    prefix: Annotated[float, Field(ge=0, le=100)] = 3.0
+    queue: Annotated[float, Field(ge=0, le=100)] = 2.0
+    kv_cache: Annotated[float, Field(ge=0, le=100)] = 2.0
+
+
+class PrefixCacheTier(ApiModel):
+    """An extra named prefix-cache producer with its own scorer (spec/002's tiered example)."""
+
+    name: DnsLabel
+    auto_tune: bool = False
+    block_size_tokens: Annotated[int, Field(ge=1, le=65536)] = 64
+    lru_capacity_per_server: Annotated[int, Field(ge=1)] = 31250
+    weight: Annotated[float, Field(ge=0, le=100)] = 1.0
+
+
+class PrefixCacheSpec(ApiModel):
+    """The Endpoint Picker's approximate prefix-cache routing (spec/002)."""
+
+    auto_tune: bool = True
+    """Take block size and per-pod capacity from the pods' `vllm:cache_config_info`."""
+    block_size_tokens: Annotated[int, Field(ge=1, le=65536)] = 64
+    """Block size when not auto-tuned. The Endpoint Picker raises anything below 64 to 64;
+    the generated config shows the effective value."""
+    max_prefix_tokens_to_match: Annotated[int, Field(ge=0)] = 131072
+    """Prefix tokens hashed per request; wins when > 0. 0: use `maxPrefixBlocksToMatch`."""
+    max_prefix_blocks_to_match: Annotated[int, Field(ge=0)] = 2048
+    """Prefix blocks hashed per request when `maxPrefixTokensToMatch` is 0."""
+    lru_capacity_per_server: Annotated[int, Field(ge=1)] = 31250
+    """Blocks remembered per pod when not auto-tuned."""
+    weights: ScorerWeights = Field(default_factory=ScorerWeights)
+    tiers: Annotated[list[PrefixCacheTier], Field(max_length=8)] = Field(default_factory=list)
+    """Extra producer tiers, each with its own scorer."""
+
+    @model_validator(mode="after")
+    def _rules(self) -> PrefixCacheSpec:
+        return enforce_rules(self, "prefixCache")
+
+
+class ParentRef(ApiModel):
+    """A Gateway the HTTPRoute attaches to."""
+
+    name: ObjectName
+    namespace: ObjectName | None = None
+    section_name: DnsLabel | None = None
+
+
+class RouteSpec(ApiModel):
+    """The HTTPRoute in front of the InferencePool. No parent refs: no route."""
+
+    parent_refs: Annotated[list[ParentRef], Field(max_length=32)] = Field(default_factory=list)
+    hostnames: Annotated[list[Annotated[str, Field(max_length=253)]], Field(max_length=16)] = Field(
+        default_factory=list
+    )
+
+
+class GatewaySpec(ApiModel):
+    """The InferencePool and its Endpoint Picker."""
+
+    epp_image: ImageRef = DEFAULT_EPP_IMAGE
+    replicas: Annotated[int, Field(ge=1, le=5)] = 1
+    """Endpoint Picker replicas; above 1 they elect a leader (approximate prefix indexes are
+    per replica, so active-active would split them)."""
+    failure_mode: FailureMode = "FailClose"
+    """What the gateway does when the Endpoint Picker is unreachable."""
+    extra_flags: Annotated[list[str], Field(max_length=32)] = Field(default_factory=list)
+    route: RouteSpec = Field(default_factory=RouteSpec)
+
+
+class UsageHeadersSpec(ApiModel):
+    """Prompt and cached-prompt token counts on every response (spec/004)."""
+
+    enabled: bool = True
+    prompt_tokens_header: HeaderName = DEFAULT_PROMPT_TOKENS_HEADER
+    cached_prompt_tokens_header: HeaderName = DEFAULT_CACHED_PROMPT_TOKENS_HEADER
+
+
+class FrontSpec(ApiModel):
+    """The cache front: a small proxy in each model-server pod that applies the per-request
+    rules (isolation salts, prompt embeds by reference, usage headers) before vLLM."""
+
+    enabled: bool = True
+    image: ImageRef = DEFAULT_FRONT_IMAGE
+    max_request_bytes: Annotated[int, Field(ge=1024, le=2**34)] = 256 * 1024**2
+    """Largest request body accepted (vLLM itself has no limit); larger gets HTTP 413."""
+    usage_headers: UsageHeadersSpec = Field(default_factory=UsageHeadersSpec)
+    resources: Resources = Field(
+        default_factory=lambda: Resources(gpus=0, requests={"cpu": "500m", "memory": "512Mi"})
+    )
+    """Front container resources. Without a memory limit, one is derived from the
+    prompt-embeds ceiling plus headroom, so the cache cannot get the pod killed."""
+
+
+class PromptCacheDeploymentSpec(ApiModel):
+    """Everything a platform team sets to get cache-aware LLM serving."""
+
+    model: ModelSpec
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    prompt_embeds: PromptEmbedsSpec = Field(default_factory=PromptEmbedsSpec)
+    isolation: IsolationSpec = Field(default_factory=IsolationSpec)
+    session_affinity: SessionAffinitySpec = Field(default_factory=SessionAffinitySpec)
+    prefix_cache: PrefixCacheSpec = Field(default_factory=PrefixCacheSpec)
+    gateway: GatewaySpec = Field(default_factory=GatewaySpec)
+    front: FrontSpec = Field(default_factory=FrontSpec)
+
+    @model_validator(mode="after")
+    def _rules(self) -> PromptCacheDeploymentSpec:
+        return enforce_rules(self, "spec")

@@ -1,0 +1,89 @@
+"""The observed state of a PromptCacheDeployment, written only by the operator.
+
+Condition types and reasons are named constants so the controller, the tests
+and users' alerting agree on spelling.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Final, Literal
+
+from pydantic import Field
+
+from promptcache.api.base import ApiModel
+
+
+class ConditionType:
+    READY: Final[str] = "Ready"
+    PROGRESSING: Final[str] = "Progressing"
+    DEGRADED: Final[str] = "Degraded"
+    GATEWAY_READY: Final[str] = "GatewayReady"
+
+
+class Reason:
+    """CamelCase reasons, as Kubernetes conditions require."""
+
+    AVAILABLE: Final[str] = "Available"
+    RECONCILED: Final[str] = "Reconciled"
+    ROLLING_OUT: Final[str] = "RollingOut"
+    REPLICAS_NOT_READY: Final[str] = "ReplicasNotReady"
+    SCALED_TO_ZERO: Final[str] = "ScaledToZero"
+    SECRET_NOT_FOUND: Final[str] = "SecretNotFound"  # noqa: S105 - a reason, not a secret
+    INSUFFICIENT_GPUS: Final[str] = "InsufficientGPUs"
+    NAME_TOO_LONG: Final[str] = "NameTooLong"
+    INVALID_SPEC: Final[str] = "InvalidSpec"
+    APPLY_FAILED: Final[str] = "ApplyFailed"
+    CRD_NOT_INSTALLED: Final[str] = "CRDNotInstalled"
+    GATEWAY_APPLIED: Final[str] = "GatewayApplied"
+    NO_ROUTE: Final[str] = "NoRoute"
+    AS_EXPECTED: Final[str] = "AsExpected"
+
+
+class Condition(ApiModel):
+    """A standard Kubernetes condition (metav1.Condition)."""
+
+    type: Annotated[str, Field(min_length=1, max_length=316)]
+    status: Literal["True", "False", "Unknown"]
+    reason: Annotated[
+        str,
+        Field(min_length=1, max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"),
+    ]
+    message: Annotated[str, Field(max_length=32768)] = ""
+    last_transition_time: str
+    observed_generation: Annotated[int, Field(ge=0)] | None = None
+
+
+class PromptEmbedsStatus(ApiModel):
+    """The real memory ceiling of the prompt-embeds caches (spec/000: one cache per process)."""
+
+    per_pod_bytes: int = 0
+    total_bytes: int = 0
+    per_pod: str = "0"
+    """Human-readable per-pod ceiling, e.g. `8Gi`."""
+
+
+class PrefixCacheStatus(ApiModel):
+    """What the pods report about their prefix caches (from `vllm:*` metrics)."""
+
+    block_size: int | None = None
+    """`block_size` of `vllm:cache_config_info`: what the Endpoint Picker auto-tunes to."""
+    num_gpu_blocks: int | None = None
+    """`num_gpu_blocks` of `vllm:cache_config_info` (smallest across ready pods)."""
+    effective_block_size_tokens: int | None = None
+    """The block size the Endpoint Picker really uses (floored at 64)."""
+    hit_ratio: Annotated[float, Field(ge=0, le=1)] | None = None
+    """`vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total` over ready pods."""
+    scraped_pods: int = 0
+
+
+class PromptCacheDeploymentStatus(ApiModel):
+    """Filled by the operator."""
+
+    observed_generation: int | None = None
+    conditions: Annotated[list[Condition], Field(max_length=16)] = Field(default_factory=list)
+    replicas: int = 0
+    ready_replicas: int = 0
+    selector: str = ""
+    """Label selector of the model-server pods, for the scale subresource."""
+    prompt_embeds: PromptEmbedsStatus = Field(default_factory=PromptEmbedsStatus)
+    prefix_cache: PrefixCacheStatus = Field(default_factory=PrefixCacheStatus)

@@ -1,0 +1,56 @@
+"""Pure rendering: a PromptCacheDeployment in, the list of Kubernetes manifests out.
+
+No cluster access, no clock, no randomness: the same resource always renders to
+the same bytes, which is what lets GitOps users commit the output and lets the
+operator skip writes when nothing changed. Owner references and generated
+Secrets are the controller's business, not render's.
+
+    >>> manifests = render(parse_resource(doc))
+    >>> [m["kind"] for m in manifests][:2]
+    ['ServiceAccount', 'Role']
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from promptcache.api import PromptCacheDeployment
+from promptcache.render.epp import (
+    epp_config_map,
+    epp_deployment,
+    epp_role,
+    epp_role_binding,
+    epp_service,
+    epp_service_account,
+)
+from promptcache.render.gateway import http_route, inference_pool
+from promptcache.render.model_server import (
+    model_server_deployment,
+    model_server_pdb,
+    model_server_service,
+)
+from promptcache.render.names import Names, RenderError, names_of
+
+__all__ = ["GATEWAY_KINDS", "Names", "RenderError", "names_of", "render"]
+
+GATEWAY_KINDS = frozenset({"InferencePool", "HTTPRoute"})
+"""Kinds whose CRDs come from Gateway API / GIE and may be missing from a cluster."""
+
+
+def render(pcd: PromptCacheDeployment) -> list[dict[str, Any]]:
+    """Every child of the resource, in an order that applies cleanly (RBAC and config first)."""
+    names = names_of(pcd)
+    manifests: list[dict[str, Any] | None] = [
+        epp_service_account(names),
+        epp_role(pcd, names),
+        epp_role_binding(names),
+        epp_config_map(pcd, names),
+        model_server_service(names),
+        epp_service(names),
+        model_server_deployment(pcd, names),
+        epp_deployment(pcd, names),
+        model_server_pdb(names),
+        inference_pool(pcd, names),
+        http_route(pcd, names),
+    ]
+    return [m for m in manifests if m is not None]

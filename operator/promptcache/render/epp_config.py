@@ -1,0 +1,157 @@
+"""The Endpoint Picker's configuration: an `EndpointPickerConfig` for llm-d-router v0.10.0.
+
+Every parameter emitted here is one the plugin's Go struct accepts (the EPP
+decodes strictly and refuses to start on an unknown key); the list is checked
+against `e2e/epp/accepted_parameters.json`, read from the llm-d-router source
+(see docs/endpoint-picker.md). Values are emitted as the EPP will really use
+them, so the config never promises what does not happen.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from promptcache.api import PromptCacheDeployment
+from promptcache.api.constants import EPP_MIN_BLOCK_SIZE_TOKENS
+from promptcache.yamlio import dump
+
+EPP_CONFIG_API_VERSION: Final[str] = "llm-d.ai/v1alpha1"
+PREFIX_PRODUCER: Final[str] = "approx-prefix-cache-producer"
+PREFIX_SCORER: Final[str] = "prefix-cache-scorer"
+QUEUE_SCORER: Final[str] = "queue-scorer"
+KV_CACHE_SCORER: Final[str] = "kv-cache-utilization-scorer"
+SESSION_FILTER: Final[str] = "session-affinity-filter"
+PICKER: Final[str] = "max-score-picker"
+PROFILE_HANDLER: Final[str] = "single-profile-handler"
+PROFILE: Final[str] = "default"
+ALPHA_PLUGINS: Final[frozenset[str]] = frozenset({SESSION_FILTER})
+"""Plugins the EPP loads only with `--allow-experimental-plugins`."""
+
+
+def effective_block_size(requested: int) -> int:
+    """The block size the EPP really uses: anything below 64 is raised (llm-d-router #1158)."""
+    return max(requested, EPP_MIN_BLOCK_SIZE_TOKENS)
+
+
+def _producer_parameters(
+    *, auto_tune: bool, block_size_tokens: int, lru_capacity: int, max_tokens: int, max_blocks: int
+) -> dict[str, Any]:
+    return {
+        "autoTune": auto_tune,
+        "blockSizeTokens": effective_block_size(block_size_tokens),
+        "maxPrefixTokensToMatch": max_tokens,
+        "maxPrefixBlocksToMatch": max_blocks,
+        "lruCapacityPerServer": lru_capacity,
+    }
+
+
+def endpoint_picker_config(pcd: PromptCacheDeployment) -> dict[str, Any]:
+    """The config as an object; `endpoint_picker_config_text` adds explanatory comments."""
+    prefix = pcd.spec.prefix_cache
+    session = pcd.spec.session_affinity
+    weights = prefix.weights
+    plugins: list[dict[str, Any]] = [
+        {
+            "type": PREFIX_PRODUCER,
+            "parameters": _producer_parameters(
+                auto_tune=prefix.auto_tune,
+                block_size_tokens=prefix.block_size_tokens,
+                lru_capacity=prefix.lru_capacity_per_server,
+                max_tokens=prefix.max_prefix_tokens_to_match,
+                max_blocks=prefix.max_prefix_blocks_to_match,
+            ),
+        },
+        {"type": PREFIX_SCORER},
+        {"type": QUEUE_SCORER},
+        {"type": KV_CACHE_SCORER},
+    ]
+    profile: list[dict[str, Any]] = []
+    if session.enabled:
+        plugins.append(
+            {
+                "type": SESSION_FILTER,
+                "parameters": {
+                    "strategy": "session_id",
+                    "sessionIdConfig": {
+                        "sources": [{"header": session.header}],
+                        "evictionTtlSeconds": session.ttl_seconds,
+                    },
+                },
+            }
+        )
+        profile.append({"pluginRef": SESSION_FILTER})
+    for ref, weight in (
+        (PREFIX_SCORER, weights.prefix),
+        (QUEUE_SCORER, weights.queue),
+        (KV_CACHE_SCORER, weights.kv_cache),
+    ):
+        profile.append({"pluginRef": ref, "weight": weight})
+    for tier in prefix.tiers:
+        producer, scorer = f"{tier.name}-producer", f"{tier.name}-scorer"
+        plugins.append(
+            {
+                "name": producer,
+                "type": PREFIX_PRODUCER,
+                "parameters": _producer_parameters(
+                    auto_tune=tier.auto_tune,
+                    block_size_tokens=tier.block_size_tokens,
+                    lru_capacity=tier.lru_capacity_per_server,
+                    max_tokens=prefix.max_prefix_tokens_to_match,
+                    max_blocks=prefix.max_prefix_blocks_to_match,
+                ),
+            }
+        )
+        plugins.append(
+            {
+                "name": scorer,
+                "type": PREFIX_SCORER,
+                "parameters": {"prefixMatchInfoProducerName": producer},
+            }
+        )
+        profile.append({"pluginRef": scorer, "weight": tier.weight})
+    plugins += [{"type": PICKER, "parameters": {"maxNumOfEndpoints": 1}}, {"type": PROFILE_HANDLER}]
+    profile.append({"pluginRef": PICKER})
+    return {
+        "apiVersion": EPP_CONFIG_API_VERSION,
+        "kind": "EndpointPickerConfig",
+        "plugins": plugins,
+        "schedulingProfiles": [{"name": PROFILE, "plugins": profile}],
+    }
+
+
+def needs_experimental_plugins(config: dict[str, Any]) -> bool:
+    return any(plugin["type"] in ALPHA_PLUGINS for plugin in config["plugins"])
+
+
+def _notes(pcd: PromptCacheDeployment) -> list[str]:
+    prefix = pcd.spec.prefix_cache
+    notes = [
+        f"Generated by promptcache for {pcd.metadata.namespace}/{pcd.metadata.name}; "
+        "edits are reverted by the operator.",
+    ]
+    if prefix.auto_tune:
+        notes.append(
+            "autoTune: block size and per-pod LRU capacity come from each pod's "
+            "vllm:cache_config_info (block_size, num_gpu_blocks); the values below are fallbacks."
+        )
+    requested = [("prefixCache.blockSizeTokens", prefix.block_size_tokens)] + [
+        (f"prefixCache.tiers[{i}].blockSizeTokens", t.block_size_tokens)
+        for i, t in enumerate(prefix.tiers)
+    ]
+    for path, value in requested:
+        if value < EPP_MIN_BLOCK_SIZE_TOKENS:
+            notes.append(
+                f"{path}={value} was raised to {EPP_MIN_BLOCK_SIZE_TOKENS}: the Endpoint Picker "
+                f"uses at least {EPP_MIN_BLOCK_SIZE_TOKENS}-token blocks."
+            )
+    notes.append(
+        f"Block sizes below {EPP_MIN_BLOCK_SIZE_TOKENS} tokens, configured or auto-tuned "
+        f"(vLLM's default is 16), are raised to {EPP_MIN_BLOCK_SIZE_TOKENS} by the Endpoint Picker."
+    )
+    return notes
+
+
+def endpoint_picker_config_text(pcd: PromptCacheDeployment) -> str:
+    """The ConfigMap payload: the config with comments that say what will really happen."""
+    header = "".join(f"# {line}\n" for line in _notes(pcd))
+    return header + dump(endpoint_picker_config(pcd))

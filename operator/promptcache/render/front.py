@@ -1,0 +1,124 @@
+"""The cache-front container: the per-request half of prompt caching, in each model-server pod.
+
+It owns the serving port the InferencePool targets; vLLM moves behind it to
+127.0.0.1 so no client can bypass the isolation policy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from promptcache.api import PromptCacheDeployment, ceiling_of
+from promptcache.contract import (
+    FRONT_HEALTH_PATH,
+    FRONT_READY_PATH,
+    SALT_KEY_MOUNT_DIR,
+    SALT_KEY_SECRET_KEY,
+    SERVING_PORT,
+    SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR,
+    VLLM_LOCAL_PORT,
+    FrontEnv,
+)
+from promptcache.render.names import Names
+from promptcache.render.quantities import mebibytes
+from promptcache.render.security import container_security_context
+
+FRONT_CONTAINER = "cache-front"
+SALT_VOLUME = "salt-key"
+_IN_FLIGHT_HEADROOM_BYTES = 1024**3
+"""Memory above the cache ceiling for requests in flight (bounded by max body x in-flight)."""
+
+
+def salt_secret(pcd: PromptCacheDeployment, names: Names) -> tuple[str, str] | None:
+    """(Secret name, key) the front reads its HMAC key from, or None when no salts are derived."""
+    isolation = pcd.spec.isolation
+    if isolation.mode == "Shared":
+        return None
+    if isolation.salt_secret_ref is not None:
+        return isolation.salt_secret_ref.name, isolation.salt_secret_ref.key
+    return names.salt_secret, SALT_KEY_SECRET_KEY
+
+
+def _env(pcd: PromptCacheDeployment, has_salt: bool) -> list[dict[str, str]]:
+    spec = pcd.spec
+    iso, usage, session = spec.isolation, spec.front.usage_headers, spec.session_affinity
+    cache_gib = spec.prompt_embeds.cache_gib if spec.prompt_embeds.enabled else 0.0
+    values: list[tuple[str, str]] = [
+        (FrontEnv.LISTEN, f"0.0.0.0:{SERVING_PORT}"),
+        (FrontEnv.UPSTREAM, f"http://127.0.0.1:{VLLM_LOCAL_PORT}"),
+        (FrontEnv.WORKERS, str(spec.engine.api_server_count)),
+        (SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR, f"{cache_gib:g}"),
+        (FrontEnv.ISOLATION_MODE, iso.mode),
+        (FrontEnv.ISOLATION_HEADER, iso.header),
+        (FrontEnv.ISOLATION_FIELD, iso.body_field),
+        (FrontEnv.HONOR_MAX_LEN, str(iso.honor_prompt_cache_max_len).lower()),
+        (FrontEnv.MAX_BODY_BYTES, str(spec.front.max_request_bytes)),
+        (FrontEnv.PROMPT_TOKENS_HEADER, usage.prompt_tokens_header if usage.enabled else ""),
+        (
+            FrontEnv.CACHED_PROMPT_TOKENS_HEADER,
+            usage.cached_prompt_tokens_header if usage.enabled else "",
+        ),
+        (FrontEnv.SESSION_HEADER, session.header if session.enabled else ""),
+        (
+            FrontEnv.SESSION_FROM_USER,
+            str(session.enabled and session.use_user_field).lower(),
+        ),
+    ]
+    if has_salt:
+        values.append((FrontEnv.SALT_KEY_FILE, f"{SALT_KEY_MOUNT_DIR}/{SALT_KEY_SECRET_KEY}"))
+    return [{"name": name, "value": value} for name, value in values]
+
+
+def _resources(pcd: PromptCacheDeployment) -> dict[str, Any]:
+    front = pcd.spec.front.resources
+    limits: dict[str, Any] = dict(front.limits)
+    if "memory" not in limits:
+        limits["memory"] = mebibytes(ceiling_of(pcd).per_pod_bytes + _IN_FLIGHT_HEADROOM_BYTES)
+    return {"requests": dict(front.requests), "limits": limits}
+
+
+def front_container(pcd: PromptCacheDeployment, names: Names) -> dict[str, Any]:
+    has_salt = salt_secret(pcd, names) is not None
+    container: dict[str, Any] = {
+        "name": FRONT_CONTAINER,
+        "image": pcd.spec.front.image,
+        "imagePullPolicy": "IfNotPresent",
+        "args": ["front"],
+        "ports": [{"name": "http", "containerPort": SERVING_PORT, "protocol": "TCP"}],
+        "env": _env(pcd, has_salt),
+        "resources": _resources(pcd),
+        "livenessProbe": {
+            "httpGet": {"path": FRONT_HEALTH_PATH, "port": "http"},
+            "periodSeconds": 10,
+            "timeoutSeconds": 3,
+            "failureThreshold": 3,
+        },
+        "readinessProbe": {
+            "httpGet": {"path": FRONT_READY_PATH, "port": "http"},
+            "periodSeconds": 5,
+            "timeoutSeconds": 3,
+            "failureThreshold": 2,
+        },
+        "securityContext": container_security_context(read_only_root=True),
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+    }
+    if has_salt:
+        container["volumeMounts"].append(
+            {"name": SALT_VOLUME, "mountPath": SALT_KEY_MOUNT_DIR, "readOnly": True}
+        )
+    return container
+
+
+def salt_volume(pcd: PromptCacheDeployment, names: Names) -> dict[str, Any] | None:
+    secret = salt_secret(pcd, names)
+    if secret is None:
+        return None
+    secret_name, key = secret
+    return {
+        "name": SALT_VOLUME,
+        "secret": {
+            "secretName": secret_name,
+            "items": [{"key": key, "path": SALT_KEY_SECRET_KEY}],
+            "defaultMode": 0o440,
+        },
+    }

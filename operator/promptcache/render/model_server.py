@@ -1,0 +1,199 @@
+"""The model servers: the vLLM Deployment (with the cache front), its Service and PDB."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from promptcache.api import PromptCacheDeployment
+from promptcache.contract import SERVING_PORT, VLLM_LOCAL_PORT
+from promptcache.render.front import front_container, salt_volume
+from promptcache.render.names import Component, Names, metadata, selector_labels
+from promptcache.render.security import container_security_context, pod_security_context
+
+VLLM_CONTAINER = "vllm"
+MODEL_CACHE_DIR = "/model-cache"
+GPU_RESOURCE = "nvidia.com/gpu"
+STARTUP_BUDGET_SECONDS = 30 * 60
+"""Weight loading of a large model can take many minutes; the startup probe waits this long."""
+
+
+def vllm_args(pcd: PromptCacheDeployment) -> list[str]:
+    """`vllm serve MODEL --flags`: prefix caching on and sized, token details for usage headers."""
+    spec = pcd.spec
+    behind_front = spec.front.enabled
+    args = [
+        spec.model.name,
+        "--served-model-name",
+        spec.model.effective_served_name,
+        "--host",
+        "127.0.0.1" if behind_front else "0.0.0.0",  # noqa: S104 - the pod's serving port
+        "--port",
+        str(VLLM_LOCAL_PORT if behind_front else SERVING_PORT),
+        "--enable-prefix-caching",
+        "--enable-prompt-tokens-details",
+        "--api-server-count",
+        str(spec.engine.api_server_count),
+        "--block-size",
+        str(spec.engine.block_size),
+        "--gpu-memory-utilization",
+        f"{spec.engine.gpu_memory_utilization:g}",
+    ]
+    if spec.engine.max_model_len is not None:
+        args += ["--max-model-len", str(spec.engine.max_model_len)]
+    if spec.prompt_embeds.enabled:
+        args.append("--enable-prompt-embeds")
+    return args + list(spec.engine.extra_args)
+
+
+def _vllm_health_probe(pcd: PromptCacheDeployment, **timing: int) -> dict[str, Any]:
+    """Behind the front, vLLM listens on 127.0.0.1, out of the kubelet's reach: probe inside."""
+    if pcd.spec.front.enabled:
+        url = f"http://127.0.0.1:{VLLM_LOCAL_PORT}/health"
+        check = f"import urllib.request; urllib.request.urlopen({url!r}, timeout=4)"
+        handler: dict[str, Any] = {"exec": {"command": ["python3", "-c", check]}}
+    else:
+        handler = {"httpGet": {"path": "/health", "port": "http"}}
+    return {**handler, "timeoutSeconds": 5, **timing}
+
+
+def _vllm_env(pcd: PromptCacheDeployment) -> list[dict[str, Any]]:
+    model = pcd.spec.model
+    env: list[dict[str, Any]] = [
+        {"name": "HF_HOME", "value": MODEL_CACHE_DIR},
+        {"name": "HOME", "value": "/tmp"},  # non-root has no home; /tmp is an emptyDir
+        {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
+    ]
+    if model.hf_token_secret_ref is not None:
+        ref = model.hf_token_secret_ref
+        env.append(
+            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+        )
+    env += [{"name": e.name, "value": e.value} for e in pcd.spec.engine.env]
+    return env
+
+
+def _vllm_resources(pcd: PromptCacheDeployment) -> dict[str, Any]:
+    res = pcd.spec.model.resources
+    requests: dict[str, Any] = dict(res.requests)
+    limits: dict[str, Any] = dict(res.limits)
+    if res.gpus > 0:
+        requests[GPU_RESOURCE] = res.gpus
+        limits[GPU_RESOURCE] = res.gpus
+    return {"requests": requests, "limits": limits}
+
+
+def _vllm_container(pcd: PromptCacheDeployment) -> dict[str, Any]:
+    spec = pcd.spec
+    container: dict[str, Any] = {
+        "name": VLLM_CONTAINER,
+        "image": spec.model.image,
+        "imagePullPolicy": spec.model.image_pull_policy,
+        "args": vllm_args(pcd),
+        "env": _vllm_env(pcd),
+        "resources": _vllm_resources(pcd),
+        "startupProbe": _vllm_health_probe(
+            pcd, periodSeconds=10, failureThreshold=STARTUP_BUDGET_SECONDS // 10
+        ),
+        "livenessProbe": _vllm_health_probe(pcd, periodSeconds=15, failureThreshold=4),
+        "securityContext": container_security_context(read_only_root=False),
+        "volumeMounts": [
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "model-cache", "mountPath": MODEL_CACHE_DIR},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+    }
+    if not spec.front.enabled:
+        container["ports"] = [{"name": "http", "containerPort": SERVING_PORT, "protocol": "TCP"}]
+        container["readinessProbe"] = _vllm_health_probe(pcd, periodSeconds=5, failureThreshold=2)
+    return container
+
+
+def _volumes(pcd: PromptCacheDeployment, names: Names) -> list[dict[str, Any]]:
+    cache = pcd.spec.model.model_cache
+    model_cache: dict[str, Any] = (
+        {"persistentVolumeClaim": {"claimName": cache.claim_name}}
+        if cache.claim_name
+        else {"emptyDir": {"sizeLimit": cache.size_limit} if cache.size_limit is not None else {}}
+    )
+    volumes: list[dict[str, Any]] = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        {"name": "model-cache", **model_cache},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    salt = salt_volume(pcd, names) if pcd.spec.front.enabled else None
+    if salt is not None:
+        volumes.append(salt)
+    return volumes
+
+
+def _strategy(replicas: int) -> dict[str, Any]:
+    """With several replicas replace one at a time without a surge pod: GPUs are rarely spare."""
+    if replicas > 1:
+        return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+
+
+def pod_template_labels(names: Names) -> dict[str, str]:
+    """Pod labels carry no version, so upgrading the operator never restarts model servers."""
+    return {
+        **selector_labels(names, Component.MODEL_SERVER),
+        "app.kubernetes.io/part-of": "promptcache",
+        "llm-d.ai/engine-type": "vllm",
+    }
+
+
+def model_server_deployment(pcd: PromptCacheDeployment, names: Names) -> dict[str, Any]:
+    spec = pcd.spec
+    containers = [_vllm_container(pcd)]
+    if spec.front.enabled:
+        containers.insert(0, front_container(pcd, names))
+    pod_spec: dict[str, Any] = {
+        "securityContext": pod_security_context(),
+        "terminationGracePeriodSeconds": 120,
+        "containers": containers,
+        "volumes": _volumes(pcd, names),
+    }
+    if spec.model.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.model.node_selector)
+    if spec.model.tolerations:
+        pod_spec["tolerations"] = [
+            t.model_dump(by_alias=True, exclude_none=True) for t in spec.model.tolerations
+        ]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(names, names.model_server, Component.MODEL_SERVER),
+        "spec": {
+            "replicas": spec.model.replicas,
+            "selector": {"matchLabels": selector_labels(names, Component.MODEL_SERVER)},
+            "strategy": _strategy(spec.model.replicas),
+            "template": {"metadata": {"labels": pod_template_labels(names)}, "spec": pod_spec},
+        },
+    }
+
+
+def model_server_service(names: Names) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(names, names.model_server, Component.MODEL_SERVER),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(names, Component.MODEL_SERVER),
+            "ports": [
+                {"name": "http", "port": SERVING_PORT, "targetPort": "http", "protocol": "TCP"}
+            ],
+        },
+    }
+
+
+def model_server_pdb(names: Names) -> dict[str, Any]:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": metadata(names, names.model_server, Component.MODEL_SERVER),
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": selector_labels(names, Component.MODEL_SERVER)},
+        },
+    }

@@ -1,0 +1,146 @@
+"""The gateway's side of the ext_proc conversation with the Endpoint Picker.
+
+Envoy-based gateways ask the EPP where to send a request over a bidirectional
+`envoy.service.ext_proc.v3.ExternalProcessor/Process` stream: request headers,
+then the buffered body with `end_of_stream`, and the EPP answers with a header
+mutation that sets `x-gateway-destination-endpoint`. This client plays that part
+exactly, over plaintext gRPC on loopback, so tests see the EPP's real decision.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+REQUEST_ID_HEADER = "x-request-id"
+
+
+@dataclass
+class Pick:
+    """What the EPP decided for one request."""
+
+    endpoint: str | None
+    """`ip:port` from x-gateway-destination-endpoint (first of a fallback list), or None."""
+    set_headers: dict[str, str] = field(default_factory=dict)
+    """Every header the EPP asked the gateway to set on the upstream request."""
+    immediate_status: int | None = None
+    """HTTP status when the EPP answered the client itself (e.g. 429, 503, 400)."""
+    immediate_body: str = ""
+
+
+def _header_map(headers: Mapping[str, str]) -> base_pb2.HeaderMap:
+    return base_pb2.HeaderMap(
+        headers=[
+            base_pb2.HeaderValue(key=k.lower(), raw_value=v.encode()) for k, v in headers.items()
+        ]
+    )
+
+
+def _value(h: base_pb2.HeaderValue) -> str:
+    return h.raw_value.decode() if h.raw_value else h.value
+
+
+class ExtProcClient:
+    """A plaintext ext_proc client for one EPP gRPC port on loopback."""
+
+    def __init__(self, target: str, timeout_s: float = 30.0) -> None:
+        self._channel = grpc.insecure_channel(target)
+        self._stub = pb_grpc.ExternalProcessorStub(self._channel)
+        self._timeout = timeout_s
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> ExtProcClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def pick(
+        self,
+        body: Mapping[str, Any] | bytes,
+        headers: Mapping[str, str] | None = None,
+        path: str = "/v1/chat/completions",
+    ) -> Pick:
+        """Send one request's headers and buffered body; return the EPP's decision."""
+        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+        all_headers = {
+            ":method": "POST",
+            ":path": path,
+            ":authority": "gateway.local",
+            ":scheme": "http",
+            "content-type": "application/json",
+            "content-length": str(len(raw)),
+            REQUEST_ID_HEADER: str(uuid.uuid4()),
+        }
+        all_headers.update({k.lower(): v for k, v in (headers or {}).items()})
+
+        outbox: queue.Queue[pb.ProcessingRequest | None] = queue.Queue()
+        outbox.put(
+            pb.ProcessingRequest(request_headers=pb.HttpHeaders(headers=_header_map(all_headers)))
+        )
+        outbox.put(pb.ProcessingRequest(request_body=pb.HttpBody(body=raw, end_of_stream=True)))
+
+        def requests() -> Iterator[pb.ProcessingRequest]:
+            # Keep the stream open until the answer arrived: a half-close before the
+            # EPP replied would read as the client going away.
+            while True:
+                item = outbox.get(timeout=self._timeout)
+                if item is None:
+                    return
+                yield item
+
+        result = Pick(endpoint=None)
+        responses = self._stub.Process(requests(), timeout=self._timeout)
+        try:
+            for resp in responses:
+                kind = resp.WhichOneof("response")
+                if kind == "immediate_response":
+                    result.immediate_status = int(resp.immediate_response.status.code)
+                    result.immediate_body = resp.immediate_response.body.decode(errors="replace")
+                    break
+                common = None
+                if kind == "request_headers":
+                    common = resp.request_headers.response
+                elif kind == "request_body":
+                    common = resp.request_body.response
+                if common is not None:
+                    for hvo in common.header_mutation.set_headers:
+                        result.set_headers[hvo.header.key.lower()] = _value(hvo.header)
+                if kind == "request_body":
+                    break
+        finally:
+            outbox.put(None)
+            responses.cancel()
+        dest = result.set_headers.get(DESTINATION_HEADER)
+        if dest:
+            result.endpoint = dest.split(",")[0].strip()
+        return result
+
+
+def chat_body(
+    text: str,
+    model: str = "test-model",
+    cache_salt: str | None = None,
+    user: str | None = None,
+    history: list[dict[str, str]] | None = None,
+) -> dict[str, Any]:
+    """An OpenAI chat-completions body; `history` is prepended (multi-turn)."""
+    messages = [*(history or []), {"role": "user", "content": text}]
+    body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": 16}
+    if cache_salt is not None:
+        body["cache_salt"] = cache_salt
+    if user is not None:
+        body["user"] = user
+    return body

@@ -1,0 +1,87 @@
+"""The real cache front, run as a process in front of one stand-in pod.
+
+With the front in the pod it owns the port the InferencePool targets, so the
+Endpoint Picker scrapes the front's /metrics, which must carry vLLM's metrics
+merged with its own. Running the real front here is what shows that.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+
+from promptcache.contract import FRONT_READY_PATH, FrontEnv
+
+
+class FrontProcess:
+    """`python -m promptcache.front` listening on a pod IP, upstream the stand-in."""
+
+    def __init__(
+        self, listen: tuple[str, int], upstream: str, env: Mapping[str, str], workdir: Path
+    ) -> None:
+        self.ip, self.port = listen
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.log_path = workdir / "front.log"
+        full = {k: v for k, v in os.environ.items() if not k.startswith("PROMPTCACHE_")}
+        full.update(env)
+        full[FrontEnv.LISTEN] = f"{self.ip}:{self.port}"
+        full[FrontEnv.UPSTREAM] = upstream
+        full[FrontEnv.WORKERS] = "1"  # one process is enough for routing tests
+        if env.get(FrontEnv.SALT_KEY_FILE) is not None:
+            key = workdir / "salt-key"
+            key.write_text(secrets.token_hex(32))
+            key.chmod(0o600)
+            full[FrontEnv.SALT_KEY_FILE] = str(key)
+        self.env = full
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log = None
+
+    def start(self) -> FrontProcess:
+        self._log = self.log_path.open("wb")
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "promptcache.front"],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+        )
+        return self
+
+    def wait_ready(self, timeout_s: float = 60) -> None:
+        url = f"http://{self.ip}:{self.port}{FRONT_READY_PATH}"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self._proc is not None
+            if self._proc.poll() is not None:
+                raise RuntimeError(
+                    f"front exited {self._proc.returncode}:\n{self.log_path.read_text()[-3000:]}"
+                )
+            try:
+                with urllib.request.urlopen(url, timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"front not ready at {url}:\n{self.log_path.read_text()[-3000:]}")
+
+    def metrics_text(self) -> str:
+        with urllib.request.urlopen(f"http://{self.ip}:{self.port}/metrics", timeout=5) as resp:
+            return resp.read().decode()
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(timeout=5)
+        if self._log is not None:
+            self._log.close()
+            self._log = None

@@ -1,0 +1,230 @@
+"""A rendered pool on the local control plane, with the real Endpoint Picker in front.
+
+Applies what `promptcache render` produced (InferencePool, EPP RBAC and
+ConfigMap, model-server Deployment) to a namespace of the real API server. kwok
+plays the kubelets: it makes the model-server pods Running/Ready with loopback
+pod IPs, and the harness binds one stand-in pod server per pod on
+`podIP:targetPort`. The EPP Deployment cannot run under kwok, so the harness
+runs the real EPP process with the rendered config and args, authenticated as
+the rendered ServiceAccount: if the rendered Role lacked a verb the EPP needs,
+the EPP would fail here.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import yaml
+
+from promptcache.contract import VLLM_LOCAL_PORT
+
+from .binary import find_epp_binary, missing_reason
+from .fake_pod import FakePod, VllmMetrics
+from .front import FrontProcess
+from .process import EppProcess
+from .rendered import Rendered
+
+
+class ClusterLike(Protocol):
+    """The slice of e2e/pytest_cluster.Cluster the harness uses."""
+
+    kubeconfig: Path
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
+    ) -> Any: ...
+
+    def get_json(self, *args: str) -> Any: ...
+
+
+@dataclass
+class PodHandle:
+    """One model-server pod: its API object's name/IP and what stands in for it."""
+
+    name: str
+    ip: str
+    server: FakePod
+    """The vLLM stand-in (metrics and /v1); behind the front when there is one."""
+    front: FrontProcess | None = None
+
+    @property
+    def endpoint(self) -> str:
+        """What the EPP writes into x-gateway-destination-endpoint for this pod."""
+        return f"{self.ip}:{self.port}"
+
+    @property
+    def port(self) -> int:
+        return self.front.port if self.front is not None else self.server.port
+
+    def set(self, **values: Any) -> None:
+        self.server.set(**values)
+
+
+@dataclass
+class PoolOnCluster:
+    """Rendered objects applied to one namespace, stand-in pods, and the real EPP."""
+
+    cluster: ClusterLike
+    rendered: Rendered
+    workdir: Path
+    metrics: Callable[[int], VllmMetrics] = lambda i: VllmMetrics()
+    pods: list[PodHandle] = field(default_factory=list)
+    epp: EppProcess | None = None
+
+    # --- objects ------------------------------------------------------------------
+    def applicable_objects(self) -> list[dict[str, Any]]:
+        """Everything but what cannot run here: the EPP Deployment (run as a process
+        instead) and the HTTPRoute (no gateway controller on the local cluster).
+        The model-server pods keep their GPU requests; a nodeSelector naming a GPU
+        product is dropped because the fake nodes carry no product label."""
+        skip = {id(self.rendered.epp_deployment)}
+        out: list[dict[str, Any]] = []
+        for obj in self.rendered.objects:
+            if id(obj) in skip or obj.get("kind") == "HTTPRoute":
+                continue
+            if obj is self.rendered.model_deployment:
+                copy = json.loads(json.dumps(obj))
+                copy["spec"]["template"]["spec"].pop("nodeSelector", None)
+                out.append(copy)
+            else:
+                out.append(obj)
+        return out
+
+    def apply(self) -> None:
+        ns = self.rendered.namespace
+        self.cluster.kubectl("get", "namespace", ns)
+        # Secrets the pods mount must exist for kwok to report the pod Running? kwok
+        # does not mount volumes, so none are created here.
+        doc = json.dumps({"apiVersion": "v1", "kind": "List", "items": self.applicable_objects()})
+        self.cluster.kubectl("apply", "-n", ns, "-f", "-", input=doc)
+
+    def ready_pods(self) -> list[dict[str, Any]]:
+        selector = ",".join(f"{k}={v}" for k, v in self.rendered.selector.items())
+        items = self.cluster.get_json("pods", "-n", self.rendered.namespace, "-l", selector)[
+            "items"
+        ]
+        ready = []
+        for p in items:
+            if p["metadata"].get("deletionTimestamp"):
+                continue
+            conds = {c["type"]: c["status"] for c in p["status"].get("conditions", [])}
+            if conds.get("Ready") == "True" and p["status"].get("podIP"):
+                ready.append(p)
+        return sorted(ready, key=lambda p: p["metadata"]["name"])
+
+    def wait_pods(self, timeout_s: float = 120) -> list[dict[str, Any]]:
+        want = self.rendered.replicas
+        deadline = time.monotonic() + timeout_s
+        pods: list[dict[str, Any]] = []
+        while time.monotonic() < deadline:
+            pods = self.ready_pods()
+            if len(pods) == want:
+                return pods
+            time.sleep(0.3)
+        raise TimeoutError(f"{len(pods)}/{want} model-server pods Ready after {timeout_s}s")
+
+    # --- stand-ins ------------------------------------------------------------------
+    def start_pods(self, with_front: bool = False) -> list[PodHandle]:
+        """Bind a stand-in on each pod IP; with the front, the front owns the target port
+        and the stand-in sits on the vLLM port behind it (the rendered pod's shape)."""
+        port = self.rendered.target_port
+        for i, pod in enumerate(self.wait_pods()):
+            name, ip = pod["metadata"]["name"], pod["status"]["podIP"]
+            if with_front:
+                server = FakePod(name, ip, VLLM_LOCAL_PORT, self.metrics(i)).start()
+                front = FrontProcess(
+                    listen=(ip, port),
+                    upstream=f"http://{ip}:{VLLM_LOCAL_PORT}",
+                    env=self.front_env(),
+                    workdir=self.workdir / f"front-{name}",
+                ).start()
+                self.pods.append(PodHandle(name, ip, server, front))
+            else:
+                server = FakePod(name, ip, port, self.metrics(i)).start()
+                self.pods.append(PodHandle(name, ip, server))
+        for handle in self.pods:
+            if handle.front is not None:
+                handle.front.wait_ready()
+        return self.pods
+
+    def front_env(self) -> dict[str, str]:
+        """The environment the renderer gives the cache-front container."""
+        spec = self.rendered.model_deployment["spec"]["template"]["spec"]
+        for c in spec["containers"]:
+            if c["name"] != "vllm":
+                return {e["name"]: str(e["value"]) for e in c.get("env", []) if "value" in e}
+        return {}
+
+    def by_endpoint(self, endpoint: str | None) -> PodHandle | None:
+        for p in self.pods:
+            if p.endpoint == endpoint:
+                return p
+        return None
+
+    # --- the Endpoint Picker ----------------------------------------------------------
+    def service_account_kubeconfig(self) -> Path:
+        """A kubeconfig that authenticates as the rendered EPP ServiceAccount."""
+        ns, sa = self.rendered.namespace, self.rendered.service_account
+        token = self.cluster.kubectl(
+            "create", "token", sa, "-n", ns, "--duration=2h"
+        ).stdout.strip()
+        admin = yaml.safe_load(Path(self.cluster.kubeconfig).read_text())
+        ctx_name = admin.get("current-context") or admin["contexts"][0]["name"]
+        ctx = next(c for c in admin["contexts"] if c["name"] == ctx_name)["context"]
+        cl = next(c for c in admin["clusters"] if c["name"] == ctx["cluster"])["cluster"]
+        cfg = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "local", "cluster": cl}],
+            "users": [{"name": sa, "user": {"token": token}}],
+            "contexts": [
+                {"name": "epp", "context": {"cluster": "local", "user": sa, "namespace": ns}}
+            ],
+            "current-context": "epp",
+        }
+        path = self.workdir / "epp-kubeconfig.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        path.chmod(0o600)
+        return path
+
+    def start_epp(
+        self,
+        config_text: str | None = None,
+        extra_args: Sequence[str] = (),
+        wait_scraped: bool = True,
+    ) -> EppProcess:
+        binary = find_epp_binary()
+        if binary is None:
+            raise RuntimeError(missing_reason())
+        self.epp = EppProcess(
+            binary,
+            config_text if config_text is not None else self.rendered.epp_config_text,
+            self.workdir,
+            pool_name=self.rendered.pool_name,
+            pool_namespace=self.rendered.namespace,
+            extra_args=[*self.rendered.epp_args, *extra_args],
+            kubeconfig=self.service_account_kubeconfig(),
+        ).start()
+        self.epp.wait_ready()
+        if wait_scraped:
+            self.wait_scraped()
+        return self.epp
+
+    def wait_scraped(self, timeout_s: float = 60) -> None:
+        """Until the EPP's metrics show every pod with the queue its stand-in reports."""
+        assert self.epp is not None
+        expected = {p.name: float(p.server._state.metrics.waiting) for p in self.pods}
+        self.epp.wait_scraped(expected, timeout_s)
+
+    def close(self) -> None:
+        if self.epp is not None:
+            self.epp.stop()
+        for p in self.pods:
+            if p.front is not None:
+                p.front.stop()
+            p.server.stop()

@@ -1,0 +1,227 @@
+"""Start and stop the real Endpoint Picker process with a given config and flags.
+
+The EPP is run as users run it: the rendered `EndpointPickerConfig` and the
+rendered container args, plus only what a plaintext loopback test needs
+(`--secure-serving=false`, `--metrics-endpoint-auth=false`, ports chosen free
+on 127.0.0.1, `--tracing=false` so it does not dial an OTLP collector). Its log
+is kept in a file so a failing test can show it, and so tests can read the
+effective configuration the EPP prints at start-up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from .extproc import ExtProcClient
+
+# Flags the harness owns: a rendered value for these is replaced, not duplicated.
+_HARNESS_FLAGS = (
+    "--grpc-port",
+    "--grpc-health-port",
+    "--metrics-port",
+    "--secure-serving",
+    "--metrics-endpoint-auth",
+    "--config-file",
+    "--config-text",
+    "--tracing",
+    "--ha-enable-leader-election",
+)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on loopback right now (the EPP binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def strip_flags(args: Iterable[str], names: Sequence[str] = _HARNESS_FLAGS) -> list[str]:
+    """Drop `--name=value` / `--name value` pairs for flags the harness sets itself."""
+    out: list[str] = []
+    it = iter(args)
+    for arg in it:
+        name = arg.split("=", 1)[0]
+        if name in names:
+            if "=" not in arg:
+                nxt = next(it, None)
+                # A bare boolean flag has no separate value.
+                if nxt is not None and nxt.startswith("--"):
+                    out.append(nxt)
+            continue
+        out.append(arg)
+    return out
+
+
+@dataclass
+class EppPorts:
+    grpc: int
+    health: int
+    metrics: int
+
+
+class EppProcess:
+    """One running Endpoint Picker; use as a context manager so it always stops."""
+
+    def __init__(
+        self,
+        binary: Path,
+        config_text: str,
+        workdir: Path,
+        pool_name: str | None,
+        pool_namespace: str = "default",
+        extra_args: Sequence[str] = (),
+        kubeconfig: Path | None = None,
+        verbosity: int = 2,
+    ) -> None:
+        self.binary = binary
+        self.workdir = workdir
+        self.config_path = workdir / "epp-config.yaml"
+        self.log_path = workdir / "epp.log"
+        self.ports = EppPorts(free_port(), free_port(), free_port())
+        self.config_path.write_text(config_text)
+        args = [
+            f"--grpc-port={self.ports.grpc}",
+            f"--grpc-health-port={self.ports.health}",
+            f"--metrics-port={self.ports.metrics}",
+            "--secure-serving=false",
+            "--metrics-endpoint-auth=false",
+            "--tracing=false",
+            f"--config-file={self.config_path}",
+            f"-v={verbosity}",
+        ]
+        if pool_name is not None:
+            args += [f"--pool-name={pool_name}", f"--pool-namespace={pool_namespace}"]
+        rendered = strip_flags(
+            extra_args, (*_HARNESS_FLAGS, "--pool-name", "--pool-namespace", "-v", "--v")
+        )
+        self.args = [str(binary), *args, *rendered]
+        self.env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG",)}
+        if kubeconfig is not None:
+            self.env["KUBECONFIG"] = str(kubeconfig)
+        # No proxies for loopback gRPC/HTTP, whatever the CI environment says.
+        self.env["NO_PROXY"] = self.env["no_proxy"] = "127.0.0.1,localhost"
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log = None
+
+    # --- lifecycle ---------------------------------------------------------------
+    def start(self) -> EppProcess:
+        self._log = self.log_path.open("wb")
+        self._proc = subprocess.Popen(
+            self.args, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, cwd=self.workdir
+        )
+        return self
+
+    def stop(self, timeout_s: float = 20.0) -> int | None:
+        if self._proc is None:
+            return None
+        if self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(timeout=10)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        return self._proc.returncode
+
+    def __enter__(self) -> EppProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def wait_exit(self, timeout_s: float) -> int | None:
+        """Exit code, or None if it is still running after timeout_s."""
+        assert self._proc is not None
+        try:
+            return self._proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self._proc is None else self._proc.poll()
+
+    # --- observation -------------------------------------------------------------
+    def log(self) -> str:
+        if self._log is not None:
+            self._log.flush()
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log().splitlines()[-lines:])
+
+    def metrics_text(self) -> str:
+        url = f"http://127.0.0.1:{self.ports.metrics}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.read().decode()
+
+    def healthy(self) -> bool:
+        """gRPC health check on the health port, as the Deployment's probe does."""
+        with grpc.insecure_channel(f"127.0.0.1:{self.ports.health}") as ch:
+            call = ch.unary_unary("/grpc.health.v1.Health/Check")
+            try:
+                raw = call(b"", timeout=2)
+            except grpc.RpcError:
+                return False
+        return bool(raw == b"\x08\x01")  # HealthCheckResponse{status: SERVING}
+
+    def client(self) -> ExtProcClient:
+        return ExtProcClient(f"127.0.0.1:{self.ports.grpc}")
+
+    def wait_ready(self, timeout_s: float = 90.0) -> None:
+        """Until the EPP serves health, or fail with its log."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.returncode is not None:
+                raise RuntimeError(f"EPP exited with {self.returncode}:\n{self.log_tail()}")
+            if self.healthy():
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"EPP not healthy after {timeout_s}s:\n{self.log_tail()}")
+
+    def queue_sizes(self) -> dict[str, float]:
+        """Per-endpoint waiting queue the EPP last scraped, keyed by endpoint name."""
+        out: dict[str, float] = {}
+        with contextlib.suppress(OSError):
+            for line in self.metrics_text().splitlines():
+                m = re.match(r"inference_pool_per_pod_queue_size\{([^}]*)\}\s+(\S+)", line)
+                if not m:
+                    continue
+                pod = re.search(r'model_server_pod="([^"]+)"', m.group(1))
+                if pod:
+                    out[pod.group(1)] = float(m.group(2))
+        return out
+
+    def wait_scraped(self, expected: Mapping[str, float], timeout_s: float = 60.0) -> None:
+        """Until the EPP's own metrics show each endpoint's queue at the expected value.
+
+        Keys are pod names; the EPP names an endpoint `<pod>-rank-<n>`. This proves
+        it found the pods and scraped their metrics servers, not just that it is up.
+        """
+        deadline = time.monotonic() + timeout_s
+        seen: dict[str, float] = {}
+        while time.monotonic() < deadline:
+            if self.returncode is not None:
+                raise RuntimeError(f"EPP exited with {self.returncode}:\n{self.log_tail()}")
+            seen = self.queue_sizes()
+            by_pod = {re.sub(r"-rank-\d+$", "", k): v for k, v in seen.items()}
+            if all(by_pod.get(name) == value for name, value in expected.items()):
+                return
+            time.sleep(0.2)
+        raise TimeoutError(
+            f"EPP never reported queues {dict(expected)} (last {seen}):\n{self.log_tail()}"
+        )

@@ -16,6 +16,6 @@ def pytest_configure(config: pytest.Config) -> None:
     # Registered once per session whichever conftest loads first, so `tests/` and `e2e/`
     # share one session cluster instead of defining the fixture twice.
     if not config.pluginmanager.has_plugin("pytest_cluster"):
-        import pytest_cluster
+        import pytest_cluster  # noqa: PLC0415 - importable only after the path insert
 
         config.pluginmanager.register(pytest_cluster, "pytest_cluster")

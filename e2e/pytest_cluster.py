@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client, config
 
 E2E_DIR = Path(__file__).resolve().parent
 CLUSTER_CLI = E2E_DIR / "cluster"
@@ -123,26 +124,18 @@ class Cluster:
     @cached_property
     def api_client(self) -> Any:
         """A ``kubernetes.client.ApiClient`` for this cluster (official Python client)."""
-        from kubernetes import config  # imported lazily: unit-only runs need not load it
-
         return config.new_client_from_config(config_file=str(self.kubeconfig))
 
     @property
     def core(self) -> Any:
-        from kubernetes import client
-
         return client.CoreV1Api(self.api_client)
 
     @property
     def apps(self) -> Any:
-        from kubernetes import client
-
         return client.AppsV1Api(self.api_client)
 
     @property
     def custom(self) -> Any:
-        from kubernetes import client
-
         return client.CustomObjectsApi(self.api_client)
 
     def create_namespace(self, prefix: str = "t") -> str:
@@ -150,9 +143,10 @@ class Cluster:
         name = f"{prefix}-{uuid.uuid4().hex[:8]}"
         self.kubectl("create", "namespace", name)
         self.wait_for(
-            lambda: self.kubectl("get", "serviceaccount", "default", "-n", name, check=False)
-            .returncode
-            == 0,
+            lambda: (
+                self.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode
+                == 0
+            ),
             f"default ServiceAccount in {name}",
         )
         return name

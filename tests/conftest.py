@@ -1,4 +1,4 @@
-"""Registers the shared cluster fixtures (see pytest_cluster.py) for the unit-test tree, so tests/ can use `cluster` too."""
+"""Registers the shared cluster fixtures (see e2e/pytest_cluster.py) for tests/ too."""
 
 from __future__ import annotations
 

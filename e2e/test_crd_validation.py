@@ -1,0 +1,130 @@
+"""The project's CRD, applied to a real API server, accepts the examples and rejects bad input
+with the exact message a user sees from `kubectl apply`.
+
+The corpus lives in testdata/invalid-pcd/: one manifest per mistake, each naming in
+`# expect:` lines every error the API server must report (schema, enum, bound, or CEL rule),
+and nothing else. A rejected object must not have been created.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pytest_cluster import Cluster
+
+pytestmark = pytest.mark.cluster
+
+ROOT = Path(__file__).resolve().parents[1]
+CRD = ROOT / "crds" / "serving.promptcache.io_promptcachedeployments.yaml"
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+INVALID = sorted((Path(__file__).resolve().parent / "testdata" / "invalid-pcd").glob("*.yaml"))
+CRD_NAME = "promptcachedeployments.serving.promptcache.io"
+
+
+@pytest.fixture(scope="module")
+def crd(cluster: Cluster) -> str:
+    """Install (server-side apply, as a user or the chart would) and wait for Established."""
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
+    cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    return CRD_NAME
+
+
+def expected_errors(path: Path) -> list[str]:
+    return [
+        line.split("# expect:", 1)[1].strip()
+        for line in path.read_text().splitlines()
+        if line.startswith("# expect:")
+    ]
+
+
+def reported_errors(stderr: str) -> list[str]:
+    """The individual causes in kubectl's rejection message.
+
+    One cause:   'The PromptCacheDeployment "bad" is invalid: <cause>'
+    Several:     '... is invalid: [<cause>, <cause>]' or a '* <cause>' list, per kubectl version.
+    Strict decoding errors: 'Error from server (BadRequest): ... strict decoding error: ...'.
+    """
+    text = stderr.strip()
+    if "strict decoding error:" in text:
+        return [text[text.index("strict decoding error:") :].strip()]
+    m = re.search(r"is invalid: (.*)\Z", text, re.S)
+    assert m, f"not a validation error: {text}"
+    body = m.group(1).strip()
+    if body.startswith("* ") or "\n* " in body:
+        return [c.strip() for c in re.split(r"^\* ", body, flags=re.M) if c.strip()]
+    if body.startswith("[") and body.endswith("]"):
+        return [c.strip() for c in body[1:-1].split(", spec.")]
+    return [body]
+
+
+def test_corpus_is_big_enough_and_covers_each_cel_rule() -> None:
+    """Guards the corpus itself: >= 10 cases, and every CEL rule of the CRD has one."""
+    assert len(INVALID) >= 10
+    crd_doc = yaml.safe_load(CRD.read_text())
+    messages: list[str] = []
+
+    def walk(schema: dict[str, Any]) -> None:
+        messages.extend(r["message"] for r in schema.get("x-kubernetes-validations", []))
+        for sub in schema.get("properties", {}).values():
+            walk(sub)
+        if isinstance(schema.get("items"), dict):
+            walk(schema["items"])
+
+    for version in crd_doc["spec"]["versions"]:
+        walk(version["schema"]["openAPIV3Schema"])
+    assert messages, "the CRD has CEL rules"
+    corpus = "\n".join(e for p in INVALID for e in expected_errors(p))
+    uncovered = [m for m in messages if m not in corpus]
+    assert uncovered == [], f"CEL rules without a corpus case: {uncovered}"
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_examples_are_accepted_and_defaulted(
+    cluster: Cluster, crd: str, namespace: str, example: Path
+) -> None:
+    doc = yaml.safe_load(example.read_text())
+    doc["metadata"]["namespace"] = namespace
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(doc))
+    stored = cluster.get_json("promptcachedeployment", doc["metadata"]["name"], "-n", namespace)
+    assert stored["spec"]["model"] == {**stored["spec"]["model"], **doc["spec"]["model"]}
+    # Structural defaults from the schema are applied by the API server itself.
+    assert stored["spec"]["engine"]["blockSize"] == doc["spec"].get("engine", {}).get(
+        "blockSize", 16
+    )
+    assert stored["spec"]["isolation"]["mode"] == doc["spec"].get("isolation", {}).get(
+        "mode", "PerKey"
+    )
+    assert stored["spec"]["front"]["enabled"] is True
+
+
+def test_scale_subresource_drives_model_replicas(
+    cluster: Cluster, crd: str, namespace: str
+) -> None:
+    doc = yaml.safe_load((ROOT / "examples" / "minimal.yaml").read_text())
+    doc["metadata"]["namespace"] = namespace
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(doc))
+    name = doc["metadata"]["name"]
+    cluster.kubectl("scale", "promptcachedeployment", name, "-n", namespace, "--replicas=5")
+    stored = cluster.get_json("pcd", name, "-n", namespace)
+    assert stored["spec"]["model"]["replicas"] == 5
+
+
+@pytest.mark.parametrize("case", INVALID, ids=lambda p: p.stem)
+def test_invalid_manifest_is_rejected_with_its_message(
+    cluster: Cluster, crd: str, namespace: str, case: Path
+) -> None:
+    expected = expected_errors(case)
+    assert expected, f"{case.name} has no '# expect:' line"
+    out = cluster.kubectl("apply", "-n", namespace, "-f", str(case), check=False)
+    assert out.returncode != 0, f"{case.name} was accepted:\n{out.stdout}"
+    assert sorted(reported_errors(out.stderr)) == sorted(expected), out.stderr
+    name = yaml.safe_load(case.read_text())["metadata"]["name"]
+    missing = cluster.kubectl("get", "pcd", name, "-n", namespace, check=False)
+    assert missing.returncode != 0
+    assert "NotFound" in missing.stderr

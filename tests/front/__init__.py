@@ -1,0 +1,1 @@
+"""Tests of the cache front (promptcache.front)."""

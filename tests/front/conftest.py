@@ -1,0 +1,86 @@
+"""Fixtures for the cache front: a recording stand-in vLLM and fronts in front of it.
+
+Everything listens on 127.0.0.1 with a kernel-chosen port and talks over real
+sockets; only the model server is a stand-in (the system boundary).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from promptcache.embeds.cache import PromptEmbedsCache
+from promptcache.front.app import create_app
+from promptcache.front.settings import FrontSettings
+from promptcache.front.standin import StandinUpstream, start_standin
+
+SECRET = b"0123456789abcdef0123456789abcdef"
+
+
+@dataclasses.dataclass
+class Front:
+    """A running front: its URL, settings and cache."""
+
+    url: str
+    settings: FrontSettings
+    cache: PromptEmbedsCache
+
+
+@pytest.fixture
+async def standin() -> AsyncIterator[tuple[StandinUpstream, str]]:
+    upstream = StandinUpstream()
+    runner, url = await start_standin(upstream)
+    yield upstream, url
+    await runner.cleanup()
+
+
+async def _start_front(
+    settings: FrontSettings, secret: bytes | None, cache: PromptEmbedsCache
+) -> tuple[web.AppRunner, str]:
+    app = create_app(settings, secret=secret, cache=cache)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    server = site._server
+    assert isinstance(server, asyncio.Server)
+    port = server.sockets[0].getsockname()[1]
+    return runner, f"http://127.0.0.1:{port}"
+
+
+MakeFront = Callable[..., Awaitable[Front]]
+
+
+@pytest.fixture
+async def make_front(
+    standin: tuple[StandinUpstream, str],
+) -> AsyncIterator[MakeFront]:
+    runners: list[web.AppRunner] = []
+
+    async def make(
+        *, upstream: str | None = None, secret: bytes | None = SECRET,
+        cache_bytes: int = 64 << 20, **overrides: Any,
+    ) -> Front:
+        settings = FrontSettings(upstream=upstream or standin[1], **overrides)
+        cache = PromptEmbedsCache(cache_bytes)
+        runner, url = await _start_front(
+            settings, secret if settings.needs_salt_key else None, cache
+        )
+        runners.append(runner)
+        return Front(url, settings, cache)
+
+    yield make
+    for runner in runners:
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        yield session

@@ -126,7 +126,8 @@ async def test_custom_isolation_names_are_honoured(
     status, _, _ = await _post(http, front.url + CHAT, _chat(tenant="t1"))
     assert status == 200
     sent = upstream.requests[-1].json()
-    assert sent["cache_salt"] == derive_salt(SECRET, "t1") and "tenant" not in sent
+    assert sent["cache_salt"] == derive_salt(SECRET, "t1")
+    assert "tenant" not in sent
 
 
 # --- prompt_cache_max_len ----------------------------------------------------------------
@@ -156,7 +157,8 @@ async def test_positive_max_len_is_accepted_stripped_and_counted(
     status, _, _ = await _post(http, front.url + CHAT, _chat(prompt_cache_max_len=128))
     assert status == 200
     sent = upstream.requests[-1].json()
-    assert "prompt_cache_max_len" not in sent and "cache_salt" not in sent
+    assert "prompt_cache_max_len" not in sent
+    assert "cache_salt" not in sent
     async with http.get(front.url + "/metrics") as resp:
         text = await resp.text()
     assert "promptcache_front_prompt_cache_max_len_not_enforced_total 1.0" in text
@@ -169,7 +171,8 @@ async def test_max_len_ignored_when_not_honoured(
     front = await make_front(honor_prompt_cache_max_len=False)
     await _post(http, front.url + CHAT, _chat(prompt_cache_max_len=0))
     sent = upstream.requests[-1].json()
-    assert "cache_salt" not in sent and "prompt_cache_max_len" not in sent
+    assert "cache_salt" not in sent
+    assert "prompt_cache_max_len" not in sent
 
 
 # --- session affinity ------------------------------------------------------------------
@@ -198,7 +201,8 @@ async def test_non_streaming_response_carries_usage_headers(
     front = await make_front(prompt_tokens_header="x-pt", cached_prompt_tokens_header="x-cpt")
     status, _, headers = await _post(http, front.url + CHAT, _chat())
     assert status == 200
-    assert headers["x-pt"] == "1234" and headers["x-cpt"] == "1024"
+    assert headers["x-pt"] == "1234"
+    assert headers["x-cpt"] == "1024"
 
 
 async def test_cached_header_absent_when_vllm_does_not_report_it(
@@ -278,7 +282,8 @@ async def test_malformed_json_is_400(
 ) -> None:
     front = await make_front()
     status, body, _ = await _post(http, front.url + CHAT, b'{"model": ')
-    assert status == 400 and isinstance(body, dict)
+    assert status == 400
+    assert isinstance(body, dict)
     assert body["error"]["code"] == "invalid_json"
     assert body["error"]["message"] == (
         "the request body is not valid JSON: Expecting value: line 1 column 11 (char 10)"
@@ -291,7 +296,8 @@ async def test_json_array_body_is_400(
 ) -> None:
     front = await make_front()
     status, body, _ = await _post(http, front.url + CHAT, [1, 2])
-    assert status == 400 and isinstance(body, dict)
+    assert status == 400
+    assert isinstance(body, dict)
     assert body["error"]["message"] == "the request body must be a JSON object, got a JSON list"
 
 
@@ -301,7 +307,8 @@ async def test_oversized_body_is_413(
     front = await make_front(max_body_bytes=2048)
     data = json.dumps(_chat(pad="x" * 4096)).encode()
     status, body, _ = await _post(http, front.url + CHAT, data)
-    assert status == 413 and isinstance(body, dict)
+    assert status == 413
+    assert isinstance(body, dict)
     assert body["error"]["code"] == "request_too_large"
     assert body["error"]["message"] == (
         f"the request body has at least {len(data)} bytes; this server accepts at most 2048. "
@@ -329,7 +336,8 @@ async def test_bad_policy_fields_are_400_with_exact_message(
 ) -> None:
     front = await make_front(isolation_mode=IsolationMode.PER_KEY)
     status, body, _ = await _post(http, front.url + CHAT, _chat(**{field: value}))
-    assert status == 400 and isinstance(body, dict)
+    assert status == 400
+    assert isinstance(body, dict)
     assert body["error"]["message"] == message
 
 
@@ -341,7 +349,8 @@ async def test_conflicting_isolation_keys_are_400(
         http, front.url + CHAT, _chat(prompt_cache_isolation_key="a"),
         headers={"x-prompt-cache-isolation-key": "b"},
     )
-    assert status == 400 and isinstance(body, dict)
+    assert status == 400
+    assert isinstance(body, dict)
     assert body["error"]["code"] == "invalid_isolation_key"
 
 
@@ -369,7 +378,8 @@ async def test_upstream_down_is_503_with_message(
 ) -> None:
     front = await make_front(upstream=f"http://127.0.0.1:{_free_port()}")
     status, body, headers = await _post(http, front.url + CHAT, _chat())
-    assert status == 503 and isinstance(body, dict)
+    assert status == 503
+    assert isinstance(body, dict)
     assert body["error"]["code"] == "upstream_unavailable"
     assert body["error"]["message"].startswith("the model server is not accepting connections")
     assert headers["Retry-After"] == "1"
@@ -386,7 +396,8 @@ async def test_upstream_timeout_is_504(
     upstream.response_delay = 5
     front = await make_front(upstream_timeout_seconds=0.5)
     status, body, _ = await _post(http, front.url + CHAT, _chat())
-    assert status == 504 and isinstance(body, dict)
+    assert status == 504
+    assert isinstance(body, dict)
     assert body["error"]["message"] == "the model server sent nothing for 0.5 seconds"
 
 
@@ -440,7 +451,8 @@ async def test_in_flight_cap_answers_503(
     first = asyncio.create_task(_post(http, front.url + CHAT, _chat()))
     await asyncio.wait_for(upstream.started.wait(), 10)
     status, body, _ = await _post(http, front.url + CHAT, _chat())
-    assert status == 503 and isinstance(body, dict)
+    assert status == 503
+    assert isinstance(body, dict)
     assert body["error"]["code"] == "front_overloaded"
     assert (await first)[0] == 200
 

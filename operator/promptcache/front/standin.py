@@ -120,9 +120,10 @@ class StandinUpstream:
                 await asyncio.sleep(self.chunk_delay)
         options = req.get("stream_options") or {}
         if options.get("include_usage"):
-            chunk = {"id": "cmpl-standin", "object": "chunk", "choices": [],
-                     "usage": self.usage()}
-            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            final: dict[str, Any] = {
+                "id": "cmpl-standin", "object": "chunk", "choices": [], "usage": self.usage(),
+            }
+            await response.write(f"data: {json.dumps(final)}\n\n".encode())
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response

@@ -6,7 +6,6 @@ sockets; only the model server is a stand-in (the system boundary).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -48,9 +47,7 @@ async def _start_front(
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    server = site._server
-    assert isinstance(server, asyncio.Server)
-    port = server.sockets[0].getsockname()[1]
+    port = runner.addresses[0][1]
     return runner, f"http://127.0.0.1:{port}"
 
 

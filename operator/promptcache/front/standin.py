@@ -28,7 +28,8 @@ vllm:num_requests_waiting{{engine="0",model_name="standin"}} {waiting}
 vllm:kv_cache_usage_perc{{engine="0",model_name="standin"}} {kv}
 # HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
 # TYPE vllm:cache_config_info gauge
-vllm:cache_config_info{{block_size="16",cache_dtype="auto",enable_prefix_caching="True",engine="0",num_gpu_blocks="4096"}} 1.0
+vllm:cache_config_info{{block_size="16",cache_dtype="auto",enable_prefix_caching="True",\
+engine="0",num_gpu_blocks="4096"}} 1.0
 """
 
 
@@ -161,7 +162,5 @@ async def start_standin(
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    server = site._server
-    assert server is not None and isinstance(server, asyncio.Server)
-    bound = server.sockets[0].getsockname()[1]
+    bound = runner.addresses[0][1]
     return runner, f"http://{host}:{bound}"

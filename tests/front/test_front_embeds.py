@@ -66,7 +66,9 @@ async def test_chat_part_reference_hit_is_byte_identical(
     front = await make_front(isolation_mode=IsolationMode.PER_KEY)
 
     def chat(data: str, **part: str) -> dict[str, Any]:
-        content = [{"type": "text", "text": "see:"}, {"type": "prompt_embeds", "data": data, **part}]
+        content = [
+            {"type": "text", "text": "see:"}, {"type": "prompt_embeds", "data": data, **part},
+        ]
         return {"model": "m", "messages": [{"role": "user", "content": content}]}
 
     p = _payload(2)

@@ -14,6 +14,8 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
+from promptcache.api.rules import RULE_SEPARATOR, field_path_of
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -79,7 +81,9 @@ def _message(error: ErrorDetails) -> str:
     }
     if kind in bounds:
         key, symbol = bounds[kind]
-        return f"must be {symbol} {ctx[key]}"
+        bound = ctx[key]
+        shown = f"{bound:g}" if isinstance(bound, float) else str(bound)
+        return f"must be {symbol} {shown}"
     if kind in ("literal_error", "enum"):
         return f"must be one of: {_choices(ctx.get('expected'))}"
     if kind == "string_too_short":
@@ -97,8 +101,20 @@ def _message(error: ErrorDetails) -> str:
 
 
 def problems_from(error: ValidationError, *, prefix: Sequence[int | str] = ()) -> list[Problem]:
-    """One Problem per pydantic error, paths in the resource's own camelCase spelling."""
-    return [
-        Problem(path=format_path([*prefix, *e["loc"]]), message=_message(e))
-        for e in error.errors(include_url=False)
-    ]
+    """One Problem per pydantic error, paths in the resource's own camelCase spelling.
+
+    A broken cross-field rule is reported at the field its CEL twin names, so the CLI
+    and the API server point at the same place.
+    """
+    problems: list[Problem] = []
+    for e in error.errors(include_url=False):
+        loc = [*prefix, *e["loc"]]
+        message = _message(e)
+        if e["type"] != "value_error":
+            problems.append(Problem(format_path(loc), message))
+            continue
+        for part in message.split(RULE_SEPARATOR):
+            field_path = field_path_of(part)
+            extra = field_path.lstrip(".").split(".") if field_path else []
+            problems.append(Problem(format_path([*loc, *extra]), part))
+    return problems

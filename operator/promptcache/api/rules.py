@@ -95,6 +95,17 @@ RULES: tuple[CrossFieldRule, ...] = (
 )
 
 
+RULE_SEPARATOR = "\n"
+
+
+def field_path_of(message: str) -> str | None:
+    """The field a broken rule's message is reported at, relative to the rule's object."""
+    for rule in RULES:
+        if rule.message == message:
+            return rule.field_path
+    return None
+
+
 def rules_for(scope: str) -> tuple[CrossFieldRule, ...]:
     return tuple(rule for rule in RULES if rule.scope == scope)
 
@@ -103,5 +114,5 @@ def enforce_rules(model: M, scope: str) -> M:
     """Raise the first broken rule's message as a ValueError (pydantic reports it with its path)."""
     broken = [rule.message for rule in rules_for(scope) if not rule.holds(model)]
     if broken:
-        raise ValueError("; ".join(broken))
+        raise ValueError(RULE_SEPARATOR.join(broken))
     return model

@@ -193,7 +193,7 @@ class PrefixCacheTier(ApiModel):
     name: DnsLabel
     auto_tune: bool = False
     block_size_tokens: Annotated[int, Field(ge=1, le=65536)] = 64
-    lru_capacity_per_server: Annotated[int, Field(ge=1)] = 31250
+    lru_capacity_per_server: Annotated[int, Field(gt=0)] = 31250
     weight: Annotated[float, Field(ge=0, le=100)] = 1.0
 
 
@@ -209,7 +209,7 @@ class PrefixCacheSpec(ApiModel):
     """Prefix tokens hashed per request; wins when > 0. 0: use `maxPrefixBlocksToMatch`."""
     max_prefix_blocks_to_match: Annotated[int, Field(ge=0)] = 2048
     """Prefix blocks hashed per request when `maxPrefixTokensToMatch` is 0."""
-    lru_capacity_per_server: Annotated[int, Field(ge=1)] = 31250
+    lru_capacity_per_server: Annotated[int, Field(gt=0)] = 31250
     """Blocks remembered per pod when not auto-tuned."""
     weights: ScorerWeights = Field(default_factory=ScorerWeights)
     tiers: Annotated[list[PrefixCacheTier], Field(max_length=8)] = Field(default_factory=list)

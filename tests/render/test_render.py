@@ -1,0 +1,245 @@
+"""The renderer: pure, deterministic, schema-valid, and saying what will really happen."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+
+from promptcache.api import parse_resource
+from promptcache.contract import SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR, FrontEnv
+from promptcache.loading import load_resources
+from promptcache.render import render
+from promptcache.render.epp_config import endpoint_picker_config
+from promptcache.yamlio import dump_all
+from tests.render.schemas import ROOT, validate_manifest
+from tests.render.strategies import resources
+
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+ACCEPTED = json.loads((ROOT / "e2e" / "epp" / "accepted_parameters.json").read_text())
+
+
+def example(name: str) -> Any:
+    return load_resources((ROOT / "examples" / name).read_text(), source=name)[0]
+
+
+def by_kind(
+    manifests: list[dict[str, Any]], kind: str, component: str | None = None
+) -> dict[str, Any]:
+    found = [
+        m
+        for m in manifests
+        if m["kind"] == kind
+        and (
+            component is None or m["metadata"]["labels"]["app.kubernetes.io/component"] == component
+        )
+    ]
+    assert len(found) == 1, f"{kind}/{component}: {len(found)}"
+    return found[0]
+
+
+def env_of(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in container["env"]}
+
+
+def container(deployment: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(
+        c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == name
+    )
+
+
+def _flatten_keys(params: dict[str, Any], prefix: str = "") -> set[str]:
+    keys: set[str] = set()
+    for key, value in params.items():
+        path = f"{prefix}{key}"
+        keys.add(path)
+        if isinstance(value, dict):
+            keys |= _flatten_keys(value, path + ".")
+        elif isinstance(value, list) and value and isinstance(value[0], dict):
+            for item in value:
+                keys |= _flatten_keys(item, path + "[].")
+    return keys
+
+
+def assert_epp_config_is_accepted(config: dict[str, Any]) -> None:
+    assert config["apiVersion"] == "llm-d.ai/v1alpha1"
+    assert set(config) == {"apiVersion", "kind", "plugins", "schedulingProfiles"}
+    names = [p.get("name", p["type"]) for p in config["plugins"]]
+    assert len(names) == len(set(names)), "plugin names must be unique"
+    for plugin in config["plugins"]:
+        assert plugin["type"] in ACCEPTED, plugin["type"]
+        unknown = _flatten_keys(plugin.get("parameters", {})) - set(ACCEPTED[plugin["type"]])
+        assert not unknown, f"{plugin['type']} does not accept {unknown}"
+    for profile in config["schedulingProfiles"]:
+        for ref in profile["plugins"]:
+            assert ref["pluginRef"] in names
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_examples_render_to_schema_valid_manifests(path: Path) -> None:
+    for pcd in load_resources(path.read_text(), source=path.name):
+        for manifest in render(pcd):
+            validate_manifest(manifest)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(resources())
+def test_any_valid_resource_renders_deterministically_and_validly(doc: dict[str, Any]) -> None:
+    pcd = parse_resource(doc)
+    first = dump_all(render(pcd))
+    again = dump_all(render(parse_resource(yaml.safe_load(yaml.safe_dump(doc)))))
+    assert first == again
+    manifests = render(pcd)
+    for manifest in manifests:
+        validate_manifest(manifest)
+        labels = manifest["metadata"]["labels"]
+        assert labels["app.kubernetes.io/instance"] == pcd.metadata.name
+        assert labels["app.kubernetes.io/managed-by"] == "promptcache"
+        assert manifest["metadata"]["namespace"] == pcd.metadata.namespace
+        assert "ownerReferences" not in manifest["metadata"]
+    config = endpoint_picker_config(pcd)
+    assert_epp_config_is_accepted(config)
+    for plugin in config["plugins"]:
+        if plugin["type"] == "approx-prefix-cache-producer":
+            assert plugin["parameters"]["blockSizeTokens"] >= 64
+    deployment = by_kind(manifests, "Deployment", "model-server")
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert selector.items() <= pod_labels.items()
+    pool = by_kind(manifests, "InferencePool")
+    assert pool["spec"]["selector"]["matchLabels"] == selector
+    names = [c["name"] for c in deployment["spec"]["template"]["spec"]["containers"]]
+    assert names == (["cache-front", "vllm"] if pcd.spec.front.enabled else ["vllm"])
+
+
+def test_the_model_server_pod() -> None:
+    pcd = example("multi-tenant.yaml")
+    manifests = render(pcd)
+    deployment = by_kind(manifests, "Deployment", "model-server")
+    vllm = container(deployment, "vllm")
+    assert vllm["args"] == [
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "--served-model-name",
+        "llama-3.1-8b",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8001",
+        "--enable-prefix-caching",
+        "--enable-prompt-tokens-details",
+        "--api-server-count",
+        "2",
+        "--block-size",
+        "16",
+        "--gpu-memory-utilization",
+        "0.92",
+        "--max-model-len",
+        "32768",
+        "--enable-prompt-embeds",
+    ]
+    assert vllm["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert "ports" not in vllm, "vLLM must not be reachable from outside the pod"
+    front = container(deployment, "cache-front")
+    env = env_of(front)
+    assert env[SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR] == "2"
+    assert env[FrontEnv.WORKERS] == "2"
+    assert env[FrontEnv.ISOLATION_MODE] == "Required"
+    assert env[FrontEnv.SALT_KEY_FILE] == "/etc/promptcache/salt/salt-key"
+    assert front["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+    # 2 processes x 2 GiB of cache + 1 GiB in-flight headroom
+    assert front["resources"]["limits"]["memory"] == "5120Mi"
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["salt-key"]["secret"]["secretName"] == "llama-tenants-salt"
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory"}
+    assert volumes["model-cache"]["emptyDir"] == {"sizeLimit": "40Gi"}
+
+
+def test_without_the_front_vllm_serves_the_pool_port() -> None:
+    pcd = parse_resource(
+        {
+            "apiVersion": "serving.promptcache.io/v1alpha1",
+            "kind": "PromptCacheDeployment",
+            "metadata": {"name": "plain"},
+            "spec": {
+                "model": {"name": "m"},
+                "isolation": {"mode": "Shared"},
+                "front": {"enabled": False, "usageHeaders": {"enabled": False}},
+            },
+        }
+    )
+    deployment = by_kind(render(pcd), "Deployment", "model-server")
+    vllm = container(deployment, "vllm")
+    assert vllm["args"][4:7] == ["0.0.0.0", "--port", "8000"]
+    assert vllm["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert all(v["name"] != "salt-key" for v in deployment["spec"]["template"]["spec"]["volumes"])
+
+
+def test_epp_config_for_the_multi_tenant_example() -> None:
+    pcd = example("multi-tenant.yaml")
+    config = endpoint_picker_config(pcd)
+    assert_epp_config_is_accepted(config)
+    plugins = {p.get("name", p["type"]): p for p in config["plugins"]}
+    session = plugins["session-affinity-filter"]["parameters"]
+    assert session == {
+        "strategy": "session_id",
+        "sessionIdConfig": {
+            "sources": [{"header": "x-session-affinity"}],
+            "evictionTtlSeconds": 900,
+        },
+    }
+    assert plugins["coarse-scorer"]["parameters"] == {
+        "prefixMatchInfoProducerName": "coarse-producer"
+    }
+    profile = config["schedulingProfiles"][0]["plugins"]
+    assert profile[0] == {"pluginRef": "session-affinity-filter"}
+    weights = {p["pluginRef"]: p.get("weight") for p in profile}
+    assert weights["prefix-cache-scorer"] == 3.0
+    epp = by_kind(render(pcd), "Deployment", "endpoint-picker")
+    args = epp["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--allow-experimental-plugins" in args
+    assert args[args.index("--pool-name") + 1] == "llama-tenants"
+
+
+def test_small_block_sizes_are_shown_as_the_epp_will_use_them() -> None:
+    pcd = parse_resource(
+        {
+            "apiVersion": "serving.promptcache.io/v1alpha1",
+            "kind": "PromptCacheDeployment",
+            "metadata": {"name": "small"},
+            "spec": {
+                "model": {"name": "m"},
+                "prefixCache": {"autoTune": False, "blockSizeTokens": 16},
+            },
+        }
+    )
+    config_map = by_kind(render(pcd), "ConfigMap")
+    text = config_map["data"]["config.yaml"]
+    assert "# prefixCache.blockSizeTokens=16 was raised to 64" in text
+    assert yaml.safe_load(text)["plugins"][0]["parameters"]["blockSizeTokens"] == 64
+    epp = by_kind(render(pcd), "Deployment", "endpoint-picker")
+    assert (
+        "--allow-experimental-plugins"
+        not in epp["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
+
+
+def test_route_only_when_a_gateway_is_named() -> None:
+    assert all(m["kind"] != "HTTPRoute" for m in render(example("minimal.yaml")))
+    route = by_kind(render(example("multi-tenant.yaml")), "HTTPRoute")
+    assert route["spec"]["rules"][0]["backendRefs"] == [
+        {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "llama-tenants"}
+    ]
+
+
+def test_render_has_no_clock_or_randomness() -> None:
+    """Same input, same bytes, across two independent parses."""
+    text = (ROOT / "examples" / "multi-tenant.yaml").read_text()
+    a = dump_all(render(load_resources(text)[0]))
+    b = dump_all(render(load_resources(text)[0]))
+    assert a == b

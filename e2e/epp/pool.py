@@ -75,6 +75,7 @@ class PoolOnCluster:
     metrics: Callable[[int], VllmMetrics] = lambda i: VllmMetrics()
     pods: list[PodHandle] = field(default_factory=list)
     epp: EppProcess | None = None
+    _starts: int = 0
 
     # --- objects ------------------------------------------------------------------
     def applicable_objects(self) -> list[dict[str, Any]]:
@@ -197,17 +198,27 @@ class PoolOnCluster:
         config_text: str | None = None,
         extra_args: Sequence[str] = (),
         wait_scraped: bool = True,
+        rendered_args: Sequence[str] | None = None,
     ) -> EppProcess:
+        """Run the EPP with the rendered config and args (or the given replacements)."""
         binary = find_epp_binary()
         if binary is None:
             raise RuntimeError(missing_reason())
+        if self.epp is not None:
+            self.epp.stop()  # a restart: a fresh process with an empty prefix index
+        self._starts += 1
+        run_dir = self.workdir / f"epp-{self._starts}"
+        run_dir.mkdir(parents=True, exist_ok=True)
         self.epp = EppProcess(
             binary,
             config_text if config_text is not None else self.rendered.epp_config_text,
-            self.workdir,
+            run_dir,
             pool_name=self.rendered.pool_name,
             pool_namespace=self.rendered.namespace,
-            extra_args=[*self.rendered.epp_args, *extra_args],
+            extra_args=[
+                *(self.rendered.epp_args if rendered_args is None else rendered_args),
+                *extra_args,
+            ],
             kubeconfig=self.service_account_kubeconfig(),
         ).start()
         self.epp.wait_ready()

@@ -1,0 +1,69 @@
+"""One call that stands up a rendered example on the cluster with the real EPP in front.
+
+Tests and the benchmark share it so both exercise the same path: render through
+the CLI, apply to a namespace of the real API server, bind stand-in pods on the
+kwok pod IPs (optionally behind the real cache front), and start the EPP with
+the rendered config and flags as the rendered ServiceAccount.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .fake_pod import VllmMetrics
+from .pool import ClusterLike, PoolOnCluster
+from .rendered import EXAMPLES, Rendered, load_example, render_resource
+
+
+def routing_patch(
+    replicas: int = 4, with_front: bool = False, session: bool = False
+) -> dict[str, Any]:
+    """Spec changes for routing tests: N replicas, the chosen pod shape, sessions on/off."""
+    patch: dict[str, Any] = {"model": {"replicas": replicas}, "front": {"enabled": with_front}}
+    if session:
+        patch["sessionAffinity"] = {"enabled": True}
+    return patch
+
+
+class Launcher:
+    """Creates pools in one namespace and stops them all at the end."""
+
+    def __init__(self, cluster: ClusterLike, namespace: str, workdir: Path) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+        self.workdir = workdir
+        self.pools: list[PoolOnCluster] = []
+
+    def render(
+        self, example: str | Path = "minimal.yaml", spec_patch: Mapping[str, Any] | None = None
+    ) -> Rendered:
+        path = example if isinstance(example, Path) else EXAMPLES / example
+        return Rendered(render_resource(load_example(path, self.namespace, spec_patch)))
+
+    def __call__(
+        self,
+        example: str | Path = "minimal.yaml",
+        spec_patch: Mapping[str, Any] | None = None,
+        metrics: Callable[[int], VllmMetrics] | None = None,
+        start_epp: bool = True,
+        config_text: str | None = None,
+        extra_args: Sequence[str] = (),
+        apply: bool = True,
+    ) -> PoolOnCluster:
+        rendered = self.render(example, spec_patch)
+        workdir = self.workdir / f"pool-{len(self.pools)}"
+        workdir.mkdir(parents=True, exist_ok=True)
+        pool = PoolOnCluster(self.cluster, rendered, workdir, metrics or (lambda i: VllmMetrics()))
+        self.pools.append(pool)
+        if apply:
+            pool.apply()
+            pool.start_pods(with_front=rendered.has_front)
+        if start_epp:
+            pool.start_epp(config_text=config_text, extra_args=extra_args)
+        return pool
+
+    def close(self) -> None:
+        for pool in self.pools:
+            pool.close()

@@ -1,0 +1,60 @@
+"""Prompt shapes and load settings that make the EPP's scoring observable.
+
+The default `estimate` token producer packs 4 request bytes into a pseudo-token,
+and for chat requests the bytes are each message's role followed by its text.
+So a prompt's block count is predictable: with the effective block size B
+(>= 64 tokens), a shared prefix of `4*B*k` bytes spans k blocks.
+
+To see whether a prefix *attracts* (rather than whether load happens to agree),
+the pod holding it is given a small handicap: a KV-cache usage of 0.1 costs it
+0.2 of score (weight 2 x 0.1), while any prefix match worth more than 7% of the
+prompt is worth more than that (weight 3 x ratio). Zero match never wins.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from .fake_pod import FakePod
+
+BYTES_PER_TOKEN = 4
+HANDICAP_KV_USAGE = 0.1
+
+
+def unique_text(n_bytes: int) -> str:
+    """n_bytes of text no other request shares (hex of random UUIDs)."""
+    out = ""
+    while len(out) < n_bytes:
+        out += uuid.uuid4().hex
+    return out[:n_bytes]
+
+
+def prefixed(prefix: str, tail_bytes: int = 800) -> str:
+    """A prompt that shares `prefix` and then diverges from every other prompt."""
+    return prefix + unique_text(tail_bytes)
+
+
+def wait_scrapes(pods: Sequence[FakePod], n: int = 3, timeout_s: float = 30) -> None:
+    """Until every pod was scraped n more times, so the EPP sees values just set."""
+    start = [p.scrapes for p in pods]
+    deadline = time.monotonic() + timeout_s
+    while any(p.scrapes < s + n for p, s in zip(pods, start, strict=True)):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the EPP stopped scraping the pods")
+        time.sleep(0.05)
+
+
+def settle_index(seconds: float = 0.3) -> None:
+    """The EPP adds a pick to its prefix index asynchronously after answering."""
+    time.sleep(seconds)
+
+
+def handicap(pods: Sequence[FakePod], loser: FakePod, **values: Any) -> None:
+    """Make `loser` slightly worse than the others by load, and wait until seen."""
+    for p in pods:
+        p.set(kv_cache_usage=0.0, waiting=0)
+    loser.set(kv_cache_usage=HANDICAP_KV_USAGE, **values)
+    wait_scrapes(pods)

@@ -1,0 +1,311 @@
+"""The gateway half on the real llm-d Endpoint Picker (issue 8).
+
+Each test renders an example through `promptcache render`, applies it to the
+local control plane (kwok gives the model-server pods loopback IPs), binds a
+stand-in vLLM metrics server on every pod IP (optionally behind the real cache
+front), runs the real EPP with the rendered config and flags as the rendered
+ServiceAccount, and asks it where requests go over ext_proc, as the gateway
+does. See docs/endpoint-picker.md.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from epp.binary import find_epp_binary, missing_reason
+from epp.extproc import chat_body
+from epp.fake_pod import VllmMetrics
+from epp.launch import Launcher, routing_patch
+from epp.pool import PoolOnCluster
+from epp.rendered import example_files
+from epp.scenarios import handicap, prefixed, settle_index, unique_text, wait_scrapes
+
+pytestmark = [
+    pytest.mark.epp,
+    pytest.mark.cluster,
+    pytest.mark.skipif(find_epp_binary() is None, reason=missing_reason()),
+]
+
+SHAPES = [pytest.param(False, id="vllm-only"), pytest.param(True, id="with-front")]
+
+
+@pytest.fixture
+def launch(cluster: Any, namespace: str, tmp_path: Path) -> Iterator[Launcher]:
+    launcher = Launcher(cluster, namespace, tmp_path)
+    try:
+        yield launcher
+    finally:
+        launcher.close()
+
+
+def servers(pool: PoolOnCluster) -> list[Any]:
+    return [p.server for p in pool.pods]
+
+
+def pod_at(pool: PoolOnCluster, endpoint: str | None) -> Any:
+    handle = pool.by_endpoint(endpoint)
+    assert handle is not None, (
+        f"EPP picked {endpoint!r}, not one of {[p.endpoint for p in pool.pods]}"
+    )
+    return handle
+
+
+def log_records(text: str) -> list[dict[str, Any]]:
+    out = []
+    for line in text.splitlines():
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
+# --------------------------------------------------------------------------- start-up
+
+
+@pytest.mark.parametrize("with_front", SHAPES)
+@pytest.mark.parametrize("example", example_files(), ids=lambda p: p.stem)
+def test_epp_starts_on_every_generated_config(
+    launch: Launcher, example: Path, with_front: bool
+) -> None:
+    pool = launch(example, spec_patch={"front": {"enabled": with_front}})
+    assert pool.epp is not None
+    config = pool.rendered.epp_config
+    records = log_records(pool.epp.log())
+
+    effective = [r for r in records if "Effective raw configuration" in r.get("msg", "")]
+    assert effective, f"no effective configuration logged:\n{pool.epp.log_tail()}"
+    text = effective[0]["config"]
+    for plugin in config["plugins"]:
+        assert f"Type: {plugin['type']}" in text, f"{plugin['type']} missing from {text}"
+
+    # Each producer logs the configuration it really runs with: the rendered values.
+    producers = [p for p in config["plugins"] if p["type"] == "approx-prefix-cache-producer"]
+    initialized = [
+        r["config"] for r in records if r.get("msg") == "Prefix DataProducer initialized"
+    ]
+    assert len(initialized) == len(producers)
+    for p in producers:
+        assert any(all(cfg[k] == v for k, v in p["parameters"].items()) for cfg in initialized), (
+            p,
+            initialized,
+        )
+
+    # The scheduler got every scorer with its rendered weight.
+    parsed = next(r["scheduler-config"] for r in records if r.get("msg") == "parsed config")
+    for ref in config["schedulingProfiles"][0]["plugins"]:
+        if ref.get("weight") is not None:
+            assert f"{ref['pluginRef']}: {float(ref['weight']):.6f}" in parsed, parsed
+    # It found the pool's pods through the InferencePool (with the rendered RBAC) and
+    # scraped their metrics, through the front when there is one.
+    assert len(pool.pods) == pool.rendered.replicas
+    pool.wait_scraped()
+
+
+def test_unknown_parameter_makes_epp_exit_nonzero(launch: Launcher) -> None:
+    """Proof the start-up test would catch a generator mistake."""
+    pool = launch(spec_patch=routing_patch(replicas=1), start_epp=False)
+    config = pool.rendered.epp_config
+    producer = next(p for p in config["plugins"] if p["type"] == "approx-prefix-cache-producer")
+    producer["parameters"]["blockSizeToken"] = 64  # a typo of blockSizeTokens
+    with pytest.raises(RuntimeError, match=r"EPP exited with [1-9]"):
+        pool.start_epp(config_text=yaml.safe_dump(config))
+    assert pool.epp is not None
+    assert pool.epp.returncode not in (None, 0)
+    errors = [r.get("error", "") for r in log_records(pool.epp.log())]
+    assert any(
+        "failed to create plugin" in e and 'unknown field "blockSizeToken"' in e for e in errors
+    ), pool.epp.log_tail()
+
+
+def test_session_plugin_needs_the_experimental_flag(launch: Launcher) -> None:
+    """Session affinity is Alpha upstream: the renderer must pass --allow-experimental-plugins."""
+    pool = launch(spec_patch=routing_patch(replicas=1, session=True), start_epp=False)
+    flag = "--allow-experimental-plugins"
+    assert flag in pool.rendered.epp_args
+    without = [a for a in pool.rendered.epp_args if a != flag]
+    with pytest.raises(RuntimeError, match=r"EPP exited with [1-9]"):
+        pool.start_epp(rendered_args=without)
+    assert pool.epp is not None
+    assert "has Alpha stability level" in pool.epp.log()
+
+
+# --------------------------------------------------------------------------- prefix affinity
+
+
+@pytest.mark.parametrize("with_front", SHAPES)
+def test_shared_prefix_follows_the_pod_that_served_it(launch: Launcher, with_front: bool) -> None:
+    pool = launch(spec_patch=routing_patch(with_front=with_front))
+    prefix = unique_text(2000)  # ~500 tokens: 7+ blocks of 64 under the estimate tokenizer
+    with pool.epp.client() as client:  # type: ignore[union-attr]
+        first = pod_at(pool, client.pick(chat_body(prefixed(prefix))).endpoint)
+        settle_index()
+        # The pod holding the prefix is now slightly worse by load; the prefix must win.
+        handicap(servers(pool), first.server)
+        follow = [client.pick(chat_body(prefixed(prefix))).endpoint for _ in range(8)]
+        assert follow == [first.endpoint] * 8
+
+        # Unrelated prompts go where load says: away from the handicapped pod,
+        # and to whichever pod is idle when the others queue.
+        unrelated = Counter(client.pick(chat_body(unique_text(1500))).endpoint for _ in range(12))
+        assert first.endpoint not in unrelated
+        idle = next(p for p in pool.pods if p is not first)
+        for p in pool.pods:
+            p.set(waiting=0 if p is idle else 4, kv_cache_usage=0.0)
+        wait_scrapes(servers(pool))
+        picks = {client.pick(chat_body(unique_text(1500))).endpoint for _ in range(8)}
+        assert picks == {idle.endpoint}
+
+
+def test_different_cache_salts_do_not_attract(launch: Launcher) -> None:
+    pool = launch(spec_patch=routing_patch())
+    prompt_prefix = unique_text(2000)
+    with pool.epp.client() as client:  # type: ignore[union-attr]
+        first = pod_at(
+            pool, client.pick(chat_body(prefixed(prompt_prefix), cache_salt="tenant-a")).endpoint
+        )
+        settle_index()
+        handicap(servers(pool), first.server)
+        same = [
+            client.pick(chat_body(prefixed(prompt_prefix), cache_salt="tenant-a")).endpoint
+            for _ in range(5)
+        ]
+        other = [
+            client.pick(chat_body(prefixed(prompt_prefix), cache_salt="tenant-b")).endpoint
+            for _ in range(5)
+        ]
+        unsalted = [client.pick(chat_body(prefixed(prompt_prefix))).endpoint for _ in range(5)]
+    assert same == [first.endpoint] * 5
+    assert first.endpoint not in other, "tenant-b was drawn to tenant-a's prefix"
+    assert first.endpoint not in unsalted, "an unsalted request was drawn to tenant-a's prefix"
+
+
+# --------------------------------------------------------------------------- autoTune
+
+
+def _attracts(pool: PoolOnCluster, common_bytes: int) -> bool:
+    """Whether a prompt sharing `common_bytes` (role included) with a served one follows it."""
+    shared = unique_text(common_bytes - len("user"))
+    with pool.epp.client() as client:  # type: ignore[union-attr]
+        for p in pool.pods:
+            p.set(kv_cache_usage=0.0, waiting=0)
+        wait_scrapes(servers(pool))
+        first = pod_at(pool, client.pick(chat_body(shared + "A" * 1200)).endpoint)
+        settle_index()
+        handicap(servers(pool), first.server)
+        picks = [client.pick(chat_body(shared + c * 1200)).endpoint for c in "BCD"]
+    assert len(set(picks)) == 1 or first.endpoint not in picks, picks
+    return picks == [first.endpoint] * 3
+
+
+def test_autotune_block_size_follows_cache_config_info_with_a_64_token_floor(
+    launch: Launcher,
+) -> None:
+    # vLLM's default block size 16 is reported; the EPP must use 64, not 16.
+    pool = launch(spec_patch=routing_patch(), metrics=lambda i: VllmMetrics(block_size=16))
+    # 200 shared bytes = 50 tokens: 3 blocks of 16, but no whole block of 64.
+    assert not _attracts(pool, 200), "matched at 16-token blocks: the 64-token floor did not apply"
+    # 600 shared bytes = 150 tokens: two whole 64-token blocks.
+    assert _attracts(pool, 600)
+
+    # The pods now report 256-token blocks: 150 shared tokens no longer fill one block.
+    for s in servers(pool):
+        s.set(block_size=256)
+    wait_scrapes(servers(pool))
+    assert not _attracts(pool, 600), "block size did not follow vllm:cache_config_info"
+    assert _attracts(pool, 2400)  # 600 tokens: two whole 256-token blocks
+    config = pool.rendered.epp_config
+    producer = next(p for p in config["plugins"] if p["type"] == "approx-prefix-cache-producer")
+    assert producer["parameters"]["autoTune"] is True
+    assert producer["parameters"]["blockSizeTokens"] >= 64
+
+
+def test_autotune_capacity_follows_num_gpu_blocks(launch: Launcher) -> None:
+    """A pod reporting 4 GPU blocks is indexed with 4 entries: older prefixes fall out."""
+
+    def remembered(pool: PoolOnCluster) -> bool:
+        target = pool.pods[0]
+        with pool.epp.client() as client:  # type: ignore[union-attr]
+            for p in pool.pods:
+                p.set(waiting=0 if p is target else 10, kv_cache_usage=0.0)
+            wait_scrapes(servers(pool))
+            first = unique_text(480)  # 2 blocks of 64 tokens (with the role bytes)
+            assert client.pick(chat_body(first)).endpoint == target.endpoint
+            settle_index(0.1)
+            for _ in range(3):  # 6 more blocks on the same pod
+                assert client.pick(chat_body(unique_text(480))).endpoint == target.endpoint
+                settle_index(0.1)
+            handicap(servers(pool), target.server)
+            return client.pick(chat_body(first + "x" * 300)).endpoint == target.endpoint
+
+    pool = launch(spec_patch=routing_patch(), metrics=lambda i: VllmMetrics(num_gpu_blocks=4))
+    assert not remembered(pool), "a 4-block pod still remembered 8 blocks back"
+    for s in servers(pool):
+        s.set(num_gpu_blocks=5000)
+    wait_scrapes(servers(pool))
+    pool.start_epp()  # capacity is fixed when a pod is first indexed: fresh process
+    assert remembered(pool), "a 5000-block pod forgot a prefix 8 blocks back"
+
+
+# --------------------------------------------------------------------------- session affinity
+
+
+def test_session_header_sticks_even_when_load_says_otherwise(launch: Launcher) -> None:
+    pool = launch(spec_patch=routing_patch(session=True))
+    header = pool.rendered.epp_config["plugins"]
+    session = next(p for p in header if p["type"] == "session-affinity-filter")
+    name = session["parameters"]["sessionIdConfig"]["sources"][0]["header"]
+    with pool.epp.client() as client:  # type: ignore[union-attr]
+        bound = {}
+        for sid in ("alice", "bob", "carol"):
+            bound[sid] = pod_at(
+                pool, client.pick(chat_body(unique_text(300)), headers={name: sid}).endpoint
+            )
+        settle_index()
+        for handle in bound.values():  # every bound pod is now the worst choice by load
+            handle.set(waiting=20, kv_cache_usage=0.95)
+        wait_scrapes(servers(pool))
+        for sid, handle in bound.items():
+            picks = {
+                client.pick(chat_body(unique_text(300)), headers={name: sid}).endpoint
+                for _ in range(4)
+            }
+            assert picks == {handle.endpoint}, (sid, picks)
+        # Without the header, load decides.
+        loaded = {h.endpoint for h in bound.values()}
+        free = [client.pick(chat_body(unique_text(300))).endpoint for _ in range(6)]
+        if len(loaded) < len(pool.pods):
+            assert not loaded & set(free), free
+
+
+# --------------------------------------------------------------------------- load
+
+
+@pytest.mark.parametrize("with_front", SHAPES)
+def test_long_queue_or_full_kv_cache_loses_new_requests(launch: Launcher, with_front: bool) -> None:
+    pool = launch(spec_patch=routing_patch(with_front=with_front))
+    queued, full = pool.pods[0], pool.pods[1]
+    queued.set(waiting=50)
+    full.set(kv_cache_usage=1.0)
+    wait_scrapes(servers(pool))
+    with pool.epp.client() as client:  # type: ignore[union-attr]
+        picks = Counter(client.pick(chat_body(unique_text(1200))).endpoint for _ in range(24))
+    assert queued.endpoint not in picks, picks
+    assert full.endpoint not in picks, picks
+    assert set(picks) <= {p.endpoint for p in pool.pods[2:]}
+
+
+def test_endpoint_names_are_pods_of_the_pool(launch: Launcher) -> None:
+    """The EPP reports one endpoint per Ready pod of the InferencePool (rank 0 per target port)."""
+    pool = launch(spec_patch=routing_patch())
+    names = set(pool.epp.queue_sizes())  # type: ignore[union-attr]
+    assert {re.sub(r"-rank-\d+$", "", n) for n in names} == {p.name for p in pool.pods}

@@ -1,0 +1,82 @@
+"""The generated EndpointPickerConfig uses only parameters llm-d-router v0.10.0 accepts.
+
+The EPP decodes plugin parameters strictly and refuses to start on an unknown
+key; e2e/epp/accepted_parameters.json lists, per plugin type, the keys its Go
+struct takes (read from the source, docs/endpoint-picker.md). This check needs
+neither a cluster nor the binary, so it runs everywhere; test_epp.py then runs
+the real EPP on the same configs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from epp.rendered import Rendered, example_files, load_example, render_resource
+
+ACCEPTED: dict[str, list[str]] = json.loads(
+    (Path(__file__).parent / "epp" / "accepted_parameters.json").read_text()
+)
+
+VARIANTS = {
+    "as-is": {},
+    "sessions": {"sessionAffinity": {"enabled": True}},
+    "small-blocks": {"prefixCache": {"autoTune": False, "blockSizeTokens": 16}},
+    "tiered": {"prefixCache": {"tiers": [{"name": "coarse", "blockSizeTokens": 512}]}},
+}
+
+
+def key_paths(value: Any, prefix: str = "") -> set[str]:
+    """Every key path in a parameters object, lists written `key[]`."""
+    paths: set[str] = set()
+    if isinstance(value, dict):
+        for key, sub in value.items():
+            path = f"{prefix}.{key}" if prefix else key
+            paths.add(path)
+            paths |= key_paths(sub, path)
+    elif isinstance(value, list):
+        for item in value:
+            paths |= key_paths(item, f"{prefix}[]")
+    return paths
+
+
+def rendered_configs() -> list[Any]:
+    out = []
+    for example in example_files():
+        for variant, patch in VARIANTS.items():
+            out.append(pytest.param(example, patch, id=f"{example.stem}-{variant}"))
+    return out
+
+
+@pytest.mark.parametrize(("example", "patch"), rendered_configs())
+def test_every_emitted_parameter_is_accepted(example: Path, patch: dict[str, Any]) -> None:
+    config = Rendered(render_resource(load_example(example, spec_patch=patch))).epp_config
+    assert config["apiVersion"] == "llm-d.ai/v1alpha1"
+    assert config["kind"] == "EndpointPickerConfig"
+    assert set(config) <= {"apiVersion", "kind", "featureGates", "plugins", "schedulingProfiles"}
+    names = [p.get("name", p["type"]) for p in config["plugins"]]
+    assert len(names) == len(set(names)), f"duplicate plugin names {names}"
+    for plugin in config["plugins"]:
+        assert plugin["type"] in ACCEPTED, f"{plugin['type']} was not verified against the source"
+        unknown = key_paths(plugin.get("parameters") or {}) - set(ACCEPTED[plugin["type"]])
+        assert not unknown, f"{plugin['type']} would be refused for {sorted(unknown)}"
+    for ref in config["schedulingProfiles"][0]["plugins"]:
+        assert set(ref) <= {"pluginRef", "weight"}
+        assert ref["pluginRef"] in names
+
+
+@pytest.mark.parametrize(("example", "patch"), rendered_configs())
+def test_config_says_what_the_epp_really_does(example: Path, patch: dict[str, Any]) -> None:
+    """Block sizes are emitted at the 64-token floor; sessions use the session_id strategy."""
+    rendered = Rendered(render_resource(load_example(example, spec_patch=patch)))
+    config = rendered.epp_config
+    for plugin in config["plugins"]:
+        params = plugin.get("parameters") or {}
+        if plugin["type"] == "approx-prefix-cache-producer":
+            assert params.get("blockSizeTokens", 16) >= 64, params
+        if plugin["type"].startswith("session-affinity"):
+            assert params.get("strategy") == "session_id", "the default strategy never sticks"
+            assert "--allow-experimental-plugins" in rendered.epp_args
+    assert "--config-text" not in rendered.epp_args or "--config-file" not in rendered.epp_args

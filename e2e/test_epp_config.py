@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from epp.rendered import Rendered, example_files, load_example, render_resource
 
 ACCEPTED: dict[str, list[str]] = json.loads(

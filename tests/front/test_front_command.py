@@ -1,0 +1,164 @@
+"""`promptcache front`: flags over env, refusals at start, and the real process end to end."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from promptcache.contract import FrontEnv, IsolationMode
+from promptcache.front.command import add_arguments, register, run, settings_from
+from promptcache.front.salt import derive_salt
+from promptcache.front.settings import FrontSettings, SettingsError
+from promptcache.front.standin import StandinUpstream
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_flag_wins_over_env_and_env_over_default() -> None:
+    env = {
+        FrontEnv.UPSTREAM: "http://127.0.0.1:9000",
+        FrontEnv.ISOLATION_MODE: "PerKey",
+        FrontEnv.MAX_BODY_BYTES: "4096",
+        FrontEnv.SESSION_FROM_USER: "false",
+        "SG_PROMPT_EMBEDS_CACHE_GIB": "0.5",
+    }
+    settings = settings_from(_parse(["--upstream", "http://127.0.0.1:9100"]), env)
+    assert settings.upstream == "http://127.0.0.1:9100"
+    assert settings.isolation_mode is IsolationMode.PER_KEY
+    assert settings.max_body_bytes == 4096
+    assert settings.session_from_user is False
+    assert settings.cache_capacity_bytes == 1 << 29
+    assert settings_from(_parse([]), {}) == FrontSettings()
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({FrontEnv.ISOLATION_MODE: "perkey"},
+         "PROMPTCACHE_ISOLATION_MODE='perkey' is not one of Shared, PerKey, Required"),
+        ({FrontEnv.MAX_BODY_BYTES: "32MiB"}, "PROMPTCACHE_MAX_BODY_BYTES='32MiB' is not an integer"),
+        ({FrontEnv.HONOR_MAX_LEN: "maybe"},
+         "PROMPTCACHE_HONOR_PROMPT_CACHE_MAX_LEN='maybe' is not a boolean; use true or false"),
+        ({"SG_PROMPT_EMBEDS_CACHE_GIB": "-1"},
+         "SG_PROMPT_EMBEDS_CACHE_GIB=-1.0 must be a non-negative number of GiB (0 disables the "
+         "cache)"),
+        ({FrontEnv.UPSTREAM: "127.0.0.1:8001"},
+         "upstream '127.0.0.1:8001' must be an http URL, e.g. http://127.0.0.1:8001"),
+        ({FrontEnv.TURBOQUANT_DTYPE: "int8"},
+         "TurboQuant dtype 'int8' is not one of auto, float32, float16, bfloat16"),
+    ],
+)
+def test_bad_settings_are_refused_with_a_message(env: dict[str, str], message: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        settings_from(_parse([]), env)
+    assert str(info.value) == message
+
+
+def test_register_adds_the_front_subcommand() -> None:
+    parser = argparse.ArgumentParser(prog="promptcache")
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["front", "--listen", "127.0.0.1:1", "--workers", "2"])
+    assert args.func is run
+    assert settings_from(args, {}).workers == 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith("PROMPTCACHE_") and k != "SG_PROMPT_EMBEDS_CACHE_GIB"}
+
+
+async def test_salting_mode_without_secret_refuses_to_start(tmp_path: Path) -> None:
+    missing = tmp_path / "absent"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "promptcache.front", "--isolation-mode", "PerKey",
+        "--salt-key-file", str(missing), "--listen", f"127.0.0.1:{_free_port()}",
+        env=_env(), stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 2
+    assert err.decode().strip().splitlines()[-1] == (
+        f"promptcache front: isolation mode PerKey needs the salt key, but {missing} does not "
+        "exist; mount the salt Secret there or point --salt-key-file at it"
+    )
+
+
+async def test_short_secret_is_refused(tmp_path: Path) -> None:
+    key = tmp_path / "salt-key"
+    key.write_bytes(b"short")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "promptcache.front", "--isolation-mode", "Required",
+        "--salt-key-file", str(key), env=_env(), stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 2
+    assert err.decode().strip().splitlines()[-1] == (
+        f"promptcache front: the salt key in {key} has 5 bytes; isolation mode Required needs "
+        "at least 16 random bytes"
+    )
+
+
+async def test_real_process_serves_and_stops_on_sigterm(
+    tmp_path: Path, standin: tuple[StandinUpstream, str]
+) -> None:
+    upstream, upstream_url = standin
+    secret = b"k" * 32
+    (tmp_path / "salt-key").write_bytes(secret + b"\n")
+    port = _free_port()
+    env = {**_env(), FrontEnv.ISOLATION_MODE: "PerKey",
+           FrontEnv.SALT_KEY_FILE: str(tmp_path / "salt-key"),
+           "SG_PROMPT_EMBEDS_CACHE_GIB": "0.01"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "promptcache.front", "--upstream", upstream_url,
+        "--listen", f"127.0.0.1:{port}", env=env,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+            for _ in range(600):
+                try:
+                    async with http.get(base + "/readyz") as resp:
+                        if resp.status == 200:
+                            break
+                except aiohttp.ClientConnectionError:
+                    pass
+                assert proc.returncode is None, "the front exited during start-up"
+                await asyncio.sleep(0.1)
+            else:
+                pytest.fail("the front never became ready")
+            async with http.post(
+                base + "/v1/chat/completions",
+                json={"model": "m", "messages": [], "prompt_cache_isolation_key": "t"},
+            ) as resp:
+                assert resp.status == 200
+                assert resp.headers["dashflow-prompt-tokens"] == "42"
+            async with http.get(base + "/metrics") as resp:
+                text = await resp.text()
+        assert json.loads(upstream.requests[-1].body)["cache_salt"] == derive_salt(secret, "t")
+        assert "vllm:num_requests_running" in text
+        capacity = next(line for line in text.splitlines()
+                        if line.startswith("promptcache_front_prompt_embeds_cache_capacity_bytes "))
+        assert float(capacity.split()[1]) == int(0.01 * (1 << 30))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), 60)
+    assert proc.returncode == 0

@@ -1,0 +1,129 @@
+"""Invariants of the per-request rules and the SSE relay, as properties."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from multidict import CIMultiDict
+
+from promptcache.contract import IsolationMode
+from promptcache.front.errors import FrontError
+from promptcache.front.policy import Isolation, apply_policy
+from promptcache.front.salt import (
+    UNCACHEABLE_SALT_PREFIX,
+    derive_salt,
+    is_valid_vllm_salt,
+    random_salt,
+)
+from promptcache.front.settings import FrontSettings
+from promptcache.front.usage import SseRelay
+
+secrets_ = st.binary(min_size=16, max_size=64)
+keys = st.text(min_size=1, max_size=200)
+
+
+@given(secrets_, keys)
+def test_derived_salt_always_fits_vllm_rules(secret: bytes, key: str) -> None:
+    salt = derive_salt(secret, key)
+    assert is_valid_vllm_salt(salt)
+    assert salt == derive_salt(secret, key)
+
+
+@given(secrets_, keys, keys)
+def test_different_keys_never_share_a_salt(secret: bytes, a: str, b: str) -> None:
+    if a != b:
+        assert derive_salt(secret, a) != derive_salt(secret, b)
+
+
+@given(secrets_, secrets_, keys)
+def test_the_salt_depends_on_the_secret(s1: bytes, s2: bytes, key: str) -> None:
+    if s1 != s2:
+        assert derive_salt(s1, key) != derive_salt(s2, key)
+
+
+def test_random_salts_are_valid_and_distinct() -> None:
+    salts = {random_salt() for _ in range(100)}
+    assert len(salts) == 100
+    assert all(is_valid_vllm_salt(s) and s.startswith(UNCACHEABLE_SALT_PREFIX) for s in salts)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
+                                                                 max_size=3),
+    max_leaves=10,
+)
+SECRET = b"s" * 32
+
+
+@settings(max_examples=300)
+@given(
+    mode=st.sampled_from(list(IsolationMode)),
+    header_key=st.none() | keys,
+    forged=json_values,
+    extra=st.dictionaries(st.text(max_size=8), json_values, max_size=4),
+)
+def test_isolation_never_leaks(
+    mode: IsolationMode, header_key: str | None, forged: Any, extra: dict[str, Any]
+) -> None:
+    """Whatever a client sends, vLLM sees no client salt and no isolation field, and the
+    salt it sees is exactly the one derived from the key the client carried."""
+    cfg = FrontSettings(isolation_mode=mode)
+    body = {**extra, "model": "m", "messages": [], "cache_salt": forged}
+    headers: CIMultiDict[str] = CIMultiDict()
+    if header_key is not None:
+        headers[cfg.isolation_header] = header_key
+    body.pop(cfg.isolation_field, None)
+    body.pop("prompt_cache_max_len", None)
+    try:
+        plan = apply_policy("/v1/chat/completions", headers, body, cfg, SECRET)
+    except FrontError as exc:  # the only refusal: Required without a key
+        assert exc.code == "isolation_key_required"
+        assert mode is IsolationMode.REQUIRED
+        assert header_key is None
+        return
+    assert cfg.isolation_field not in body
+    if mode is IsolationMode.SHARED or header_key is None or header_key == "":
+        assert "cache_salt" not in body
+        assert plan.isolation in (Isolation.SHARED, Isolation.UNKEYED)
+    else:
+        assert body["cache_salt"] == derive_salt(SECRET, header_key)
+        assert plan.isolation is Isolation.KEYED
+
+
+def _events(n: int, with_usage: bool) -> list[bytes]:
+    events = [
+        b"data: " + json.dumps({"choices": [{"index": 0, "text": f"t{i}"}]}).encode()
+        for i in range(n)
+    ]
+    if with_usage:
+        usage = {"prompt_tokens": 9, "prompt_tokens_details": {"cached_tokens": 3}}
+        events.append(b"data: " + json.dumps({"choices": [], "usage": usage}).encode())
+    events.append(b"data: [DONE]")
+    return events
+
+
+@given(
+    n=st.integers(0, 6),
+    strip=st.booleans(),
+    cuts=st.lists(st.integers(0, 2000), max_size=12),
+)
+def test_sse_relay_output_does_not_depend_on_chunking(
+    n: int, strip: bool, cuts: list[int]
+) -> None:
+    stream = b"".join(e + b"\n\n" for e in _events(n, with_usage=True))
+    whole = SseRelay(strip_usage_chunk=strip, prompt_header="p", cached_header="c")
+    expected = whole.feed(stream) + whole.finish()
+    pieces, last = [], 0
+    for cut in sorted(c % (len(stream) + 1) for c in cuts):
+        pieces.append(stream[last:cut])
+        last = cut
+    pieces.append(stream[last:])
+    relay = SseRelay(strip_usage_chunk=strip, prompt_header="p", cached_header="c")
+    got = b"".join(relay.feed(p) for p in pieces) + relay.finish()
+    assert got == expected
+    assert got.endswith(b": p: 9\n: c: 3\n\ndata: [DONE]\n\n")
+    assert (b'"usage"' in got) is not strip

@@ -159,6 +159,9 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A scraper hanging up mid-answer (the EPP stopping) is not an error here."""
+
     def __init__(self, address: tuple[str, int], state: _State) -> None:
         super().__init__(address, _Handler)
         self.state = state

@@ -11,9 +11,9 @@ the paper's TurboQuant-prod stage (unbiased inner products); it lowers the
 residual's error only by a factor of about π/2 - 1, so plain codes one bit
 wider are the better buy for reconstruction and QJL is off by default.
 
-The rotation is two rounds of a randomized Hadamard transform, R = K·S2·K·S1,
-with S1, S2 seeded random sign diagonals and K = H ⊗ Q: H the Walsh-Hadamard
-matrix of the largest power-of-two factor of d (applied as a Kronecker product
+The rotation is two rounds of a randomized Hadamard transform, R = K·S2·P·K·S1,
+with S1, S2 seeded random sign diagonals, P a seeded permutation, and
+K = H ⊗ Q: H the Walsh-Hadamard matrix of the largest power-of-two factor of d (applied as a Kronecker product
 of small Hadamard blocks, so it costs a few small matmuls), Q a seeded random
 orthogonal matrix for the odd factor of d (hidden sizes like 5120 = 1024·5 need
 no padding). Two rounds instead of one make even adversarial rows (one-hot)
@@ -137,6 +137,19 @@ def _gaussian_matrix(seed: int, m: int) -> Tensor:
     return normals.reshape(-1)[: m * m].reshape(m, m)
 
 
+def _permutation(purpose: str, seed: int, dim: int) -> Tensor:
+    """A seeded permutation: Fisher-Yates, i = d-1 down to 1, j = w_i mod (i+1).
+
+    w_i is the (d-1-i)-th little-endian u64 of the XOF stream.
+    """
+    words = np.frombuffer(_xof(purpose, seed, dim, 8 * max(dim - 1, 1)), dtype="<u8")
+    order = list(range(dim))
+    for step, i in enumerate(range(dim - 1, 0, -1)):
+        j = int(words[step] % np.uint64(i + 1))
+        order[i], order[j] = order[j], order[i]
+    return torch.tensor(order, dtype=torch.int64)
+
+
 @functools.lru_cache(maxsize=16)
 def _odd_orthogonal(seed: int, m: int) -> Tensor:
     """A seeded random orthogonal mxm matrix (QR of a Gaussian, signs fixed by diag(R) > 0)."""
@@ -164,7 +177,12 @@ def _factors(dim: int) -> tuple[list[int], int]:
 
 
 class _Rotation:
-    """R = K·S2·K·S1 for one (purpose, seed, dim); K = H ⊗ Q as small per-axis matmuls."""
+    """R = K·S2·P·K·S1 for one (purpose, seed, dim); K = H ⊗ Q as small per-axis matmuls.
+
+    P, a seeded permutation between the rounds, spreads energy across the axes of
+    the Kronecker product: without it, the small odd factor Q mixes too few
+    coordinates and sparse rows (outlier channels) stay heavy-tailed.
+    """
 
     def __init__(self, purpose: str, seed: int, dim: int) -> None:
         blocks, odd = _factors(dim)
@@ -176,6 +194,8 @@ class _Rotation:
         self.mats = mats
         self.s1 = _signs(purpose + "/s1", seed, dim)
         self.s2 = _signs(purpose + "/s2", seed, dim)
+        self.perm = _permutation(purpose + "/p", seed, dim)
+        self.unperm = torch.argsort(self.perm)
 
     def _kron(self, x: Tensor, transpose: bool) -> Tensor:
         n = x.shape[0]
@@ -191,10 +211,12 @@ class _Rotation:
         return x
 
     def forward(self, x: Tensor) -> Tensor:
-        return self._kron(self._kron(x * self.s1, False) * self.s2, False)
+        first = self._kron(x * self.s1, False)
+        return self._kron(first[:, self.perm] * self.s2, False)
 
     def inverse(self, y: Tensor) -> Tensor:
-        return self._kron(self._kron(y, True) * self.s2, True) * self.s1
+        first = self._kron(y, True) * self.s2
+        return self._kron(first[:, self.unperm], True) * self.s1
 
 
 @functools.lru_cache(maxsize=16)
@@ -216,30 +238,45 @@ def unrotate(y: Tensor, seed: int = DEFAULT_SEED) -> Tensor:
 
 
 def _pack(codes: Tensor, bits: int) -> Tensor:
-    """Pack uint8 codes LSB-first into a byte stream: code k holds stream bits [k·b, k·b+b)."""
+    """Pack uint8 codes LSB-first into a byte stream: code k holds stream bits [k*b, k*b+b).
+
+    Widths dividing 8 pack within a byte (cheap uint8 shifts); 3 bits packs eight
+    codes into a 24-bit little-endian word.
+    """
     count = codes.numel()
-    padded = torch.zeros(-(-count // 8) * 8, dtype=torch.int64)
-    padded[:count] = codes
-    groups = padded.view(-1, 8)
-    word = torch.zeros(groups.shape[0], dtype=torch.int64)
-    for j in range(8):
-        word |= groups[:, j] << (j * bits)
-    out = torch.stack([(word >> (8 * i)) & 0xFF for i in range(bits)], 1).to(torch.uint8)
-    return out.reshape(-1)[: -(-count * bits // 8)]
+    per = 8 // bits if 8 % bits == 0 else 8
+    padded = torch.zeros(-(-count // per) * per, dtype=torch.uint8)
+    padded[:count] = codes.reshape(-1)
+    groups = padded.view(-1, per)
+    if 8 % bits == 0:
+        out = groups[:, 0].clone()
+        for j in range(1, per):
+            out |= groups[:, j] << (j * bits)
+        return out
+    wide = groups.to(torch.int32)
+    word = wide[:, 0].clone()
+    for j in range(1, 8):
+        word |= wide[:, j] << (j * bits)
+    packed = torch.stack([(word >> (8 * i)) & 0xFF for i in range(bits)], 1).to(torch.uint8)
+    return packed.reshape(-1)[: -(-count * bits // 8)]
 
 
 def _unpack(packed: Tensor, bits: int, count: int) -> Tensor:
     """Inverse of `_pack`: `count` codes as uint8."""
-    groups = -(-count // 8)
-    padded = torch.zeros(groups * bits, dtype=torch.int64)
-    padded[: packed.numel()] = packed
-    rows = padded.view(groups, bits)
-    word = torch.zeros(groups, dtype=torch.int64)
-    for i in range(bits):
-        word |= rows[:, i] << (8 * i)
     mask = (1 << bits) - 1
-    codes = torch.stack([(word >> (j * bits)) & mask for j in range(8)], 1)
-    return codes.reshape(-1)[:count].to(torch.uint8)
+    if 8 % bits == 0:
+        per = 8 // bits
+        codes = torch.stack([(packed >> (j * bits)) & mask for j in range(per)], 1)
+        return codes.reshape(-1)[:count]
+    groups = -(-count // 8)
+    padded = torch.zeros(groups * bits, dtype=torch.uint8)
+    padded[: packed.numel()] = packed
+    rows = padded.view(groups, bits).to(torch.int32)
+    word = rows[:, 0].clone()
+    for i in range(1, bits):
+        word |= rows[:, i] << (8 * i)
+    wide = torch.stack([(word >> (j * bits)) & mask for j in range(8)], 1)
+    return wide.reshape(-1)[:count].to(torch.uint8)
 
 
 # --- the codec -----------------------------------------------------------------

@@ -1,0 +1,245 @@
+"""The chart through the real helm binary: lint, golden renders, hardening, bad values.
+
+`helm template` output is compared byte for byte with `tests/chart/golden/<set>.yaml` for
+each value set in `tests/chart/values/`; regenerate with `tools/install_assets.py` and
+review the diff. The structural checks below say *why* the renders look as they do.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from .assets import ROOT, install_assets
+
+pytestmark = pytest.mark.helm
+
+CHART = ROOT / "charts" / "promptcache-operator"
+VALUE_SETS = sorted((ROOT / "tests" / "chart" / "values").glob("*.yaml"))
+
+
+def render(*extra: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(install_assets.helm_template(*extra)) if d]
+
+
+def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+def template_error(*set_args: str) -> str:
+    args = ["template", "x", str(CHART)]
+    for s in set_args:
+        args += ["--set", s]
+    proc = install_assets.helm(*args, check=False)
+    assert proc.returncode != 0, f"helm accepted {set_args}"
+    return str(proc.stderr)
+
+
+@pytest.mark.parametrize("value_set", [None, *VALUE_SETS], ids=lambda p: p.stem if p else "none")
+def test_helm_lint_strict_passes(value_set: Path | None) -> None:
+    extra = ["-f", str(value_set)] if value_set else []
+    proc = install_assets.helm("lint", "--strict", str(CHART), *extra, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 chart(s) failed" in proc.stdout
+    assert "[WARNING]" not in proc.stdout
+    assert "[ERROR]" not in proc.stdout
+
+
+@pytest.mark.parametrize("value_set", VALUE_SETS, ids=lambda p: p.stem)
+def test_helm_template_matches_golden(value_set: Path) -> None:
+    golden = ROOT / "tests" / "chart" / "golden" / value_set.name
+    rendered = install_assets.helm_template("-f", str(value_set))
+    expected = golden.read_text()
+    diff = "".join(
+        difflib.unified_diff(
+            expected.splitlines(keepends=True),
+            rendered.splitlines(keepends=True),
+            str(golden.relative_to(ROOT)),
+            "helm template",
+        )
+    )
+    assert rendered == expected, f"run tools/install_assets.py and review:\n{diff}"
+
+
+def test_no_generated_file_is_stale() -> None:
+    stale = install_assets.stale_files()
+    assert stale == [], f"run tools/install_assets.py; stale: {stale}"
+
+
+def test_default_install_is_cluster_wide_and_hardened() -> None:
+    docs = render()
+    assert sorted(d["kind"] for d in docs) == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Deployment",
+        "Service",
+        "ServiceAccount",
+    ]
+    deployment = one(docs, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert deployment["spec"]["replicas"] == 1
+    assert container["image"] == "ghcr.io/promptcache/promptcache-operator:0.1.0"
+    assert container["command"] == ["promptcache"]
+    assert container["args"][:2] == ["run", "--all-namespaces"]
+    assert "--log-level=info" in container["args"]
+    assert not any(a.startswith("--peering") for a in container["args"])
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert container["livenessProbe"]["httpGet"]["port"] == "health"
+    assert container["readinessProbe"]["httpGet"]["port"] == "health"
+    assert container["resources"]["limits"]["memory"] == "512Mi"
+    assert pod["serviceAccountName"] == one(docs, "ServiceAccount")["metadata"]["name"]
+    assert "affinity" not in pod
+    binding = one(docs, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == one(docs, "ClusterRole")["metadata"]["name"]
+    assert binding["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": "promptcache-operator",
+            "namespace": "promptcache-system",
+        }
+    ]
+    service = one(docs, "Service")
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 8080, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+
+
+def test_watched_namespaces_get_rolebindings_and_no_cluster_wide_rights() -> None:
+    docs = render("-f", str(ROOT / "tests/chart/values/ha-namespaced.yaml"))
+    kinds = [d["kind"] for d in docs]
+    assert "ClusterRoleBinding" not in kinds
+    bindings = [d for d in docs if d["kind"] == "RoleBinding"]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    for binding in bindings:
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": "promptcache-operator",
+        }
+    (container,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    args = container["args"]
+    assert args[:3] == ["run", "--namespace=team-a", "--namespace=team-b"]
+    assert "--all-namespaces" not in args
+    assert "--peering=promptcache-operator" in args
+    assert container["image"].endswith("@sha256:" + "0123456789abcdef" * 4)
+
+
+def test_replicas_above_one_spread_peers_unless_affinity_is_given() -> None:
+    pod = one(render("--set", "replicas=2"), "Deployment")["spec"]["template"]["spec"]
+    spread = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert spread[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    custom = one(render("--set", "replicas=2", "--set", "affinity.nodeAffinity.x=y"), "Deployment")[
+        "spec"
+    ]["template"]["spec"]["affinity"]
+    assert custom == {"nodeAffinity": {"x": "y"}}
+
+
+def test_clusterrole_rules_are_the_rules_file() -> None:
+    rules_file = CHART / "files" / "clusterrole-rules.yaml"
+    expected = yaml.safe_load(rules_file.read_text())
+    assert isinstance(expected, list)
+    assert expected, "the rules file holds no rule"
+    assert one(render(), "ClusterRole")["rules"] == expected
+
+
+def test_servicemonitor_only_when_asked() -> None:
+    docs = render("--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.port=9000")
+    monitor = one(docs, "ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    assert "ServiceMonitor" not in [d["kind"] for d in render()]
+    assert "Service" not in [d["kind"] for d in render("--set", "metrics.service.enabled=false")]
+
+
+SCHEMA_PREFIX = (
+    "Error: values don't meet the specifications of the schema(s) in the following chart(s):\n"
+    "promptcache-operator:\n"
+)
+
+BAD_VALUES = [
+    (("replicas=0",), "- at '/replicas': minimum: got 0, want 1"),
+    (("replicas=two",), "- at '/replicas': got string, want integer"),
+    (
+        ("logLevel=verbose",),
+        "- at '/logLevel': value must be one of 'debug', 'info', 'warning', 'error'",
+    ),
+    (("replicaCount=2",), "- at '': additional properties 'replicaCount' not allowed"),
+    (
+        ("watch.namespaces={Team_A}",),
+        "- at '/watch/namespaces/0': 'Team_A' does not match pattern "
+        "'^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$'",
+    ),
+    (("watch.namespaces={a,a}",), "- at '/watch/namespaces': items at 0 and 1 are equal"),
+    (("metrics.port=80",), "- at '/metrics/port': minimum: got 80, want 1,024"),
+    (
+        ("image.pullPolicy=Sometimes",),
+        "- at '/image/pullPolicy': value must be one of 'Always', 'IfNotPresent', 'Never'",
+    ),
+    (
+        ("image.digest=sha256:abc",),
+        "- at '/image/digest': 'sha256:abc' does not match pattern '^(sha256:[a-f0-9]{64})?$'",
+    ),
+    (
+        ("metrics.serviceMonitor.interval=soon",),
+        "- at '/metrics/serviceMonitor/interval': 'soon' does not match pattern '^([0-9]+(ms|s|m|h))+$'",
+    ),
+]
+
+
+@pytest.mark.parametrize(("set_args", "message"), BAD_VALUES, ids=lambda v: str(v)[:40])
+def test_bad_values_fail_with_the_path_and_the_rule(
+    set_args: tuple[str, ...], message: str
+) -> None:
+    error = template_error(*set_args)
+    assert error.startswith(SCHEMA_PREFIX), error
+    assert message in error.splitlines(), error
+
+
+@pytest.mark.parametrize(
+    ("set_args", "message"),
+    [
+        (
+            ("metrics.serviceMonitor.enabled=true", "metrics.service.enabled=false"),
+            "metrics.serviceMonitor.enabled needs metrics.service.enabled: "
+            "a ServiceMonitor scrapes through the metrics Service",
+        ),
+        (
+            ("health.port=8080",),
+            "health.port and metrics.port are both 8080: "
+            "the operator serves them on separate ports",
+        ),
+        (
+            ("serviceAccount.create=false",),
+            "serviceAccount.name is required when serviceAccount.create is false",
+        ),
+    ],
+)
+def test_inconsistent_values_fail_with_a_sentence(set_args: tuple[str, ...], message: str) -> None:
+    error = template_error(*set_args)
+    assert message in error, error
+
+
+def test_notes_tell_the_next_command() -> None:
+    proc = install_assets.helm(
+        "install", "promptcache-operator", str(CHART), "--namespace", "ops",
+        "--dry-run=client", "--set", "watch.namespaces={team-a}",
+    )  # fmt: skip
+    notes = proc.stdout.split("NOTES:\n", 1)[1]
+    assert "It watches namespaces: team-a." in notes
+    assert "kubectl -n ops rollout status deployment/promptcache-operator" in notes
+    assert "kubectl -n team-a get promptcachedeployments -w" in notes
+    assert "namespace: team-a" in notes

@@ -1,0 +1,167 @@
+"""Facts about the chart, the image and the docs that need no helm binary.
+
+Each check here guards a promise that would otherwise drift silently: the chart ships the
+same CRD as `crds/`, its default image is what the Dockerfile publishes, its values file
+obeys its own schema, and the RBAC rules exist in exactly one file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from promptcache._version import __version__
+from promptcache.api.constants import DEFAULT_FRONT_IMAGE
+
+from .assets import ROOT, install_assets
+
+CHART = ROOT / "charts" / "promptcache-operator"
+OPERATOR_IMAGE = "ghcr.io/promptcache/promptcache-operator"
+
+
+def schema() -> dict[str, Any]:
+    return json.loads((CHART / "values.schema.json").read_text())
+
+
+def values() -> dict[str, Any]:
+    return yaml.safe_load((CHART / "values.yaml").read_text())
+
+
+def test_chart_crds_are_the_generated_crds_byte_for_byte() -> None:
+    source = {p.name: p.read_bytes() for p in (ROOT / "crds").glob("*.yaml")}
+    shipped = {p.name: p.read_bytes() for p in (CHART / "crds").glob("*.yaml")}
+    assert "serving.promptcache.io_promptcachedeployments.yaml" in source
+    assert shipped.keys() == source.keys(), "run tools/install_assets.py"
+    for name, text in source.items():
+        assert shipped[name] == text, (
+            f"charts/.../crds/{name} is stale: run tools/install_assets.py"
+        )
+
+
+def test_chart_version_is_the_operator_version() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["appVersion"] == __version__
+    assert chart["version"] == __version__
+
+
+def test_default_images_are_what_the_dockerfile_publishes() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    published = dict(re.findall(r"docker build --target (\w+)\s+-t (\S+) \.", dockerfile))
+    assert published == {
+        "operator": f"{OPERATOR_IMAGE}:{__version__}",
+        "front": f"ghcr.io/promptcache/promptcache-front:{__version__}",
+    }
+    # The chart's default (tag empty = appVersion) and the renderer's front default agree.
+    assert values()["image"] == {
+        "repository": OPERATOR_IMAGE,
+        "tag": "",
+        "digest": "",
+        "pullPolicy": "IfNotPresent",
+    }
+    assert published["front"] == DEFAULT_FRONT_IMAGE
+
+
+def _stages(dockerfile: str) -> dict[str, str]:
+    """Stage name -> its instructions (continuation lines joined)."""
+    text = dockerfile.replace("\\\n", " ")
+    stages: dict[str, str] = {}
+    current = None
+    for line in text.splitlines():
+        match = re.match(r"FROM\s+\S+\s+AS\s+(\S+)", line, re.IGNORECASE)
+        if match:
+            current = match.group(1)
+            stages[current] = ""
+        elif current is not None and not line.lstrip().startswith("#"):
+            stages[current] += line + "\n"
+    return stages
+
+
+def test_dockerfile_keeps_torch_out_of_the_operator_image() -> None:
+    stages = _stages((ROOT / "Dockerfile").read_text())
+    # The default target (the last stage) is the operator.
+    assert list(stages)[-1] == "operator"
+    assert "--from=build-operator" in stages["operator"]
+    assert "--from=build-front" in stages["front"]
+    for name in ("build-base", "build-operator", "runtime", "operator"):
+        assert "torch" not in stages[name], f"stage {name} mentions torch"
+        assert "[front]" not in stages[name], f"stage {name} installs the front extra"
+    assert 'pip install ".[front]"' in stages["build-front"]
+    assert "torch" in stages["build-front"]
+
+
+def test_image_user_is_the_chart_user_and_not_root() -> None:
+    stages = _stages((ROOT / "Dockerfile").read_text())
+    user = re.search(r"^USER (\d+):(\d+)$", stages["runtime"], re.MULTILINE)
+    assert user is not None, "the runtime stage must set a numeric non-root USER"
+    uid, gid = int(user.group(1)), int(user.group(2))
+    assert uid != 0
+    assert gid != 0
+    deployment = (CHART / "templates" / "deployment.yaml").read_text()
+    assert f"runAsUser: {uid}" in deployment
+    assert f"runAsGroup: {gid}" in deployment
+
+
+def test_dockerignore_sends_only_the_package_sources() -> None:
+    lines = [
+        line
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
+    assert lines[0] == "*"
+    assert {line[1:] for line in lines if line.startswith("!")} == {
+        "pyproject.toml",
+        "README.md",
+        "operator/",
+    }
+
+
+def test_rbac_rules_come_from_the_one_rules_file() -> None:
+    template = (CHART / "templates" / "clusterrole.yaml").read_text()
+    assert '.Files.Get "files/clusterrole-rules.yaml"' in template
+    # No rule is spelled out in any template: the rules file is the only source.
+    for path in (CHART / "templates").glob("*"):
+        assert "apiGroups" not in path.read_text(), f"{path.name} holds its own RBAC rules"
+
+
+def test_default_values_obey_the_schema() -> None:
+    jsonschema.Draft7Validator.check_schema(schema())
+    jsonschema.Draft7Validator(schema()).validate(values())
+
+
+@pytest.mark.parametrize("value_set", sorted((ROOT / "tests/chart/values").glob("*.yaml")))
+def test_value_sets_obey_the_schema(value_set: Path) -> None:
+    jsonschema.Draft7Validator(schema()).validate(yaml.safe_load(value_set.read_text()))
+
+
+def test_every_value_is_documented_in_the_schema() -> None:
+    documented = {key for key, _ in install_assets._leaves(schema())}
+    in_values = install_assets._value_leaves(values(), schema())
+    assert in_values <= documented
+    table = install_assets.values_table()
+    for key in in_values:
+        assert f"| `{key}` |" in table
+
+
+def test_install_doc_holds_the_current_values_table() -> None:
+    doc = (ROOT / "docs" / "install.md").read_text()
+    assert install_assets.values_table() in doc, "run tools/install_assets.py"
+
+
+def test_values_table_rejects_an_undocumented_value(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chart = tmp_path / "chart"
+    chart.mkdir()
+    (chart / "values.schema.json").write_text(json.dumps(schema()))
+    (chart / "values.yaml").write_text(yaml.safe_dump({**values(), "replicaCount": 2}))
+    monkeypatch.setattr(install_assets, "CHART", chart)
+    with pytest.raises(
+        install_assets.StaleError, match=r"values\.yaml keys without a schema entry: replicaCount$"
+    ):
+        install_assets.values_table()

@@ -404,7 +404,7 @@ def test_env_rejects_bad_sizes_naming_variable_and_value(
         f"SG_PROMPT_EMBEDS_CACHE_GIB={value!r} is not a valid cache size: expected a non-negative "
         "number of GiB such as 2 or 0.5 (0 or unset disables the cache)"
     )
-    with pytest.raises(ValueError, match="^SG_PROMPT_EMBEDS_CACHE_GIB=") as info:
+    with pytest.raises(ValueError, match=r"^SG_PROMPT_EMBEDS_CACHE_GIB=") as info:
         build_cache_from_env()
     assert str(info.value) == expected
 

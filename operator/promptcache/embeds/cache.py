@@ -83,12 +83,13 @@ def _scope_key(identifier: str, cache_salt: str | None) -> bytes:
     zero-pads short keys, so a salt containing NUL would share a scope with the
     same salt without it; such salts are refused (vLLM refuses them too).
     """
-    message = identifier.encode("utf-8")
+    # surrogatepass: any str (even a lone surrogate) has one, distinct encoding
+    message = identifier.encode("utf-8", "surrogatepass")
     if cache_salt is None:
         return _UNSALTED + hmac.digest(b"", message, "sha256")
     if "\x00" in cache_salt:
         raise ValueError("cache_salt must not contain NUL characters")
-    return _SALTED + hmac.digest(cache_salt.encode("utf-8"), message, "sha256")
+    return _SALTED + hmac.digest(cache_salt.encode("utf-8", "surrogatepass"), message, "sha256")
 
 
 def _payload_bytes(payload: str) -> int:

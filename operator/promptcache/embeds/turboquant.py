@@ -13,8 +13,9 @@ wider are the better buy for reconstruction and QJL is off by default.
 
 The rotation is two rounds of a randomized Hadamard transform, R = K·S2·P·K·S1,
 with S1, S2 seeded random sign diagonals, P a seeded permutation, and
-K = H ⊗ Q: H the Walsh-Hadamard matrix of the largest power-of-two factor of d (applied as a Kronecker product
-of small Hadamard blocks, so it costs a few small matmuls), Q a seeded random
+K = H ⊗ Q: H the Walsh-Hadamard matrix of the largest power-of-two factor of
+d (applied as a Kronecker product of small Hadamard blocks, so it costs a few
+small matmuls), Q a seeded random
 orthogonal matrix for the odd factor of d (hidden sizes like 5120 = 1024·5 need
 no padding). Two rounds instead of one make even adversarial rows (one-hot)
 Gaussian-like. Every random quantity comes from a blake3 XOF of the seed, so a

@@ -306,3 +306,22 @@ async def test_embeds_metrics_count_hits_misses_uploads_and_saved_bytes(
     assert f"promptcache_front_prompt_embeds_bytes_saved_total {saved}" in lines
     assert "promptcache_front_prompt_embeds_cache_entries 1.0" in lines
     assert "promptcache_front_prompt_embeds_cache_hits_total 1.0" in lines
+
+
+async def test_named_reupload_of_a_cached_payload_is_trusted_only_when_identical(
+    standin: Standin, make_front: MakeFront, http: aiohttp.ClientSession
+) -> None:
+    upstream, _ = standin
+    front = await make_front()
+    p, other = _payload(90), _payload(91)
+    named = {"model": "m", "prompt_embeds": p.data, "prompt_embeds_ids": p.identifier}
+    assert (await _post(http, front.url + COMPLETIONS, named))[0] == 200
+    first = upstream.requests[-1].body
+    assert (await _post(http, front.url + COMPLETIONS, named))[0] == 200
+    assert upstream.requests[-1].body == first
+    # different bytes under the cached payload's name: verified in full, and refused
+    forged = {"model": "m", "prompt_embeds": other.data, "prompt_embeds_ids": p.identifier}
+    status, answer = await _post(http, front.url + COMPLETIONS, forged)
+    assert status == 400
+    assert answer["error"]["code"] == "prompt_embeds_id_mismatch"
+    assert front.cache.get(p.identifier) == p.data

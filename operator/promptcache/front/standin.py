@@ -10,6 +10,7 @@ It never runs a model: answers are fixed text, usage is what the test sets.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -164,3 +165,26 @@ async def start_standin(
     await site.start()
     bound = runner.addresses[0][1]
     return runner, f"http://{host}:{bound}"
+
+
+async def _serve_forever(port: int) -> None:
+    standin = StandinUpstream(chunks=1)
+    runner, url = await start_standin(standin, port=port)
+    print(url, flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+
+
+def main() -> None:
+    """`python -m promptcache.front.standin PORT`: a stand-in vLLM for benchmarks."""
+    import sys  # noqa: PLC0415 - only the script entry point needs argv
+
+    port = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve_forever(port))
+
+
+if __name__ == "__main__":
+    main()

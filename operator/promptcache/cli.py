@@ -82,6 +82,13 @@ def cmd_crd(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_docs(args: argparse.Namespace) -> int:
+    from promptcache.api.reference import api_reference_markdown
+
+    sys.stdout.write(api_reference_markdown())
+    return 0
+
+
 def cmd_version(args: argparse.Namespace) -> int:
     print(__version__)
     return 0
@@ -103,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     render.set_defaults(func=cmd_render)
     crd = sub.add_parser("crd", help="print the CustomResourceDefinition")
     crd.set_defaults(func=cmd_crd)
+    docs = sub.add_parser("docs", help="print the API field reference as Markdown")
+    docs.set_defaults(func=cmd_docs)
     version = sub.add_parser("version", help="print the version")
     version.set_defaults(func=cmd_version)
     for module_name in _SUBCOMMAND_MODULES:

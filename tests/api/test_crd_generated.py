@@ -85,3 +85,11 @@ def test_defaults_reach_nested_objects() -> None:
         "minimum": 0,
         "type": "integer",
     }
+
+
+def test_checked_in_api_reference_is_fresh() -> None:
+    from promptcache.api.reference import api_reference_markdown
+
+    assert (ROOT / "docs" / "api-reference.md").read_text(encoding="utf-8") == (
+        api_reference_markdown()
+    ), "docs/api-reference.md is stale: run `promptcache docs > docs/api-reference.md`"

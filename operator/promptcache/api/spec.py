@@ -58,10 +58,12 @@ class Toleration(ApiModel):
     """A pod toleration, as in core/v1."""
 
     key: str | None = None
+    """Taint key; empty with `Exists` tolerates everything."""
     operator: Literal["Exists", "Equal"] | None = None
     value: str | None = None
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     toleration_seconds: int | None = None
+    """How long a `NoExecute` taint is tolerated."""
 
 
 class Resources(ApiModel):
@@ -94,11 +96,14 @@ class ModelSpec(ApiModel):
     image: ImageRef = DEFAULT_VLLM_IMAGE
     """vLLM image. Pinned by default; pin yours too."""
     image_pull_policy: PullPolicy = "IfNotPresent"
+    """When the kubelet pulls the vLLM image."""
     replicas: Annotated[int, Field(ge=0, le=1000)] = 1
     """Model-server pods. Also the scale subresource: `kubectl scale pcd/NAME --replicas N`."""
     resources: Resources = Field(default_factory=Resources)
     node_selector: dict[str, str] = Field(default_factory=dict)
+    """Node labels the model-server pods require, e.g. a GPU product."""
     tolerations: Annotated[list[Toleration], Field(max_length=32)] = Field(default_factory=list)
+    """Taints the model-server pods tolerate, e.g. a dedicated GPU pool's."""
     hf_token_secret_ref: SecretKeyRef | None = None
     """Secret holding a Hugging Face token, exposed as `HF_TOKEN`."""
     model_cache: ModelCache = Field(default_factory=ModelCache)
@@ -171,6 +176,7 @@ class SessionAffinitySpec(ApiModel):
     a bound session is pinned to its replica whatever the load scorers say."""
 
     enabled: bool = False
+    """Pin sessions to replicas (the Endpoint Picker's Alpha session-affinity filter)."""
     header: HeaderName = DEFAULT_SESSION_HEADER
     """Header carrying the session identifier."""
     use_user_field: bool = True
@@ -183,18 +189,26 @@ class ScorerWeights(ApiModel):
     """Weights of the Endpoint Picker's scorers (the llm-d defaults)."""
 
     prefix: Annotated[float, Field(ge=0, le=100)] = 3.0
+    """Prefix-cache affinity: route to the pod most likely to hold the prompt's prefix."""
     queue: Annotated[float, Field(ge=0, le=100)] = 2.0
+    """Queue depth: prefer pods with fewer waiting requests."""
     kv_cache: Annotated[float, Field(ge=0, le=100)] = 2.0
+    """KV-cache utilisation: prefer pods with free cache."""
 
 
 class PrefixCacheTier(ApiModel):
     """An extra named prefix-cache producer with its own scorer (spec/002's tiered example)."""
 
     name: DnsLabel
+    """Names the tier's producer `<name>-producer` and scorer `<name>-scorer`."""
     auto_tune: bool = False
+    """Tune this tier from pod metrics too (usually off: a tier exists to differ)."""
     block_size_tokens: Annotated[int, Field(ge=1, le=65536)] = 64
+    """Block size of this tier (raised to 64 when smaller)."""
     lru_capacity_per_server: Annotated[int, Field(gt=0)] = 31250
+    """Blocks this tier remembers per pod."""
     weight: Annotated[float, Field(ge=0, le=100)] = 1.0
+    """Weight of this tier's scorer."""
 
 
 class PrefixCacheSpec(ApiModel):
@@ -224,8 +238,11 @@ class ParentRef(ApiModel):
     """A Gateway the HTTPRoute attaches to."""
 
     name: ObjectName
+    """Name of the Gateway."""
     namespace: ObjectName | None = None
+    """Namespace of the Gateway; the resource's own when empty."""
     section_name: DnsLabel | None = None
+    """A listener of the Gateway."""
 
 
 class RouteSpec(ApiModel):
@@ -241,12 +258,14 @@ class GatewaySpec(ApiModel):
     """The InferencePool and its Endpoint Picker."""
 
     epp_image: ImageRef = DEFAULT_EPP_IMAGE
+    """Endpoint Picker image; the generated config targets this release."""
     replicas: Annotated[int, Field(ge=1, le=5)] = 1
     """Endpoint Picker replicas; above 1 they elect a leader (approximate prefix indexes are
     per replica, so active-active would split them)."""
     failure_mode: FailureMode = "FailClose"
     """What the gateway does when the Endpoint Picker is unreachable."""
     extra_flags: Annotated[list[str], Field(max_length=32)] = Field(default_factory=list)
+    """Extra Endpoint Picker flags, appended last (e.g. `-v=4`)."""
     route: RouteSpec = Field(default_factory=RouteSpec)
 
 
@@ -255,7 +274,9 @@ class UsageHeadersSpec(ApiModel):
 
     enabled: bool = True
     prompt_tokens_header: HeaderName = DEFAULT_PROMPT_TOKENS_HEADER
+    """Response header with the prompt's token count."""
     cached_prompt_tokens_header: HeaderName = DEFAULT_CACHED_PROMPT_TOKENS_HEADER
+    """Response header with how many prompt tokens came from the cache."""
 
 
 class FrontSpec(ApiModel):
@@ -263,7 +284,10 @@ class FrontSpec(ApiModel):
     rules (isolation salts, prompt embeds by reference, usage headers) before vLLM."""
 
     enabled: bool = True
+    """Run the cache front; off serves vLLM directly (needs Shared isolation, no embeds cache,
+    no usage headers)."""
     image: ImageRef = DEFAULT_FRONT_IMAGE
+    """Cache-front image (the Dockerfile's `front` target)."""
     max_request_bytes: Annotated[int, Field(ge=1024, le=2**34)] = 256 * 1024**2
     """Largest request body accepted (vLLM itself has no limit); larger gets HTTP 413."""
     usage_headers: UsageHeadersSpec = Field(default_factory=UsageHeadersSpec)

@@ -1,0 +1,358 @@
+"""The Helm chart on a real control plane: install, reconcile, upgrade, uninstall.
+
+kwok pods run no containers, so "the chart-installed operator" is run here as a process
+with exactly what the chart gave its pod: the Deployment's command, args and env, and the
+credentials of the chart's ServiceAccount (a token from `kubectl create token` in a
+kubeconfig of its own). Whatever that process can do, the pod could do; whatever RBAC
+the chart forgot, it cannot.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pytest_cluster import Cluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.helm]
+
+ROOT = Path(__file__).resolve().parents[1]
+CHART = ROOT / "charts" / "promptcache-operator"
+CRD_NAME = "promptcachedeployments.serving.promptcache.io"
+CRD_FILE = "serving.promptcache.io_promptcachedeployments.yaml"
+EXAMPLE = ROOT / "examples" / "minimal.yaml"
+RECONCILE_TIMEOUT_S = 180  # a cold kopf start plus ten children on a loaded 2-core machine
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def release_name() -> str:
+    return f"pco-{uuid.uuid4().hex[:6]}"
+
+
+def fullname(release: str) -> str:
+    return f"{release}-promptcache-operator"
+
+
+def example_in(namespace: str, path: Path = EXAMPLE) -> list[dict[str, Any]]:
+    """The example's resources, moved into `namespace` (examples name `default`)."""
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    for doc in docs:
+        doc["metadata"]["namespace"] = namespace
+    return docs
+
+
+def rendered_children(resources: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """(kubectl resource, namespace, name) of every child `promptcache render` produces."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "promptcache.cli", "render", "-f", "-"],
+        input=yaml.safe_dump_all(resources),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    out = []
+    for doc in yaml.safe_load_all(proc.stdout):
+        if not doc:
+            continue
+        group = doc["apiVersion"].rpartition("/")[0]
+        kind = doc["kind"].lower()
+        out.append(
+            (
+                f"{kind}.{group}" if group else kind,
+                doc["metadata"]["namespace"],
+                doc["metadata"]["name"],
+            )
+        )
+    assert out, "render produced no children"
+    return out
+
+
+def exists(cluster: Cluster, resource: str, namespace: str, name: str) -> bool:
+    return cluster.kubectl("get", resource, name, "-n", namespace, check=False).returncode == 0
+
+
+def can_i(cluster: Cluster, sa: str, verb: str, resource: str, namespace: str) -> bool:
+    proc = cluster.kubectl(
+        "auth", "can-i", verb, resource, "-n", namespace, f"--as={sa}", check=False
+    )
+    return proc.stdout.strip() == "yes"
+
+
+def service_account_kubeconfig(cluster: Cluster, namespace: str, sa: str, path: Path) -> Path:
+    """A kubeconfig that authenticates as the ServiceAccount, like its pod's mounted token."""
+    token = cluster.kubectl("create", "token", sa, "-n", namespace, "--duration=1h").stdout.strip()
+    admin = json.loads(cluster.kubectl("config", "view", "--raw", "--minify", "-o", "json").stdout)
+    server = admin["clusters"][0]["cluster"]
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": server}],
+        "users": [{"name": sa, "user": {"token": token}}],
+        "contexts": [
+            {"name": "sa", "context": {"cluster": "c", "user": sa, "namespace": namespace}}
+        ],
+        "current-context": "sa",
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
+
+
+@dataclass
+class OperatorProcess:
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def logs(self) -> str:
+        return self.log.read_text(errors="replace")[-6000:]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+def run_as_chart_pod(
+    cluster: Cluster, namespace: str, deployment: str, workdir: Path
+) -> OperatorProcess:
+    """Start the operator exactly as the chart's Deployment would, as its ServiceAccount."""
+    dep = cluster.get_json("deployment", deployment, "-n", namespace)
+    pod = dep["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    kubeconfig = service_account_kubeconfig(
+        cluster, namespace, pod["serviceAccountName"], workdir / "sa-kubeconfig"
+    )
+    fields = {"metadata.name": f"{deployment}-local-0", "metadata.namespace": namespace}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+    for var in container.get("env", []):
+        if "value" in var:
+            env[var["name"]] = var["value"]
+        else:
+            env[var["name"]] = fields[var["valueFrom"]["fieldRef"]["fieldPath"]]
+    env["KUBECONFIG"] = str(kubeconfig)
+    # The image's entrypoint is the `promptcache` console script; here it is the devvenv's.
+    (command, *rest) = container["command"]
+    executable = Path(sys.executable).parent / command
+    assert executable.is_file(), f"{executable} is not installed"
+    log = workdir / "operator.log"
+    handle = log.open("wb")
+    proc = subprocess.Popen(
+        [str(executable), *rest, *container["args"]],
+        env=env,
+        stdout=handle,
+        stderr=subprocess.STDOUT,
+        cwd=workdir,
+        start_new_session=True,
+    )
+    handle.close()
+    return OperatorProcess(proc, log)
+
+
+def wait_for(what: str, cond: Any, timeout: float, operator: OperatorProcess | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if operator is not None and operator.proc.poll() is not None:
+            raise AssertionError(
+                f"operator exited {operator.proc.returncode} while waiting for "
+                f"{what}:\n{operator.logs()}"
+            )
+        if time.monotonic() > deadline:
+            logs = operator.logs() if operator is not None else ""
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{logs}")
+        time.sleep(0.5)
+
+
+@pytest.fixture
+def ops_namespace(cluster: Cluster) -> Iterator[str]:
+    name = cluster.create_namespace("ops")
+    try:
+        yield name
+    finally:
+        cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def test_install_and_the_operator_reconciles_with_the_chart_credentials(
+    cluster: Cluster, ops_namespace: str, namespace: str, tmp_path: Path
+) -> None:
+    release = release_name()
+    name = fullname(release)
+    install = cluster.helm(
+        "install",
+        release,
+        str(CHART),
+        "-n",
+        ops_namespace,
+        "--set",
+        f"watch.namespaces={{{namespace}}}",
+        "--set",
+        f"health.port={free_port()}",
+        "--set",
+        f"metrics.port={free_port()}",
+        "--wait",
+        "--timeout",
+        "3m",
+    )
+    try:
+        assert "STATUS: deployed" in install.stdout
+        # NOTES tell the next command, for the namespace the operator watches.
+        assert f"kubectl -n {ops_namespace} rollout status deployment/{name}" in install.stdout
+        assert f"namespace: {namespace}" in install.stdout
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+
+        # Least privilege: rights in the watched namespace only, none elsewhere.
+        sa = f"system:serviceaccount:{ops_namespace}:{name}"
+        assert can_i(
+            cluster, sa, "watch", "promptcachedeployments.serving.promptcache.io", namespace
+        )
+        assert not can_i(
+            cluster, sa, "watch", "promptcachedeployments.serving.promptcache.io", "default"
+        )
+        assert not can_i(cluster, sa, "get", "secrets", ops_namespace)
+        assert cluster.kubectl("get", "clusterrolebinding", name, check=False).returncode != 0
+
+        operator = run_as_chart_pod(cluster, ops_namespace, name, tmp_path)
+        try:
+            resources = example_in(namespace)
+            cluster.kubectl(
+                "apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(resources)
+            )
+            children = rendered_children(resources)
+            for resource, ns, child in children:
+                wait_for(
+                    f"{resource} {ns}/{child}",
+                    lambda r=resource, n=ns, c=child: exists(cluster, r, n, c),
+                    RECONCILE_TIMEOUT_S,
+                    operator,
+                )
+            pcd = resources[0]["metadata"]["name"]
+            wait_for(
+                "status.observedGeneration",
+                lambda: (
+                    cluster.get_json("pcd", pcd, "-n", namespace)
+                    .get("status", {})
+                    .get("observedGeneration")
+                    == 1
+                ),
+                RECONCILE_TIMEOUT_S,
+                operator,
+            )
+            # GitOps with the operator in the loop: what it adds (status, finalizers,
+            # annotations) is not drift for a server-side diff of the committed resource.
+            diff = cluster.kubectl(
+                "diff", "--server-side", "-f", "-", input=yaml.safe_dump_all(resources), check=False
+            )
+            assert diff.returncode == 0, diff.stdout + diff.stderr
+            assert operator.proc.poll() is None, operator.logs()
+        finally:
+            operator.stop()
+        assert "Forbidden" not in operator.logs(), operator.logs()
+    finally:
+        cluster.helm("uninstall", release, "-n", ops_namespace, "--wait", check=False)
+
+
+def test_upgrade_and_uninstall_keep_the_crd_and_user_resources(
+    cluster_factory: Any, tmp_path: Path
+) -> None:
+    # A cluster of its own: the chart, not an earlier test, must be what installs the CRD.
+    fresh: Cluster = cluster_factory(gateway_crds=False)
+    assert fresh.kubectl("get", "crd", CRD_NAME, check=False).returncode != 0
+    ops = fresh.create_namespace("ops")
+    team = fresh.create_namespace("team")
+    release = "promptcache-operator"
+
+    fresh.helm("install", release, str(CHART), "-n", ops, "--wait", "--timeout", "3m")
+    fresh.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    crd = fresh.get_json("crd", CRD_NAME)
+    shipped = yaml.safe_load((CHART / "crds" / CRD_FILE).read_text())
+    assert crd["spec"]["versions"][0]["schema"] == shipped["spec"]["versions"][0]["schema"]
+    assert fresh.get_json("clusterrolebinding", release)["subjects"][0]["namespace"] == ops
+    dep = fresh.get_json("deployment", release, "-n", ops)
+    assert dep["spec"]["replicas"] == 1
+    assert "--all-namespaces" in dep["spec"]["template"]["spec"]["containers"][0]["args"]
+
+    resources = example_in(team)
+    fresh.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(resources))
+
+    upgrade = fresh.helm(
+        "upgrade",
+        release,
+        str(CHART),
+        "-n",
+        ops,
+        "--reuse-values",
+        "--set",
+        "replicas=2",
+        "--set",
+        "logLevel=debug",
+        "--set",
+        f"watch.namespaces={{{team}}}",
+        "--wait",
+        "--timeout",
+        "3m",
+    )
+    assert "REVISION: 2" in upgrade.stdout
+    dep = fresh.get_json("deployment", release, "-n", ops)
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert dep["spec"]["replicas"] == 2
+    assert dep["status"].get("readyReplicas") == 2
+    assert f"--namespace={team}" in args
+    assert "--all-namespaces" not in args
+    assert "--log-level=debug" in args
+    assert any(a.startswith("--peering") for a in args)
+    # The binding moved from cluster-wide to the watched namespace.
+    assert fresh.kubectl("get", "clusterrolebinding", release, check=False).returncode != 0
+    assert fresh.get_json("rolebinding", release, "-n", team)["roleRef"]["name"] == release
+
+    bad = fresh.helm(
+        "upgrade",
+        release,
+        str(CHART),
+        "-n",
+        ops,
+        "--reuse-values",
+        "--set",
+        "replicas=0",
+        check=False,
+    )
+    assert bad.returncode != 0
+    assert "- at '/replicas': minimum: got 0, want 1" in bad.stderr
+    history = json.loads(fresh.helm("history", release, "-n", ops, "-o", "json").stdout)
+    assert [h["status"] for h in history] == ["superseded", "deployed"]
+
+    fresh.helm("uninstall", release, "-n", ops, "--wait", "--timeout", "2m")
+    for kind, ns in (
+        ("deployment", ops),
+        ("serviceaccount", ops),
+        ("rolebinding", team),
+        ("clusterrole", None),
+    ):
+        scope = ["-n", ns] if ns else []
+        gone = fresh.kubectl("get", kind, release, *scope, check=False)
+        assert gone.returncode != 0, f"{kind} {release} survived uninstall"
+    # As Helm does: the CRD and the user's resources stay.
+    assert fresh.kubectl("get", "crd", CRD_NAME, check=False).returncode == 0
+    kept = fresh.get_json("pcd", resources[0]["metadata"]["name"], "-n", team)
+    assert kept["spec"]["model"]["name"] == resources[0]["spec"]["model"]["name"]

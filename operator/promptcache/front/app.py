@@ -204,7 +204,6 @@ async def _proxy(
         path in SALTED_PATHS or (bool(raw) and content_type.startswith("application/json"))
     )
     strip_usage = False
-    stream = False
     session_value: str | None = None
     if is_json:
         body = _parse_json(raw)
@@ -218,9 +217,7 @@ async def _proxy(
             state.metrics.client_salt_removed.inc()
         if plan.max_len_not_enforced:
             state.metrics.max_len_not_enforced.inc()
-        strip_usage, stream, session_value = (
-            plan.strip_usage_chunk, plan.stream, plan.session_header_value
-        )
+        strip_usage, session_value = plan.strip_usage_chunk, plan.session_header_value
         use_cache = plan.use_embeds_cache and state.cache.enabled
         scope = plan.salt if plan.isolation is Isolation.KEYED else None
         try:
@@ -254,7 +251,7 @@ async def _proxy(
     if session_value is not None:
         headers[settings.session_header] = session_value
     return await _forward(
-        request, state, path, data=data, headers=headers, stream=stream, strip_usage=strip_usage
+        request, state, path, data=data, headers=headers, strip_usage=strip_usage
     )
 
 
@@ -265,7 +262,6 @@ async def _forward(
     *,
     data: bytes,
     headers: CIMultiDict[str],
-    stream: bool,
     strip_usage: bool,
 ) -> web.StreamResponse:
     settings = state.settings

@@ -291,6 +291,11 @@ def _codebook(bits: int) -> tuple[Tensor, Tensor]:
     return centroids, (centroids[1:] + centroids[:-1]) / 2
 
 
+def _quantize(z: Tensor, boundaries: Tensor) -> Tensor:
+    """Index of the nearest centroid: the number of boundaries strictly below z."""
+    return torch.bucketize(z, boundaries).to(torch.uint8)
+
+
 def _chunk_rows(dim: int) -> int:
     """Rows per chunk: bounded memory, and a multiple of 8 so packed chunks end on a byte."""
     return max(8, (_CHUNK_ELEMENTS // dim) // 8 * 8)
@@ -339,15 +344,15 @@ def encode(
     step = _chunk_rows(dim)
     for start in range(0, rows.shape[0], step):
         x = rows[start : start + step].to(device="cpu", dtype=torch.float32)
-        if not torch.isfinite(x).all():
-            raise ValueError("cannot encode a tensor holding NaN or infinity")
         norm = torch.linalg.vector_norm(x, dim=1)
+        if not torch.isfinite(norm).all():  # any NaN/inf element makes its row's norm so
+            raise ValueError("cannot encode a tensor holding NaN or infinity (or overflowing)")
         unit = rotation.forward(x) / norm.clamp_min(torch.finfo(torch.float32).tiny)[:, None]
-        code = torch.bucketize(unit * scale, boundaries)
+        code = _quantize(unit * scale, boundaries)
         norms.append(norm)
         codes.append(_pack(code.reshape(-1).to(torch.uint8), code_bits))
         if projection is not None:
-            residual = unit - centroids[code] / scale
+            residual = unit - centroids[code.to(torch.int64)] / scale
             signs.append(_pack((projection.forward(residual) < 0).reshape(-1).to(torch.uint8), 1))
             residual_norms.append(torch.linalg.vector_norm(residual, dim=1) * norm)
     payload: TurboQuantPayload = {

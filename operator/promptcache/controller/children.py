@@ -1,0 +1,61 @@
+"""Turn render's pure manifests into the children the operator applies.
+
+Render knows nothing of the live parent; here each manifest gets the
+ownerReference that lets the garbage collector delete it with the resource
+(controller=true, blockOwnerDeletion=true) and the hash annotation that lets a
+resync skip unchanged children. Names always come from render: never
+`generateName`, which would create a duplicate on every re-apply.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from promptcache.api.constants import API_VERSION, KIND
+from promptcache.controller.compare import HASH_ANNOTATION, rendered_hash
+
+
+def owner_reference(owner: Mapping[str, Any]) -> dict[str, Any]:
+    meta = owner["metadata"]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def owned(manifest: Mapping[str, Any], owner: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of `manifest` owned by `owner`, carrying the hash of what was rendered."""
+    child = copy.deepcopy(dict(manifest))
+    meta = child.setdefault("metadata", {})
+    if "generateName" in meta or not meta.get("name"):
+        raise ValueError(f"{child.get('kind')} has no fixed name; children must be named")
+    meta["ownerReferences"] = [owner_reference(owner)]
+    digest = rendered_hash(child)
+    meta["annotations"] = {**meta.get("annotations", {}), HASH_ANNOTATION: digest}
+    return child
+
+
+def controller_uid(live: Mapping[str, Any]) -> str | None:
+    """The uid of the object's controlling owner, if any."""
+    for ref in live.get("metadata", {}).get("ownerReferences") or []:
+        if ref.get("controller"):
+            return str(ref.get("uid"))
+    return None
+
+
+def owning_resource(live: Mapping[str, Any]) -> str | None:
+    """The name of the PromptCacheDeployment controlling a child, if one does."""
+    for ref in live.get("metadata", {}).get("ownerReferences") or []:
+        if (
+            ref.get("controller")
+            and ref.get("kind") == KIND
+            and ref.get("apiVersion") == API_VERSION
+        ):
+            return str(ref["name"])
+    return None

@@ -1,0 +1,116 @@
+"""`promptcache run` (the operator) and `promptcache rbac` (its ClusterRole).
+
+Imported by the CLI to build its parser, so this module imports nothing heavy:
+kopf, aiohttp and the client load only when `run` runs. Configuration is read
+when the command runs, never at import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+from typing import Any
+
+# ruff: noqa: PLC0415 - the CLI builds its parser from this module; heavy imports wait for `run`
+
+
+def register(sub: Any) -> None:
+    run = sub.add_parser("run", help="run the operator (reconcile PromptCacheDeployments)")
+    scope = run.add_mutually_exclusive_group(required=True)
+    scope.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        dest="namespaces",
+        metavar="NS",
+        help="watch this namespace (repeatable)",
+    )
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
+    run.add_argument(
+        "--bind-address",
+        default="0.0.0.0",  # noqa: S104 - probes reach the pod IP
+        help="address of the health and metrics servers",
+    )
+    run.add_argument(
+        "--health-port", type=int, default=8080, help="/healthz and /readyz (0: any free port)"
+    )
+    run.add_argument("--metrics-port", type=int, default=9090, help="/metrics (0: any free port)")
+    run.add_argument(
+        "--log-level",
+        default=os.environ.get("PROMPTCACHE_LOG_LEVEL", "INFO"),
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+    )
+    run.add_argument(
+        "--resync-seconds",
+        type=float,
+        default=60.0,
+        help="period of the drift/status resync per resource (default 60)",
+    )
+    run.add_argument(
+        "--scrape-port", type=int, default=None, help="model-server metrics port (default 8000)"
+    )
+    run.add_argument("--scrape-timeout", type=float, default=2.0, help="seconds per pod scrape")
+    run.add_argument("--no-events", action="store_true", help="do not post Kubernetes Events")
+    run.add_argument(
+        "--no-leader-election",
+        dest="leader_election",
+        action="store_false",
+        help="act without holding the Lease (a single replica, or development)",
+    )
+    run.add_argument(
+        "--lease-namespace",
+        default=None,
+        help="namespace of the leader Lease (default: $POD_NAMESPACE, else default)",
+    )
+    run.add_argument("--lease-name", default="promptcache-operator")
+    run.add_argument("--lease-seconds", type=int, default=15)
+    run.add_argument("--identity", default=None, help="this replica's name in the Lease")
+    run.set_defaults(func=cmd_run)
+
+    rbac = sub.add_parser(
+        "rbac", help="print the operator's ClusterRole (from the chart's rules file)"
+    )
+    rbac.add_argument("--name", default="promptcache-operator")
+    rbac.set_defaults(func=cmd_rbac)
+
+
+def cmd_rbac(args: argparse.Namespace) -> int:
+    from promptcache.controller.rbac import cluster_role
+    from promptcache.yamlio import dump_all
+
+    sys.stdout.write(dump_all([cluster_role(args.name)]))
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from promptcache.controller.main import OperatorOptions, serve
+
+    logging.basicConfig(
+        level=getattr(logging, args.log_level),
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    options = OperatorOptions(
+        namespaces=tuple(args.namespaces or ()),
+        all_namespaces=bool(args.all_namespaces),
+        bind_address=args.bind_address,
+        health_port=args.health_port,
+        metrics_port=args.metrics_port,
+        resync_s=args.resync_seconds,
+        scrape_port=args.scrape_port,
+        scrape_timeout_s=args.scrape_timeout,
+        events=not args.no_events,
+        leader_election=args.leader_election,
+        lease_namespace=args.lease_namespace or os.environ.get("POD_NAMESPACE") or "default",
+        lease_name=args.lease_name,
+        lease_s=args.lease_seconds,
+        identity=args.identity
+        or os.environ.get("POD_NAME")
+        or f"{socket.gethostname()}-{os.getpid()}",
+    )
+    return asyncio.run(serve(options))

@@ -1,0 +1,155 @@
+"""Running the operator: client, servers, leader election, then kopf.
+
+Order matters: the health and metrics servers start first (a standby replica
+must pass its probes), then the Lease is won, then kopf runs until a signal, or
+until the Lease is lost, in which case the process exits non-zero so that
+Kubernetes restarts it as a clean standby.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from dataclasses import dataclass
+
+import aiohttp
+import kopf
+
+from promptcache.contract import SERVING_PORT
+from promptcache.controller.handlers import HandlerSettings, build_registry
+from promptcache.controller.kube import Kube, load_config
+from promptcache.controller.leader import LeaderElector, LeadershipLostError
+from promptcache.controller.metrics import OperatorMetrics
+from promptcache.controller.reconcile import Reconciler, ReconcileSettings
+from promptcache.controller.server import HealthState, start_servers
+
+log = logging.getLogger(__name__)
+
+EXIT_LOST_LEADERSHIP = 3
+
+
+@dataclass(frozen=True)
+class OperatorOptions:
+    namespaces: tuple[str, ...] = ()
+    all_namespaces: bool = False
+    bind_address: str = "0.0.0.0"  # noqa: S104 - probes reach the pod IP
+    health_port: int = 8080
+    metrics_port: int = 9090
+    resync_s: float = 60.0
+    scrape_port: int | None = None
+    scrape_timeout_s: float = 2.0
+    events: bool = True
+    leader_election: bool = True
+    lease_namespace: str = "default"
+    lease_name: str = "promptcache-operator"
+    lease_s: int = 15
+    identity: str = "promptcache-operator"
+
+
+async def _wait_or_stop(coro: asyncio.Future[None], stop: asyncio.Event) -> bool:
+    """Await `coro` unless `stop` is set first; True when `coro` finished."""
+    stopper: asyncio.Future[None] = asyncio.ensure_future(_until(stop))
+    done, _ = await asyncio.wait({coro, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    stopper.cancel()
+    if coro in done:
+        coro.result()
+        return True
+    coro.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await coro
+    return False
+
+
+async def _until(event: asyncio.Event) -> None:
+    await event.wait()
+
+
+async def serve(options: OperatorOptions) -> int:
+    config = load_config()
+    metrics = OperatorMetrics()
+    kube = Kube(config, on_request=lambda verb: metrics.api_requests.labels(verb).inc())
+    http = aiohttp.ClientSession()
+    reconciler = Reconciler(
+        kube,
+        http,
+        metrics,
+        ReconcileSettings(
+            scrape_port=options.scrape_port or SERVING_PORT,
+            scrape_timeout_s=options.scrape_timeout_s,
+        ),
+    )
+    state = HealthState()
+    runners = await start_servers(
+        options.bind_address, options.health_port, options.metrics_port, state, metrics
+    )
+    for runner in runners:
+        for address in runner.addresses:
+            log.info("listening on %s", address)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    elector = (
+        LeaderElector(
+            kube,
+            options.lease_namespace,
+            options.lease_name,
+            options.identity,
+            lease_s=options.lease_s,
+            renew_s=max(1.0, options.lease_s / 3),
+        )
+        if options.leader_election
+        else None
+    )
+    code = 0
+    try:
+        if elector is not None and not await _wait_or_stop(
+            asyncio.ensure_future(elector.acquire()), stop
+        ):
+            return 0
+        state.leading = True
+        metrics.leader.set(1)
+        registry = build_registry(
+            reconciler,
+            HandlerSettings(
+                resync_s=options.resync_s, posting=options.events, instance=options.identity
+            ),
+        )
+        operator = asyncio.create_task(
+            kopf.operator(
+                registry=registry,
+                clusterwide=options.all_namespaces,
+                namespaces=list(options.namespaces),
+                standalone=True,
+                stop_flag=stop,
+            )
+        )
+        state.operator = operator
+        waiters: set[asyncio.Task[None]] = {operator}
+        holder = asyncio.create_task(elector.hold()) if elector is not None else None
+        if holder is not None:
+            waiters.add(holder)
+        done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        if holder is not None and holder in done:
+            error = holder.exception()
+            log.error(
+                "stopping: %s", error if isinstance(error, LeadershipLostError) else "lease lost"
+            )
+            code = EXIT_LOST_LEADERSHIP
+            stop.set()
+            state.leading = False
+            await operator
+        elif holder is not None:
+            holder.cancel()
+        operator.result()
+        return code
+    finally:
+        metrics.leader.set(0)
+        if elector is not None and state.leading and code == 0:
+            await elector.release()
+        await http.close()
+        await kube.close()
+        for runner in runners:
+            await runner.cleanup()

@@ -1,0 +1,306 @@
+"""One reconcile of one PromptCacheDeployment: render, apply what changed, observe, report.
+
+The same function serves every trigger (create, update, resume, the periodic
+resync, a watched child changing), so behaviour cannot drift between them.
+Reconciles of one resource are serialised by a lock; different resources run
+concurrently. Nothing here blocks the event loop: all I/O is awaited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from promptcache.api import (
+    API_VERSION,
+    KIND,
+    InvalidResourceError,
+    PromptCacheDeployment,
+    ceiling_of,
+    parse_resource,
+)
+from promptcache.api.status import ConditionType, Reason
+from promptcache.contract import SERVING_PORT
+from promptcache.controller.checks import GatewayApis, NodeCache, gpu_shortfall, missing_secret
+from promptcache.controller.children import controller_uid, owned
+from promptcache.controller.compare import needs_apply
+from promptcache.controller.conditions import Desired, now_rfc3339, transitions
+from promptcache.controller.kube import ApiError, Kube, by_kind, kind_of
+from promptcache.controller.metrics import OperatorMetrics
+from promptcache.controller.salt import ensure_salt_secret
+from promptcache.controller.scrape import aggregate, ready_pod_ips, scrape
+from promptcache.controller.status import (
+    Observation,
+    Problem,
+    compute_status,
+    selector_string,
+    status_differs,
+)
+from promptcache.render import GATEWAY_KINDS, Names, RenderError, names_of, render
+from promptcache.render.names import Component, selector_labels
+
+log = logging.getLogger(__name__)
+
+POD = by_kind("Pod")
+POOL = by_kind("InferencePool")
+ROUTE = by_kind("HTTPRoute")
+STATUS_ECHO_S = 10.0
+"""How long a just-written status is trusted over a body that may not show it yet."""
+
+
+@dataclass(frozen=True)
+class ReconcileSettings:
+    scrape_port: int = SERVING_PORT
+    scrape_timeout_s: float = 2.0
+
+
+@dataclass
+class Outcome:
+    """What one reconcile did: for handlers (events, retries), metrics and tests."""
+
+    applied: list[str] = field(default_factory=list)
+    status_written: bool = False
+    transitions: list[dict[str, Any]] = field(default_factory=list)
+    problem: Problem | None = None
+
+
+class Reconciler:
+    """Holds what reconciles share: the API client, caches, locks and metrics."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        http: aiohttp.ClientSession,
+        metrics: OperatorMetrics,
+        settings: ReconcileSettings | None = None,
+    ) -> None:
+        self.kube = kube
+        self.http = http
+        self.metrics = metrics
+        self.settings = settings or ReconcileSettings()
+        self.nodes = NodeCache()
+        self.gateway_apis = GatewayApis()
+        self.scrape_gate = asyncio.Semaphore(16)
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._written: dict[str, tuple[dict[str, Any], float]] = {}
+
+    def forget(self, uid: str) -> None:
+        """Drop per-resource state once a resource is gone."""
+        self._locks.pop(uid, None)
+        self._written.pop(uid, None)
+
+    async def reconcile(self, body: Mapping[str, Any], *, trigger: str) -> Outcome:
+        raw = copy.deepcopy(dict(body))
+        uid = str(raw["metadata"]["uid"])
+        lock = self._locks.setdefault(uid, asyncio.Lock())
+        started = time.monotonic()
+        result = "error"
+        try:
+            async with lock:
+                outcome = await self._reconcile(raw)
+            result = "degraded" if outcome.problem else "ok"
+            if outcome.problem:
+                self.metrics.failures.labels(outcome.problem.reason).inc()
+            return outcome
+        except Exception as error:
+            self.metrics.failures.labels(type(error).__name__).inc()
+            raise
+        finally:
+            self.metrics.reconciles.labels(trigger, result).inc()
+            self.metrics.duration.observe(time.monotonic() - started)
+
+    async def _reconcile(self, raw: dict[str, Any]) -> Outcome:
+        meta = raw["metadata"]
+        obs = Observation(generation=meta.get("generation"))
+        outcome = Outcome()
+        try:
+            pcd = parse_resource({k: raw[k] for k in ("apiVersion", "kind", "metadata", "spec")})
+            names = names_of(pcd)
+        except InvalidResourceError as error:
+            obs.blocked = Problem(Reason.INVALID_SPEC, "; ".join(str(p) for p in error.problems))
+        except RenderError as error:
+            obs.blocked = Problem(error.reason, str(error))
+        except KeyError as error:
+            obs.blocked = Problem(Reason.INVALID_SPEC, f"missing {error.args[0]}")
+        if obs.blocked is None:
+            await self._realise(raw, pcd, names, obs, outcome)
+        outcome.problem = obs.blocked or obs.degraded
+        await self._write_status(raw, obs, outcome)
+        return outcome
+
+    async def _realise(
+        self,
+        raw: dict[str, Any],
+        pcd: PromptCacheDeployment,
+        names: Names,
+        obs: Observation,
+        outcome: Outcome,
+    ) -> None:
+        uid = str(raw["metadata"]["uid"])
+        spec = pcd.spec
+        obs.desired_replicas = spec.model.replicas
+        obs.selector = selector_string(selector_labels(names, Component.MODEL_SERVER))
+        obs.ceiling = ceiling_of(pcd)
+        desired = [owned(m, raw) for m in render(pcd)]
+
+        if await ensure_salt_secret(self.kube, pcd, names, raw):
+            log.info("created salt-key Secret for %s/%s", names.namespace, names.instance)
+        message = await missing_secret(self.kube, pcd)
+        if message:
+            obs.degraded = Problem(Reason.SECRET_NOT_FOUND, message)
+        else:
+            nodes = await self.nodes.get(self.kube)
+            short = gpu_shortfall(nodes, spec.model.resources.gpus, spec.model.node_selector)
+            if short:
+                obs.degraded = Problem(Reason.INSUFFICIENT_GPUS, short)
+
+        served = {
+            "InferencePool": await self.gateway_apis.served(
+                self.kube, POOL.api_version, POOL.plural
+            )
+        }
+        if any(m["kind"] == "HTTPRoute" for m in desired) or served["InferencePool"]:
+            served["HTTPRoute"] = await self.gateway_apis.served(
+                self.kube, ROUTE.api_version, ROUTE.plural
+            )
+        to_sync = [m for m in desired if m["kind"] not in GATEWAY_KINDS or served.get(m["kind"])]
+        lives = await asyncio.gather(
+            *(self.kube.get(kind_of(m), names.namespace, m["metadata"]["name"]) for m in to_sync)
+        )
+        by_kind_name: dict[str, Mapping[str, Any]] = {}
+        for manifest, live in zip(to_sync, lives, strict=True):
+            label = f"{manifest['kind']}/{manifest['metadata']['name']}"
+            if live is not None and controller_uid(live) not in (None, uid):
+                obs.degraded = obs.degraded or Problem(
+                    Reason.APPLY_FAILED,
+                    f"{label} already exists and is controlled by another owner; "
+                    "delete it or rename this resource",
+                )
+                continue
+            current = live
+            if needs_apply(manifest, current):
+                try:
+                    current = await self.kube.apply(manifest)
+                except ApiError as error:
+                    if error.transient:
+                        raise
+                    if error.code == 404 and manifest["kind"] in GATEWAY_KINDS:
+                        self.gateway_apis.invalidate()
+                        served[manifest["kind"]] = False
+                        continue
+                    obs.degraded = obs.degraded or Problem(
+                        Reason.APPLY_FAILED, f"{label}: {error.message}"[:1000]
+                    )
+                    continue
+                outcome.applied.append(label)
+                self.metrics.children_applied.labels(manifest["kind"]).inc()
+            if current is not None:
+                by_kind_name[label] = current
+        if served.get("HTTPRoute") and not any(m["kind"] == "HTTPRoute" for m in desired):
+            await self._prune_route(names, uid)
+
+        obs.model_server = by_kind_name.get(f"Deployment/{names.model_server}")
+        obs.endpoint_picker = by_kind_name.get(f"Deployment/{names.epp}")
+        obs.gateway = self._gateway_condition(pcd, names, desired, served, obs)
+        obs.prefix_cache = await self._observe_prefix_cache(names)
+
+    async def _prune_route(self, names: Names, uid: str) -> None:
+        """The HTTPRoute is rendered only with parentRefs; remove ours when they go away."""
+        live = await self.kube.get(ROUTE, names.namespace, names.route)
+        if live is not None and controller_uid(live) == uid:
+            await self.kube.delete(ROUTE, names.namespace, names.route)
+
+    def _gateway_condition(
+        self,
+        pcd: PromptCacheDeployment,
+        names: Names,
+        desired: list[dict[str, Any]],
+        served: Mapping[str, bool],
+        obs: Observation,
+    ) -> Desired:
+        kinds = [m["kind"] for m in desired if m["kind"] in GATEWAY_KINDS]
+        missing = [k for k in kinds if not served.get(k)]
+        if missing:
+            return Desired(
+                ConditionType.GATEWAY_READY,
+                "False",
+                Reason.CRD_NOT_INSTALLED,
+                f"the {' and '.join(missing)} CRD is not installed; the model servers are managed "
+                "without a gateway. Install the Gateway API and Inference Extension CRDs.",
+            )
+        st = (obs.endpoint_picker or {}).get("status") or {}
+        want, ready = pcd.spec.gateway.replicas, int(st.get("readyReplicas") or 0)
+        if ready < want:
+            return Desired(
+                ConditionType.GATEWAY_READY,
+                "False",
+                Reason.REPLICAS_NOT_READY,
+                f"Endpoint Picker {names.epp}: {ready}/{want} ready",
+            )
+        if "HTTPRoute" in kinds:
+            return Desired(
+                ConditionType.GATEWAY_READY,
+                "True",
+                Reason.GATEWAY_APPLIED,
+                f"InferencePool {names.pool} and HTTPRoute {names.route} applied",
+            )
+        return Desired(
+            ConditionType.GATEWAY_READY,
+            "True",
+            Reason.NO_ROUTE,
+            f"InferencePool {names.pool} applied; no HTTPRoute (spec.gateway.route.parentRefs "
+            "is empty)",
+        )
+
+    async def _observe_prefix_cache(self, names: Names) -> dict[str, Any]:
+        selector = selector_string(selector_labels(names, Component.MODEL_SERVER))
+        pods = await self.kube.list(POD, names.namespace, label_selector=selector)
+        ips = ready_pod_ips(pods)
+        if not ips:
+            return {"scrapedPods": 0}
+        results = await scrape(
+            self.http,
+            ips,
+            port=self.settings.scrape_port,
+            timeout_s=self.settings.scrape_timeout_s,
+            limit=self.scrape_gate,
+        )
+        return aggregate(results)
+
+    async def _write_status(self, raw: dict[str, Any], obs: Observation, outcome: Outcome) -> None:
+        uid = str(raw["metadata"]["uid"])
+        live_status = raw.get("status") or {}
+        echo = self._written.get(uid)
+        recent = echo is not None and time.monotonic() - echo[1] < STATUS_ECHO_S
+        previous = echo[0] if recent and echo is not None else live_status
+        new = compute_status(obs, previous, now=now_rfc3339())
+        if not status_differs(new, live_status):
+            return
+        if recent and echo is not None and not status_differs(new, echo[0]):
+            return
+        manifest = {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "metadata": {
+                "name": raw["metadata"]["name"],
+                "namespace": raw["metadata"]["namespace"],
+            },
+            "status": new,
+        }
+        try:
+            await self.kube.apply_status(manifest)
+        except ApiError as error:
+            if error.code == 404:
+                return  # deleted meanwhile
+            raise
+        self.metrics.status_writes.inc()
+        self._written[uid] = (new, time.monotonic())
+        outcome.status_written = True
+        outcome.transitions = transitions(list(previous.get("conditions") or []), new["conditions"])

@@ -1,0 +1,54 @@
+"""The generated salt-key Secret: made once, never rewritten, never logged.
+
+When the spec names no Secret, the pods read the HMAC key that turns tenant
+isolation keys into cache salts from `<name>-salt`. Regenerating it would
+silently move every tenant to a fresh, cold cache, so it is created with POST
+only: a 409 means it is already there and is kept as it is, across reconciles
+and operator restarts. It is owned by the resource, so it goes with it.
+"""
+
+from __future__ import annotations
+
+import base64
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+from promptcache.api import PromptCacheDeployment
+from promptcache.controller.children import owner_reference
+from promptcache.controller.kube import Kube
+from promptcache.render import Names
+from promptcache.render.front import salt_secret
+from promptcache.render.names import Component, labels
+
+
+def generated_salt_secret(pcd: PromptCacheDeployment, names: Names) -> tuple[str, str] | None:
+    """(name, key) of the Secret the operator must generate, or None when it need not."""
+    if not pcd.spec.front.enabled or pcd.spec.isolation.salt_secret_ref is not None:
+        return None
+    return salt_secret(pcd, names)
+
+
+async def ensure_salt_secret(
+    kube: Kube, pcd: PromptCacheDeployment, names: Names, owner: Mapping[str, Any]
+) -> bool:
+    """Create the generated Secret if absent; True when this call created it."""
+    wanted = generated_salt_secret(pcd, names)
+    if wanted is None:
+        return False
+    name, key = wanted
+    value = base64.b64encode(secrets.token_hex(32).encode()).decode()
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": name,
+            "namespace": names.namespace,
+            "labels": labels(names, Component.ISOLATION),
+            "ownerReferences": [owner_reference(owner)],
+        },
+        "type": "Opaque",
+        "data": {key: value},
+    }
+    del value
+    return await kube.create(manifest) is not None

@@ -1,0 +1,129 @@
+"""Observed prefix-cache settings: scrape the ready model-server pods' `/metrics`.
+
+vLLM (and the cache front, which merges vLLM's metrics into its own) reports
+`vllm:cache_config_info{block_size=..., num_gpu_blocks=...}` and the counters
+`vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total`. The status
+shows what the pods really run with, which is what the Endpoint Picker
+auto-tunes to. Scrapes are concurrent, bounded and short: a slow pod costs at
+most the timeout and never blocks other resources.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from promptcache.contract import SERVING_PORT
+from promptcache.render.epp_config import effective_block_size
+
+CACHE_CONFIG = "vllm:cache_config_info"
+HITS = "vllm:prefix_cache_hits_total"
+QUERIES = "vllm:prefix_cache_queries_total"
+MAX_METRICS_BYTES = 4 * 1024 * 1024
+"""A pod answering with more than this is not a vLLM metrics page; stop reading."""
+
+
+@dataclass(frozen=True)
+class PodMetrics:
+    block_size: int | None
+    num_gpu_blocks: int | None
+    hits: float
+    queries: float
+
+
+def _int_label(labels: Mapping[str, str], name: str) -> int | None:
+    raw = labels.get(name)
+    try:
+        return int(float(raw)) if raw not in (None, "", "None") else None
+    except ValueError:
+        return None
+
+
+def parse_metrics(text: str) -> PodMetrics:
+    """Pick the prefix-cache facts out of Prometheus text exposition (sums over labels)."""
+    block_size = num_blocks = None
+    hits = queries = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == CACHE_CONFIG:
+                block_size = _int_label(sample.labels, "block_size")
+                num_blocks = _int_label(sample.labels, "num_gpu_blocks")
+            elif sample.name == HITS:
+                hits += float(sample.value)
+            elif sample.name == QUERIES:
+                queries += float(sample.value)
+    return PodMetrics(block_size, num_blocks, hits, queries)
+
+
+def aggregate(pods: Sequence[PodMetrics]) -> dict[str, Any]:
+    """The status' `prefixCache` block from the pods that answered."""
+    out: dict[str, Any] = {"scrapedPods": len(pods)}
+    sizes = Counter(p.block_size for p in pods if p.block_size is not None)
+    if sizes:
+        block_size = sizes.most_common(1)[0][0]
+        out["blockSize"] = block_size
+        out["effectiveBlockSizeTokens"] = effective_block_size(block_size)
+    blocks = [p.num_gpu_blocks for p in pods if p.num_gpu_blocks is not None]
+    if blocks:
+        out["numGpuBlocks"] = min(blocks)
+    queries = sum(p.queries for p in pods)
+    if queries > 0:
+        out["hitRatio"] = round(min(1.0, sum(p.hits for p in pods) / queries), 4)
+    return out
+
+
+def ready_pod_ips(pods: Iterable[Mapping[str, Any]]) -> list[str]:
+    """IPs of pods that are Ready and not terminating."""
+    ips = []
+    for pod in pods:
+        if pod.get("metadata", {}).get("deletionTimestamp"):
+            continue
+        status = pod.get("status", {})
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in status.get("conditions") or []
+        )
+        if ready and status.get("podIP"):
+            ips.append(str(status["podIP"]))
+    return ips
+
+
+async def _scrape_one(
+    session: aiohttp.ClientSession, ip: str, port: int, timeout_s: float
+) -> PodMetrics | None:
+    host = f"[{ip}]" if ":" in ip else ip
+    try:
+        async with session.get(
+            f"http://{host}:{port}/metrics", timeout=aiohttp.ClientTimeout(total=timeout_s)
+        ) as response:
+            if response.status != 200:
+                return None
+            body = await response.content.read(MAX_METRICS_BYTES)
+        return parse_metrics(body.decode("utf-8", errors="replace"))
+    except (aiohttp.ClientError, TimeoutError, ValueError, UnicodeError):
+        return None
+
+
+async def scrape(
+    session: aiohttp.ClientSession,
+    ips: Sequence[str],
+    *,
+    port: int = SERVING_PORT,
+    timeout_s: float = 2.0,
+    limit: asyncio.Semaphore | None = None,
+) -> list[PodMetrics]:
+    """Scrape every IP concurrently; pods that fail or time out are left out."""
+    gate = limit or asyncio.Semaphore(16)
+
+    async def one(ip: str) -> PodMetrics | None:
+        async with gate:
+            return await _scrape_one(session, ip, port, timeout_s)
+
+    results = await asyncio.gather(*(one(ip) for ip in ips))
+    return [r for r in results if r is not None]

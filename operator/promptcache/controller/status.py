@@ -1,0 +1,150 @@
+"""The status the operator reports, computed from what it observed (pure).
+
+The reconcile gathers observations; this module turns them into the
+`.status` object and its four conditions. The caller compares the result with
+the live status and writes only when they differ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from promptcache.api import PromptEmbedsCeiling
+from promptcache.api.status import ConditionType, Reason
+from promptcache.controller.conditions import Desired, set_condition
+
+_UNITS = (("Ei", 2**60), ("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10))
+
+
+def format_bytes(n: int) -> str:
+    """Bytes as the exact, shortest binary quantity (`8Gi`, `1536Mi`, `0`)."""
+    for suffix, size in _UNITS:
+        if n and n % size == 0:
+            return f"{n // size}{suffix}"
+    return str(n)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why the resource is degraded: a condition reason and a message a user can act on."""
+
+    reason: str
+    message: str
+
+
+@dataclass
+class Observation:
+    """Everything one reconcile learned, as inputs to the status."""
+
+    generation: int | None
+    desired_replicas: int = 0
+    blocked: Problem | None = None
+    """The resource cannot be rendered at all (invalid spec, name too long)."""
+    degraded: Problem | None = None
+    """Rendered and applied, but something the user must fix stands in the way."""
+    model_server: Mapping[str, Any] | None = None
+    endpoint_picker: Mapping[str, Any] | None = None
+    gateway: Desired | None = None
+    selector: str = ""
+    ceiling: PromptEmbedsCeiling | None = None
+    prefix_cache: dict[str, Any] = field(default_factory=lambda: {"scrapedPods": 0})
+
+
+def _deploy_status(deployment: Mapping[str, Any] | None) -> dict[str, Any]:
+    return dict((deployment or {}).get("status") or {})
+
+
+def _progressing(obs: Observation) -> Desired:
+    if obs.blocked is not None:
+        return Desired(ConditionType.PROGRESSING, "False", obs.blocked.reason, obs.blocked.message)
+    if obs.model_server is None:
+        return Desired(ConditionType.PROGRESSING, "True", Reason.ROLLING_OUT, "applying children")
+    meta, st = obs.model_server.get("metadata", {}), _deploy_status(obs.model_server)
+    want = obs.desired_replicas
+    updated, total = int(st.get("updatedReplicas") or 0), int(st.get("replicas") or 0)
+    if int(st.get("observedGeneration") or 0) < int(meta.get("generation") or 0):
+        return Desired(ConditionType.PROGRESSING, "True", Reason.ROLLING_OUT, "rollout starting")
+    if updated < want or total > want:
+        return Desired(
+            ConditionType.PROGRESSING,
+            "True",
+            Reason.ROLLING_OUT,
+            f"{updated}/{want} model-server pods updated, {total} running",
+        )
+    return Desired(ConditionType.PROGRESSING, "False", Reason.RECONCILED, "rollout complete")
+
+
+def _ready(obs: Observation) -> Desired:
+    if obs.blocked is not None:
+        return Desired(ConditionType.READY, "False", obs.blocked.reason, obs.blocked.message)
+    want = obs.desired_replicas
+    ready = int(_deploy_status(obs.model_server).get("readyReplicas") or 0)
+    if want == 0:
+        return Desired(ConditionType.READY, "True", Reason.SCALED_TO_ZERO, "spec.model.replicas=0")
+    if ready >= want:
+        return Desired(ConditionType.READY, "True", Reason.AVAILABLE, f"{ready}/{want} ready")
+    message = f"{ready}/{want} model-server pods ready"
+    if obs.degraded is not None:
+        message += f" ({obs.degraded.message})"
+    return Desired(ConditionType.READY, "False", Reason.REPLICAS_NOT_READY, message)
+
+
+def _degraded(obs: Observation) -> Desired:
+    problem = obs.blocked or obs.degraded
+    if problem is not None:
+        return Desired(ConditionType.DEGRADED, "True", problem.reason, problem.message)
+    return Desired(ConditionType.DEGRADED, "False", Reason.AS_EXPECTED, "")
+
+
+def _gateway(obs: Observation) -> Desired:
+    if obs.blocked is not None:
+        return Desired(
+            ConditionType.GATEWAY_READY, "False", obs.blocked.reason, obs.blocked.message
+        )
+    return obs.gateway or Desired(ConditionType.GATEWAY_READY, "Unknown", "Pending", "")
+
+
+def compute_status(
+    obs: Observation, previous: Mapping[str, Any] | None, *, now: str
+) -> dict[str, Any]:
+    """The full `.status` (no None values), keeping transition times that did not move."""
+    conditions = list((previous or {}).get("conditions") or [])
+    for desired in (_ready(obs), _progressing(obs), _degraded(obs), _gateway(obs)):
+        conditions, _ = set_condition(conditions, desired, generation=obs.generation, now=now)
+    st = _deploy_status(obs.model_server)
+    ceiling = obs.ceiling
+    status: dict[str, Any] = {
+        "conditions": conditions,
+        "replicas": int(st.get("replicas") or 0),
+        "readyReplicas": int(st.get("readyReplicas") or 0),
+        "selector": obs.selector,
+        "promptEmbeds": {
+            "perPodBytes": ceiling.per_pod_bytes if ceiling else 0,
+            "totalBytes": ceiling.total_bytes if ceiling else 0,
+            "perPod": format_bytes(ceiling.per_pod_bytes) if ceiling else "0",
+        },
+        "prefixCache": dict(obs.prefix_cache),
+    }
+    if obs.generation is not None:
+        status["observedGeneration"] = obs.generation
+    return status
+
+
+def _drop_none(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _drop_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_none(v) for v in value]
+    return value
+
+
+def status_differs(new: Mapping[str, Any], live: Mapping[str, Any] | None) -> bool:
+    """True when writing `new` would change the stored status."""
+    return bool(_drop_none(dict(new)) != _drop_none(dict(live or {})))
+
+
+def selector_string(labels: Mapping[str, str]) -> str:
+    """A label selector string in a stable order, as the scale subresource reports it."""
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))

@@ -73,6 +73,10 @@ class FrontEnv:
     is why the per-pod ceiling is apiServerCount x SG_PROMPT_EMBEDS_CACHE_GIB (spec/000)."""
     MAX_IN_FLIGHT: Final[str] = "PROMPTCACHE_MAX_IN_FLIGHT"
     """Requests the front works on at once; more get HTTP 503 (bounds its memory)."""
+    MAX_IN_FLIGHT_BYTES: Final[str] = "PROMPTCACHE_MAX_IN_FLIGHT_BYTES"
+    """Bytes of request bodies (as read, parsed and forwarded) a front process holds at
+    once; a request that would exceed it gets 503. Set it to the memory the container
+    has beyond the cache ceiling."""
     DECODE_WORKERS: Final[str] = "PROMPTCACHE_DECODE_WORKERS"
     """Threads for base64/torch.load/hashing, kept off the event loop."""
     TURBOQUANT_DTYPE: Final[str] = "PROMPTCACHE_TURBOQUANT_DTYPE"

@@ -160,7 +160,8 @@ def run_as_chart_pod(
     log = workdir / "operator.log"
     handle = log.open("wb")
     proc = subprocess.Popen(
-        [str(executable), *rest, *container["args"]],
+        # Loopback only on this machine; in the pod the servers bind the pod IP (0.0.0.0).
+        [str(executable), *rest, *container["args"], "--bind-address=127.0.0.1"],
         env=env,
         stdout=handle,
         stderr=subprocess.STDOUT,
@@ -231,6 +232,8 @@ def test_install_and_the_operator_reconciles_with_the_chart_credentials(
             cluster, sa, "watch", "promptcachedeployments.serving.promptcache.io", "default"
         )
         assert not can_i(cluster, sa, "get", "secrets", ops_namespace)
+        assert can_i(cluster, sa, "update", "leases.coordination.k8s.io", ops_namespace)
+        assert not can_i(cluster, sa, "update", "leases.coordination.k8s.io", "default")
         assert cluster.kubectl("get", "clusterrolebinding", name, check=False).returncode != 0
 
         operator = run_as_chart_pod(cluster, ops_namespace, name, tmp_path)
@@ -321,7 +324,7 @@ def test_upgrade_and_uninstall_keep_the_crd_and_user_resources(
     assert f"--namespace={team}" in args
     assert "--all-namespaces" not in args
     assert "--log-level=debug" in args
-    assert any(a.startswith("--peering") for a in args)
+    assert f"--lease-name={release}" in args
     # The binding moved from cluster-wide to the watched namespace.
     assert fresh.kubectl("get", "clusterrolebinding", release, check=False).returncode != 0
     assert fresh.get_json("rolebinding", release, "-n", team)["roleRef"]["name"] == release

@@ -88,8 +88,10 @@ def test_default_install_is_cluster_wide_and_hardened() -> None:
     assert container["image"] == "ghcr.io/promptcache/promptcache-operator:0.1.0"
     assert container["command"] == ["promptcache"]
     assert container["args"][:2] == ["run", "--all-namespaces"]
-    assert "--log-level=info" in container["args"]
-    assert not any(a.startswith("--peering") for a in container["args"])
+    assert "--log-level=INFO" in container["args"]
+    # Leader election is always on: a rolling update briefly runs two pods.
+    assert "--lease-name=promptcache-operator" in container["args"]
+    assert not any(a.startswith("--no-leader-election") for a in container["args"])
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert container["securityContext"] == {
@@ -98,8 +100,14 @@ def test_default_install_is_cluster_wide_and_hardened() -> None:
         "runAsNonRoot": True,
         "capabilities": {"drop": ["ALL"]},
     }
-    assert container["livenessProbe"]["httpGet"]["port"] == "health"
-    assert container["readinessProbe"]["httpGet"]["port"] == "health"
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"health": 8080, "metrics": 9090}
+    assert "--health-port=8080" in container["args"]
+    assert "--metrics-port=9090" in container["args"]
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
+    assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
     assert container["resources"]["limits"]["memory"] == "512Mi"
     assert pod["serviceAccountName"] == one(docs, "ServiceAccount")["metadata"]["name"]
     assert "affinity" not in pod
@@ -114,16 +122,24 @@ def test_default_install_is_cluster_wide_and_hardened() -> None:
     ]
     service = one(docs, "Service")
     assert service["spec"]["ports"] == [
-        {"name": "metrics", "port": 8080, "targetPort": "metrics", "protocol": "TCP"}
+        {"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}
     ]
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
 
 
-def test_watched_namespaces_get_rolebindings_and_no_cluster_wide_rights() -> None:
+def rules_file() -> list[dict[str, Any]]:
+    rules = yaml.safe_load((CHART / "files" / "clusterrole-rules.yaml").read_text())
+    assert isinstance(rules, list)
+    assert rules, "the rules file holds no rule"
+    return rules
+
+
+def test_watched_namespaces_get_rolebindings_and_only_cluster_scoped_rules_cluster_wide() -> None:
     docs = render("-f", str(ROOT / "tests/chart/values/ha-namespaced.yaml"))
-    kinds = [d["kind"] for d in docs]
-    assert "ClusterRoleBinding" not in kinds
-    bindings = [d for d in docs if d["kind"] == "RoleBinding"]
+    by_name = {(d["kind"], d["metadata"]["name"], d["metadata"].get("namespace")): d for d in docs}
+    bindings = [
+        d for d in docs if d["kind"] == "RoleBinding" and d["roleRef"]["kind"] == "ClusterRole"
+    ]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     for binding in bindings:
         assert binding["roleRef"] == {
@@ -131,11 +147,38 @@ def test_watched_namespaces_get_rolebindings_and_no_cluster_wide_rights() -> Non
             "kind": "ClusterRole",
             "name": "promptcache-operator",
         }
+    # The full rules are never bound cluster-wide...
+    cluster_bindings = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
+    assert [b["roleRef"]["name"] for b in cluster_bindings] == [
+        "promptcache-operator-cluster-scope"
+    ]
+    # ...only the file's rules on cluster-scoped resources are (a RoleBinding cannot grant them).
+    scoped = by_name[("ClusterRole", "promptcache-operator-cluster-scope", None)]["rules"]
+    namespaced_kinds = {"pods", "secrets", "deployments", "leases", "promptcachedeployments"}
+    for rule in scoped:
+        assert not namespaced_kinds & set(rule["resources"]), rule
+        assert any(
+            set(rule["apiGroups"]) <= set(r["apiGroups"])
+            and set(rule["resources"]) <= set(r["resources"])
+            and rule["verbs"] == r["verbs"]
+            for r in rules_file()
+        ), f"{rule} is not from the rules file"
+    # The leader Lease lives in the release namespace: the file's Lease rules as a Role there.
+    lease_role = by_name[("Role", "promptcache-operator-leader-election", "promptcache-system")]
+    (lease_rule,) = lease_role["rules"]
+    assert lease_rule["resources"] == ["leases"]
+    assert lease_rule["verbs"] == next(
+        r["verbs"] for r in rules_file() if "leases" in r.get("resources", [])
+    )
+    lease_binding = by_name[
+        ("RoleBinding", "promptcache-operator-leader-election", "promptcache-system")
+    ]
+    assert lease_binding["roleRef"]["kind"] == "Role"
     (container,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
     args = container["args"]
     assert args[:3] == ["run", "--namespace=team-a", "--namespace=team-b"]
     assert "--all-namespaces" not in args
-    assert "--peering=promptcache-operator" in args
+    assert "--log-level=DEBUG" in args
     assert container["image"].endswith("@sha256:" + "0123456789abcdef" * 4)
 
 
@@ -150,11 +193,7 @@ def test_replicas_above_one_spread_peers_unless_affinity_is_given() -> None:
 
 
 def test_clusterrole_rules_are_the_rules_file() -> None:
-    rules_file = CHART / "files" / "clusterrole-rules.yaml"
-    expected = yaml.safe_load(rules_file.read_text())
-    assert isinstance(expected, list)
-    assert expected, "the rules file holds no rule"
-    assert one(render(), "ClusterRole")["rules"] == expected
+    assert one(render(), "ClusterRole")["rules"] == rules_file()
 
 
 def test_servicemonitor_only_when_asked() -> None:
@@ -218,8 +257,8 @@ def test_bad_values_fail_with_the_path_and_the_rule(
             "a ServiceMonitor scrapes through the metrics Service",
         ),
         (
-            ("health.port=8080",),
-            "health.port and metrics.port are both 8080: "
+            ("health.port=9090",),
+            "health.port and metrics.port are both 9090: "
             "the operator serves them on separate ports",
         ),
         (

@@ -52,3 +52,53 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 {{- end }}
+
+{{/*
+The operator's RBAC rules: the one file owned with the operator's code. Everything RBAC in
+this chart is this list or a subset of it selected by resource, never a rule of its own.
+*/}}
+{{- define "promptcache-operator.rules" -}}
+{{- $rules := .Files.Get "files/clusterrole-rules.yaml" }}
+{{- if not $rules }}
+{{- fail "files/clusterrole-rules.yaml is missing from the chart: it holds the operator's RBAC rules" }}
+{{- end }}
+{{- $rules }}
+{{- end }}
+
+{{/*
+Rules from the file on cluster-scoped resources (e.g. nodes). A RoleBinding cannot grant
+those, so a namespaced install binds just these cluster-wide. The list names Kubernetes'
+cluster-scoped built-in resources; it holds no verbs and grants nothing by itself.
+*/}}
+{{- define "promptcache-operator.clusterScopedRules" -}}
+{{- $scoped := list "nodes" "namespaces" "persistentvolumes" "storageclasses" "csinodes" "csidrivers" "volumeattachments" "runtimeclasses" "priorityclasses" "ingressclasses" "gatewayclasses" "customresourcedefinitions" "apiservices" "clusterroles" "clusterrolebindings" "mutatingwebhookconfigurations" "validatingwebhookconfigurations" "validatingadmissionpolicies" "validatingadmissionpolicybindings" "certificatesigningrequests" "tokenreviews" "subjectaccessreviews" "selfsubjectaccessreviews" "selfsubjectrulesreviews" "clusterkopfpeerings" }}
+{{- $out := list }}
+{{- range (include "promptcache-operator.rules" . | fromYamlArray) }}
+{{- if .nonResourceURLs }}
+{{- $out = append $out . }}
+{{- else }}
+{{- $resources := list }}
+{{- range .resources }}{{ if has (first (splitList "/" .)) $scoped }}{{ $resources = append $resources . }}{{ end }}{{ end }}
+{{- if $resources }}
+{{- $rule := dict "apiGroups" .apiGroups "resources" $resources "verbs" .verbs }}
+{{- if .resourceNames }}{{ $_ := set $rule "resourceNames" .resourceNames }}{{ end }}
+{{- $out = append $out $rule }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if $out }}{{ toYaml $out }}{{ end }}
+{{- end }}
+
+{{/* Rules from the file on coordination.k8s.io Leases: the leader Lease in the release namespace. */}}
+{{- define "promptcache-operator.leaseRules" -}}
+{{- $out := list }}
+{{- range (include "promptcache-operator.rules" . | fromYamlArray) }}
+{{- if and (has "coordination.k8s.io" (.apiGroups | default list)) (has "leases" (.resources | default list)) }}
+{{- $out = append $out (dict "apiGroups" (list "coordination.k8s.io") "resources" (list "leases") "verbs" .verbs) }}
+{{- end }}
+{{- end }}
+{{- if not $out }}
+{{- fail "files/clusterrole-rules.yaml grants nothing on coordination.k8s.io leases: the operator's leader election needs them" }}
+{{- end }}
+{{- toYaml $out }}
+{{- end }}

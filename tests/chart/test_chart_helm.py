@@ -282,3 +282,25 @@ def test_notes_tell_the_next_command() -> None:
     assert "kubectl -n ops rollout status deployment/promptcache-operator" in notes
     assert "kubectl -n team-a get promptcachedeployments -w" in notes
     assert "namespace: team-a" in notes
+
+
+@pytest.mark.parametrize("value_set", VALUE_SETS, ids=lambda p: p.stem)
+def test_the_operator_accepts_the_charts_command_line(value_set: Path) -> None:
+    """The chart's args parse with the real `promptcache` parser: flags cannot drift apart."""
+    from promptcache.cli import build_parser
+
+    (container,) = one(render("-f", str(value_set)), "Deployment")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    assert container["command"] == ["promptcache"]
+    args = build_parser().parse_args(container["args"])
+    assert args.command == "run"
+    values = yaml.safe_load(value_set.read_text()) or {}
+    watched = values.get("watch", {}).get("namespaces", [])
+    assert (args.namespaces or []) == watched
+    assert args.all_namespaces is (not watched)
+    assert args.log_level == values.get("logLevel", "info").upper()
+    assert args.health_port == values.get("health", {}).get("port", 8080)
+    assert args.metrics_port == values.get("metrics", {}).get("port", 9090)
+    assert args.leader_election is True
+    assert args.lease_name == "promptcache-operator"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import hmac
 import random
 import subprocess
 import sys
@@ -431,3 +432,18 @@ def test_shared_cache_failure_is_not_remembered(monkeypatch: pytest.MonkeyPatch)
         shared_cache()
     monkeypatch.setenv(ENV, "0")
     assert not shared_cache().enabled
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    salt=st.one_of(
+        st.none(), st.text(alphabet=st.characters(exclude_characters="\x00"), max_size=200)
+    ),
+    identifier=st.text(max_size=100),
+)
+def test_keys_are_tagged_hmac_sha256(salt: str | None, identifier: str) -> None:
+    """The precomputed-pad HMAC is RFC 2104 HMAC-SHA256, keys longer than a block included."""
+    key = b"" if salt is None else salt.encode("utf-8", "surrogatepass")
+    expected = hmac.digest(key, identifier.encode("utf-8", "surrogatepass"), "sha256")
+    tag = b"\x00" if salt is None else b"\x01"
+    assert cache_module._scope_key(identifier, salt) == tag + expected

@@ -112,7 +112,8 @@ def main() -> None:
 
     makers: dict[str, Callable[[int], object]] = {"ours": PromptEmbedsCache, "base": BaselineLru}
     print(
-        f"payload {PAYLOAD_BYTES} B, salt set, {args.ops} ops per measurement, best of {args.rounds} interleaved rounds"
+        f"payload {PAYLOAD_BYTES} B, salt set, {args.ops} ops per measurement, "
+        f"best of {args.rounds} interleaved rounds"
     )
     for label, bench in (("get hit", get_bench), ("put + evict", put_bench)):
         for threads in (1, 8):
@@ -122,7 +123,8 @@ def main() -> None:
                     best[name] = max(best[name], bench(makers[name], threads))
             print(
                 f"  {label:12s} {threads} thread(s): ours {best['ours'] / 1e3:8.1f} kops/s  "
-                f"baseline {best['base'] / 1e3:8.1f} kops/s  ratio {best['ours'] / best['base']:.3f}x (goal >= 0.8)"
+                f"baseline {best['base'] / 1e3:8.1f} kops/s  "
+                f"ratio {best['ours'] / best['base']:.3f}x (goal >= 0.8)"
             )
 
 

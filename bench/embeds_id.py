@@ -77,13 +77,16 @@ def main() -> None:
         ("naive", "tobytes()+blake3"),
     ):
         print(
-            f"  {label:26s} {t[name] * 1e3:8.1f} ms  {mib / 1024 / t[name]:6.2f} GiB/s  (median {med[name] * 1e3:.1f} ms)"
+            f"  {label:26s} {t[name] * 1e3:8.1f} ms  {mib / 1024 / t[name]:6.2f} GiB/s  "
+            f"(median {med[name] * 1e3:.1f} ms)"
         )
     print(
-        f"ratio vs raw blake3 (throughput, goal >= 0.90): {t['raw'] / t['ours']:.3f}x  (medians {med['raw'] / med['ours']:.3f}x)"
+        f"ratio vs raw blake3 (throughput, goal >= 0.90): {t['raw'] / t['ours']:.3f}x  "
+        f"(medians {med['raw'] / med['ours']:.3f}x)"
     )
     print(
-        f"ratio vs naive copy+hash:                       {t['naive'] / t['ours']:.3f}x  (medians {med['naive'] / med['ours']:.3f}x)"
+        f"ratio vs naive copy+hash:                       {t['naive'] / t['ours']:.3f}x  "
+        f"(medians {med['naive'] / med['ours']:.3f}x)"
     )
 
 

@@ -240,7 +240,12 @@ def test_install_and_the_operator_reconciles_with_the_chart_credentials(
         try:
             resources = example_in(namespace)
             cluster.kubectl(
-                "apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(resources)
+                "apply",
+                "--server-side",
+                "--field-manager=gitops",
+                "-f",
+                "-",
+                input=yaml.safe_dump_all(resources),
             )
             children = rendered_children(resources)
             for resource, ns, child in children:
@@ -265,7 +270,13 @@ def test_install_and_the_operator_reconciles_with_the_chart_credentials(
             # GitOps with the operator in the loop: what it adds (status, finalizers,
             # annotations) is not drift for a server-side diff of the committed resource.
             diff = cluster.kubectl(
-                "diff", "--server-side", "-f", "-", input=yaml.safe_dump_all(resources), check=False
+                "diff",
+                "--server-side",
+                "--field-manager=gitops",
+                "-f",
+                "-",
+                input=yaml.safe_dump_all(resources),
+                check=False,
             )
             assert diff.returncode == 0, diff.stdout + diff.stderr
             assert operator.proc.poll() is None, operator.logs()

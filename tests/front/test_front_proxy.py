@@ -503,3 +503,61 @@ async def test_readyz_follows_upstream_health(
     async with http.get(front.url + "/readyz") as resp:
         assert resp.status == 503
         assert (await resp.json())["reason"] == "model server /health answered 503"
+
+
+async def test_required_mode_refuses_uncacheable_request_without_key(
+    standin: Standin, make_front: MakeFront, http: aiohttp.ClientSession
+) -> None:
+    front = await make_front(isolation_mode=IsolationMode.REQUIRED)
+    status, body, _ = await _post(http, front.url + CHAT, _chat(prompt_cache_max_len=0))
+    assert status == 400
+    assert isinstance(body, dict)
+    assert body["error"]["code"] == "isolation_key_required"
+
+
+async def test_empty_usage_header_names_switch_usage_off_and_leave_streams_alone(
+    standin: Standin, make_front: MakeFront, http: aiohttp.ClientSession
+) -> None:
+    upstream, _ = standin
+    front = await make_front(prompt_tokens_header="", cached_prompt_tokens_header="",
+                             session_header="")
+    _, _, headers = await _post(http, front.url + CHAT, _chat(user="u"))
+    assert "dashflow-prompt-tokens" not in headers
+    assert "x-session-affinity" not in upstream.requests[-1].headers
+    status, text = await _stream_text(http, front.url + CHAT, _chat(stream=True))
+    assert status == 200
+    assert "stream_options" not in upstream.requests[-1].json()
+    assert parse_usage_comments(text) == {}
+
+
+async def test_request_that_can_never_fit_the_byte_budget_is_413(
+    standin: Standin, make_front: MakeFront, http: aiohttp.ClientSession
+) -> None:
+    front = await make_front(max_body_bytes=4096, max_in_flight_bytes=8192)
+    data = json.dumps(_chat(pad="x" * 3400)).encode()
+    status, body, _ = await _post(http, front.url + CHAT, data)
+    assert status == 413
+    assert isinstance(body, dict)
+    assert body["error"]["message"].startswith("the request needs about ")
+    assert body["error"]["message"].endswith("this server gives one request at most 8192")
+    assert standin[0].requests == []
+
+
+async def test_byte_budget_full_answers_503_and_frees_after(
+    standin: Standin, make_front: MakeFront, http: aiohttp.ClientSession
+) -> None:
+    upstream, _ = standin
+    upstream.response_delay = 2
+    front = await make_front(max_body_bytes=4096, max_in_flight_bytes=8192)
+    body = _chat(pad="x" * 1800)
+    first = asyncio.create_task(_post(http, front.url + CHAT, body))
+    await asyncio.wait_for(upstream.started.wait(), 10)
+    status, answer, _ = await _post(http, front.url + CHAT, body)
+    assert status == 503
+    assert isinstance(answer, dict)
+    assert answer["error"]["message"] == (
+        "the cache front is holding as many request bytes as it may; retry shortly"
+    )
+    assert (await first)[0] == 200
+    upstream.response_delay = 0
+    assert (await _post(http, front.url + CHAT, body))[0] == 200

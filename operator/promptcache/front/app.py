@@ -36,8 +36,11 @@ log = logging.getLogger("promptcache.front")
 METRICS_PATH: Final = "/metrics"
 FORWARD_EXPANSION: Final = 4
 """Resolving references and densifying TurboQuant may grow a body up to this factor."""
-MAX_BUFFERED_RESPONSE_BYTES: Final = 64 * 1024 * 1024
-"""Non-streamed JSON answers up to this size are read whole to find their usage."""
+MAX_BUFFERED_RESPONSE_BYTES: Final = 16 * 1024 * 1024
+"""Non-streamed JSON answers up to this size are read whole to find their usage;
+larger ones stream through without usage headers."""
+PARSE_FACTOR: Final = 2
+"""A body is charged twice while read: the bytes, and the parsed objects' strings."""
 PROBE_TIMEOUT: Final = aiohttp.ClientTimeout(total=5)
 DENIED_PATHS: Final[frozenset[str]] = frozenset(
     {
@@ -68,6 +71,40 @@ class FrontState:
     kinds: KindIndex = field(default_factory=KindIndex)
     session: aiohttp.ClientSession | None = None
     in_flight: int = 0
+    bytes_in_flight: int = 0
+
+
+class _Charge:
+    """One request's share of the in-flight byte budget, released when it ends.
+
+    Admission control on memory: a request that would push the process past
+    `max_in_flight_bytes` is refused with 503 (retry later) instead of risking
+    the container's memory limit; one that could never fit gets 413.
+    """
+
+    def __init__(self, state: FrontState) -> None:
+        self._state = state
+        self.held = 0
+
+    def take(self, n: int) -> None:
+        state, limit = self._state, self._state.settings.max_in_flight_bytes
+        if self.held + n > limit:
+            raise FrontError(
+                413, errors.REQUEST_TOO_LARGE,
+                f"the request needs about {self.held + n} bytes of working memory; this "
+                f"server gives one request at most {limit}",
+            )
+        if state.bytes_in_flight + n > limit:
+            raise FrontError(
+                503, errors.FRONT_OVERLOADED,
+                "the cache front is holding as many request bytes as it may; retry shortly",
+            )
+        state.bytes_in_flight += n
+        self.held += n
+
+    def release(self) -> None:
+        self._state.bytes_in_flight -= self.held
+        self.held = 0
 
 
 STATE: Final = web.AppKey("promptcache_front_state", FrontState)
@@ -86,14 +123,19 @@ def _endpoint_label(path: str) -> str:
     return path if path in SALTED_PATHS or path.startswith("/v1/models") else "other"
 
 
-async def _read_body(request: web.Request, limit: int) -> bytes:
-    if request.content_length is not None and request.content_length > limit:
-        raise _too_large(request.content_length, limit)
+async def _read_body(request: web.Request, limit: int, charge: _Charge) -> bytes:
+    declared = request.content_length
+    if declared is not None:
+        if declared > limit:
+            raise _too_large(declared, limit)
+        charge.take(PARSE_FACTOR * declared)
     buffer = bytearray()
     async for chunk in request.content.iter_chunked(1 << 16):
         buffer += chunk
         if len(buffer) > limit:
             raise _too_large(len(buffer), limit)
+        if declared is None:
+            charge.take(PARSE_FACTOR * len(chunk))
     return bytes(buffer)
 
 
@@ -174,14 +216,16 @@ async def proxy(request: web.Request) -> web.StreamResponse:
     else:
         state.in_flight += 1
         state.metrics.in_flight.inc()
+        charge = _Charge(state)
         try:
-            response = await _proxy(request, state, path, label)
+            response = await _proxy(request, state, path, label, charge)
         except FrontError as exc:
             response = _json_error(exc)
         except asyncio.CancelledError:
             state.metrics.client_disconnects.inc()
             raise
         finally:
+            charge.release()
             state.in_flight -= 1
             state.metrics.in_flight.dec()
     state.metrics.requests.labels(endpoint=label, code=str(response.status)).inc()
@@ -189,7 +233,7 @@ async def proxy(request: web.Request) -> web.StreamResponse:
 
 
 async def _proxy(
-    request: web.Request, state: FrontState, path: str, label: str
+    request: web.Request, state: FrontState, path: str, label: str, charge: _Charge
 ) -> web.StreamResponse:
     settings = state.settings
     if path in DENIED_PATHS:
@@ -198,7 +242,7 @@ async def _proxy(
             f"{path} is an administrative endpoint of the model server and is not served "
             "through the cache front",
         )
-    raw = await _read_body(request, settings.max_body_bytes)
+    raw = await _read_body(request, settings.max_body_bytes, charge)
     content_type = request.headers.get("Content-Type", "")
     is_json = request.method in ("POST", "PUT", "PATCH") and (
         path in SALTED_PATHS or (bool(raw) and content_type.startswith("application/json"))
@@ -245,6 +289,7 @@ async def _proxy(
                 f"with its prompt embeddings resolved the request has {len(data)} bytes; "
                 f"this server forwards at most {limit}",
             )
+        charge.take(len(data))
     else:
         data = raw
     headers = _forward_headers(request.headers, settings, json_body=is_json)

@@ -31,6 +31,8 @@ class _Option:
     field: str
     convert: Callable[[str, str], Any]
     help: str
+    empty_disables: bool = False
+    """An empty value is meaningful (switches the feature off), not "unset"."""
 
 
 def _str(_name: str, raw: str) -> str:
@@ -74,14 +76,16 @@ OPTIONS: tuple[_Option, ...] = (
             "honor_prompt_cache_max_len", parse_bool,
             "true: prompt_cache_max_len 0 makes a request uncacheable"),
     _Option("--session-header", FrontEnv.SESSION_HEADER, "session_header", _str,
-            "session-affinity header"),
+            "session-affinity header; empty: never set it", empty_disables=True),
     _Option("--session-from-user", FrontEnv.SESSION_FROM_USER, "session_from_user", parse_bool,
             "copy the body's `user` into the session header when it is absent"),
     _Option("--prompt-tokens-header", FrontEnv.PROMPT_TOKENS_HEADER, "prompt_tokens_header",
-            _str, "response header with the prompt token count"),
+            _str, "response header with the prompt token count; empty: off",
+            empty_disables=True),
     _Option("--cached-prompt-tokens-header", FrontEnv.CACHED_PROMPT_TOKENS_HEADER,
             "cached_prompt_tokens_header", _str,
-            "response header with the cached prompt token count"),
+            "response header with the cached prompt token count; empty: off",
+            empty_disables=True),
     _Option("--max-body-bytes", FrontEnv.MAX_BODY_BYTES, "max_body_bytes", _int,
             "largest request body accepted (413 above)"),
     _Option("--prompt-embeds-cache-gib", SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR,
@@ -90,6 +94,8 @@ OPTIONS: tuple[_Option, ...] = (
             "front processes on the port (SO_REUSEPORT), one per vLLM API server"),
     _Option("--max-in-flight", FrontEnv.MAX_IN_FLIGHT, "max_in_flight", _int,
             "requests worked on at once per process (503 above)"),
+    _Option("--max-in-flight-bytes", FrontEnv.MAX_IN_FLIGHT_BYTES, "max_in_flight_bytes", _int,
+            "request bytes held at once per process (503 above)"),
     _Option("--decode-workers", FrontEnv.DECODE_WORKERS, "decode_workers", _int,
             "threads for payload decoding and hashing"),
     _Option("--turboquant-dtype", FrontEnv.TURBOQUANT_DTYPE, "turboquant_dtype", _str,
@@ -115,7 +121,7 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Front
         if opt.env == SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR:
             values[opt.field] = default_cache_gib(environ)
             continue
-        raw = env_value(environ, opt.env)
+        raw = environ.get(opt.env) if opt.empty_disables else env_value(environ, opt.env)
         if raw is not None:
             values[opt.field] = opt.convert(opt.env, raw)
     return FrontSettings(**values)

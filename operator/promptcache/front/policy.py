@@ -145,6 +145,15 @@ def apply_policy(
     mode = settings.isolation_mode
     salted_path = path in SALTED_PATHS
 
+    if key is None and mode is IsolationMode.REQUIRED and salted_path:
+        raise FrontError(
+            400,
+            ISOLATION_KEY_REQUIRED,
+            "this deployment requires an isolation key: send the "
+            f"{settings.isolation_header} header or the {settings.isolation_field} "
+            "field with a string that names who may share cached prompts",
+            param=settings.isolation_field,
+        )
     salt: str | None = None
     use_cache = True
     if salted_path and max_len == 0:
@@ -152,15 +161,6 @@ def apply_policy(
     elif mode is IsolationMode.SHARED:
         isolation = Isolation.SHARED
     elif key is None:
-        if mode is IsolationMode.REQUIRED and salted_path:
-            raise FrontError(
-                400,
-                ISOLATION_KEY_REQUIRED,
-                "this deployment requires an isolation key: send the "
-                f"{settings.isolation_header} header or the {settings.isolation_field} "
-                "field with a string that names who may share cached prompts",
-                param=settings.isolation_field,
-            )
         isolation = Isolation.UNKEYED
     else:
         if secret is None:  # settings guarantee a secret in salting modes
@@ -171,7 +171,7 @@ def apply_policy(
 
     stream = body.get("stream") is True
     strip_usage = False
-    if stream and path in STREAMING_USAGE_PATHS:
+    if stream and path in STREAMING_USAGE_PATHS and settings.usage_headers_enabled:
         options = body.get("stream_options")
         if options is None:
             body["stream_options"] = {"include_usage": True}
@@ -181,7 +181,11 @@ def apply_policy(
             strip_usage = True
 
     session_value: str | None = None
-    if settings.session_from_user and settings.session_header not in headers:
+    if (
+        settings.session_from_user
+        and settings.session_header
+        and settings.session_header not in headers
+    ):
         user = body.get(SESSION_USER_FIELD)
         if isinstance(user, str) and user:
             session_value = user

@@ -34,6 +34,8 @@ DEFAULT_SALT_KEY_FILE = f"{SALT_KEY_MOUNT_DIR}/{SALT_KEY_SECRET_KEY}"
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 """vLLM's Rust frontend enforces 32 MiB; its Python server enforces nothing."""
 DEFAULT_MAX_IN_FLIGHT = 64
+DEFAULT_MAX_IN_FLIGHT_BYTES = 1 << 30
+"""Matches the headroom the renderer gives the container above the cache ceiling."""
 DEFAULT_DECODE_WORKERS = 2
 DEFAULT_TURBOQUANT_DTYPE = "auto"
 """auto: decode to the dtype the client compressed from (vLLM casts to the model dtype)."""
@@ -89,6 +91,7 @@ class FrontSettings:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     prompt_embeds_cache_gib: float = 0.0
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    max_in_flight_bytes: int = DEFAULT_MAX_IN_FLIGHT_BYTES
     decode_workers: int = DEFAULT_DECODE_WORKERS
     turboquant_dtype: str = DEFAULT_TURBOQUANT_DTYPE
     upstream_timeout_seconds: float = DEFAULT_UPSTREAM_TIMEOUT_SECONDS
@@ -101,12 +104,14 @@ class FrontSettings:
                 f"upstream {self.upstream!r} must be an http URL, e.g. {DEFAULT_UPSTREAM}"
             )
         parse_listen(self.listen)
-        for label, header in (
-            ("isolation header", self.isolation_header),
-            ("session header", self.session_header),
-            ("prompt-tokens header", self.prompt_tokens_header),
-            ("cached-prompt-tokens header", self.cached_prompt_tokens_header),
+        for label, header, optional in (
+            ("isolation header", self.isolation_header, False),
+            ("session header", self.session_header, True),
+            ("prompt-tokens header", self.prompt_tokens_header, True),
+            ("cached-prompt-tokens header", self.cached_prompt_tokens_header, True),
         ):
+            if not header and optional:
+                continue  # empty switches the feature off (how the renderer says "disabled")
             if not header or not all(c.isalnum() or c in "-_" for c in header):
                 raise SettingsError(f"{label} {header!r} is not a valid HTTP header name")
         if not self.isolation_field:
@@ -120,6 +125,11 @@ class FrontSettings:
             )
         if self.max_in_flight < 1:
             raise SettingsError(f"max in-flight {self.max_in_flight} must be at least 1")
+        if self.max_in_flight_bytes < self.max_body_bytes:
+            raise SettingsError(
+                f"max in-flight bytes {self.max_in_flight_bytes} is below the max body bytes "
+                f"{self.max_body_bytes}: not even one full-size request could be served"
+            )
         if self.decode_workers < 1:
             raise SettingsError(f"decode workers {self.decode_workers} must be at least 1")
         if self.turboquant_dtype not in TURBOQUANT_DTYPES:
@@ -131,6 +141,11 @@ class FrontSettings:
             raise SettingsError(f"workers {self.workers} must be at least 1")
         if not self.upstream_timeout_seconds > 0:
             raise SettingsError("upstream timeout must be a positive number of seconds")
+
+    @property
+    def usage_headers_enabled(self) -> bool:
+        """Whether any usage header is wanted (else streams are left untouched)."""
+        return bool(self.prompt_tokens_header or self.cached_prompt_tokens_header)
 
     @property
     def upstream_base(self) -> str:

@@ -48,17 +48,21 @@ def usage_from(obj: Any) -> Usage | None:
 
 
 def usage_headers(usage: Usage, prompt_header: str, cached_header: str) -> dict[str, str]:
-    """The response headers for one usage block."""
-    headers = {prompt_header: str(usage.prompt_tokens)}
-    if usage.cached_tokens is not None:
+    """The response headers for one usage block (an empty header name means "off")."""
+    headers = {}
+    if prompt_header:
+        headers[prompt_header] = str(usage.prompt_tokens)
+    if cached_header and usage.cached_tokens is not None:
         headers[cached_header] = str(usage.cached_tokens)
     return headers
 
 
 def usage_comment(usage: Usage, prompt_header: str, cached_header: str) -> bytes:
     """The SSE comment lines carrying the usage headers at the end of a stream."""
-    lines = [f": {name}: {value}\n" for name, value in usage_headers(
-        usage, prompt_header, cached_header).items()]
+    headers = usage_headers(usage, prompt_header, cached_header)
+    if not headers:
+        return b""
+    lines = [f": {name}: {value}\n" for name, value in headers.items()]
     return ("".join(lines) + "\n").encode("ascii")
 
 

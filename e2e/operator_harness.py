@@ -1,0 +1,242 @@
+"""Running `promptcache run` as a subprocess against a test cluster, and measuring it.
+
+Shared by the `test_operator_*.py` modules and `bench/operator_scale.py`. The
+operator is a real process with its own kubeconfig (an admin one, or a
+ServiceAccount token for the RBAC test); tests read its `/metrics` and the API
+server's `apiserver_request_total` to count writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CRD_FILE = ROOT / "crds" / "serving.promptcache.io_promptcachedeployments.yaml"
+RULES_FILE = ROOT / "charts" / "promptcache-operator" / "files" / "clusterrole-rules.yaml"
+WRITE_VERBS = ("POST", "PUT", "PATCH", "APPLY")
+CHILD_RESOURCES = (
+    "promptcachedeployments",
+    "deployments",
+    "services",
+    "configmaps",
+    "serviceaccounts",
+    "roles",
+    "rolebindings",
+    "poddisruptionbudgets",
+    "inferencepools",
+    "httproutes",
+    "secrets",
+)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(cond: Callable[[], Any], what: str, timeout: float = 120, every: float = 0.5) -> Any:
+    """Poll until `cond()` is truthy (returns it); fail naming `what`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(every)
+
+
+def install_crd(kubectl: Callable[..., Any]) -> None:
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
+    kubectl(
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/promptcachedeployments.serving.promptcache.io",
+    )
+
+
+def resource(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
+    """A PromptCacheDeployment with a tiny model and the given spec overrides."""
+    model = {"name": "Qwen/Qwen2.5-0.5B-Instruct", "replicas": 1, **spec.pop("model", {})}
+    return {
+        "apiVersion": "serving.promptcache.io/v1alpha1",
+        "kind": "PromptCacheDeployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"model": model, **spec},
+    }
+
+
+def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
+    for cond in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if cond.get("type") == type_:
+            return dict(cond)
+    return None
+
+
+def parse_prometheus(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Minimal exposition parser: {(name, labels): value} (no TYPE/HELP needed)."""
+    out: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+    line_re = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)")
+    label_re = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = line_re.match(line)
+        if not m:
+            continue
+        labels = frozenset(label_re.findall(m.group(3) or ""))
+        try:
+            out[(m.group(1), labels)] = float(m.group(4))
+        except ValueError:
+            continue
+    return out
+
+
+def metric_sum(
+    samples: dict[tuple[str, frozenset[tuple[str, str]]], float],
+    name: str,
+    **match: str | Iterable[str],
+) -> float:
+    total = 0.0
+    for (sample, labels), value in samples.items():
+        if sample != name:
+            continue
+        d = dict(labels)
+        ok = True
+        for key, want in match.items():
+            allowed = {want} if isinstance(want, str) else set(want)
+            if d.get(key, "") not in allowed:
+                ok = False
+                break
+        if ok:
+            total += value
+    return total
+
+
+def apiserver_writes(
+    kubectl: Callable[..., Any], resources: Iterable[str] = CHILD_RESOURCES
+) -> float:
+    """Write requests the API server has served for these resources (main resource + status)."""
+    text = kubectl("get", "--raw", "/metrics").stdout
+    samples = parse_prometheus(text)
+    return metric_sum(
+        samples,
+        "apiserver_request_total",
+        verb=WRITE_VERBS,
+        resource=tuple(resources),
+        subresource=("", "status"),
+    ) - metric_sum(
+        samples,
+        "apiserver_request_total",
+        verb=WRITE_VERBS,
+        resource=("deployments",),
+        subresource="status",
+    )
+
+
+@dataclass
+class OperatorProcess:
+    """One `promptcache run` subprocess with its health/metrics ports and log file."""
+
+    kubeconfig: Path
+    log_path: Path
+    args: list[str] = field(default_factory=list)
+    health_port: int = field(default_factory=free_port)
+    metrics_port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> OperatorProcess:
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1"}
+        env.pop("POD_NAME", None)
+        argv = [
+            sys.executable, "-m", "promptcache.cli", "run",
+            "--bind-address", "127.0.0.1",
+            "--health-port", str(self.health_port),
+            "--metrics-port", str(self.metrics_port),
+            *self.args,
+        ]  # fmt: skip
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+        log.close()
+        wait_for(self._healthy, f"operator health endpoint ({self.log_tail()})", timeout=60)
+        return self
+
+    def _healthy(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise AssertionError(f"operator exited {self.proc.returncode}:\n{self.log_tail()}")
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.health_port}/healthz", timeout=2
+            ) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    def readyz(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/readyz", timeout=5) as r:
+            return str(r.read().decode().strip())
+
+    def metrics(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5
+        ) as r:
+            return parse_prometheus(r.read().decode())
+
+    def counter(self, name: str, **match: str | Iterable[str]) -> float:
+        return metric_sum(self.metrics(), name, **match)
+
+    def writes(self) -> float:
+        return self.counter(
+            "promptcache_api_requests_total", verb=("POST", "PUT", "PATCH", "DELETE")
+        )
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def log_tail(self, n: int = 40) -> str:
+        return "\n".join(self.log_text().splitlines()[-n:])
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
+
+
+def get_json(kubectl: Callable[..., Any], *args: str) -> Any:
+    proc = kubectl("get", *args, "-o", "json", check=False)
+    if proc.returncode != 0:
+        return None
+    return json.loads(proc.stdout)
+
+
+def apply_yaml(kubectl: Callable[..., Any], *docs: dict[str, Any]) -> None:
+    kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))

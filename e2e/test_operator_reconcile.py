@@ -1,0 +1,288 @@
+"""The operator on a real control plane: children, status, idle resync, drift, scale, GC.
+
+One operator subprocess per module (resync every 2 s so drift and idle windows are
+short), watching one namespace. Fake (kwok) pods become Ready without running
+anything; their loopback IPs let the metrics test serve Prometheus text "from a pod".
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from operator_harness import (
+    OperatorProcess,
+    apiserver_writes,
+    apply_yaml,
+    condition,
+    free_port,
+    get_json,
+    install_crd,
+    resource,
+    wait_for,
+)
+from pytest_cluster import Cluster
+
+pytestmark = pytest.mark.cluster
+
+RESYNC_S = 2.0
+TIMEOUT_S = 180
+CHILD_KINDS = (
+    "deployments", "services", "configmaps", "serviceaccounts", "roles", "rolebindings",
+    "poddisruptionbudgets", "inferencepools",
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def env(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    install_crd(cluster.kubectl)
+    ns = cluster.create_namespace("op")
+    scrape_port = free_port()
+    op = OperatorProcess(
+        kubeconfig=cluster.kubeconfig,
+        log_path=tmp_path_factory.mktemp("op") / "operator.log",
+        args=["-n", ns, "--no-leader-election", "--resync-seconds", str(RESYNC_S),
+              "--scrape-port", str(scrape_port), "--scrape-timeout", "1"],
+    ).start()  # fmt: skip
+    try:
+        yield {"ns": ns, "op": op, "scrape_port": scrape_port}
+    finally:
+        op.stop()
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def pcd(cluster: Cluster, ns: str, name: str) -> Any:
+    return get_json(cluster.kubectl, "pcd", name, "-n", ns)
+
+
+def wait_ready(cluster: Cluster, ns: str, name: str, op: OperatorProcess) -> dict[str, Any]:
+    def ready() -> Any:
+        obj = pcd(cluster, ns, name)
+        cond = condition(obj, "Ready")
+        gen = (obj or {}).get("metadata", {}).get("generation")
+        ok = cond and cond["status"] == "True" and obj["status"].get("observedGeneration") == gen
+        return obj if ok else None
+
+    return dict(wait_for(ready, f"{name} Ready\n{op.log_tail()}", timeout=TIMEOUT_S))
+
+
+def test_children_are_owned_named_and_status_is_complete(
+    cluster: Cluster, env: dict[str, Any]
+) -> None:
+    ns, op = env["ns"], env["op"]
+    apply_yaml(cluster.kubectl, resource("alpha", ns, model={"replicas": 2},
+                                         promptEmbeds={"enabled": True, "cacheGiB": 2},
+                                         engine={"apiServerCount": 2}))  # fmt: skip
+    obj = wait_ready(cluster, ns, "alpha", op)
+    uid = obj["metadata"]["uid"]
+    for kind in (*CHILD_KINDS, "secrets"):
+        items = get_json(cluster.kubectl, kind, "-n", ns, "-l", "app.kubernetes.io/instance=alpha")
+        assert items["items"], f"no {kind} for alpha"
+        for item in items["items"]:
+            refs = item["metadata"].get("ownerReferences") or []
+            assert [(r["uid"], r["controller"], r["blockOwnerDeletion"]) for r in refs] == [
+                (uid, True, True)
+            ], f"{kind}/{item['metadata']['name']}"
+            assert "generateName" not in item["metadata"]
+    status = obj["status"]
+    assert status["replicas"] == 2
+    assert status["readyReplicas"] == 2
+    assert status["selector"] == (
+        "app.kubernetes.io/component=model-server,app.kubernetes.io/instance=alpha,"
+        "app.kubernetes.io/name=promptcache"
+    )
+    assert status["promptEmbeds"] == {
+        "perPodBytes": 4 * 2**30, "totalBytes": 8 * 2**30, "perPod": "4Gi",
+    }  # fmt: skip
+    types = {c["type"]: c for c in status["conditions"]}
+    assert set(types) == {"Ready", "Progressing", "Degraded", "GatewayReady"}
+    for cond in types.values():
+        assert set(cond) >= {"type", "status", "reason", "message", "lastTransitionTime"}
+    assert types["Degraded"]["status"] == "False"
+    assert types["GatewayReady"]["reason"] in ("NoRoute", "ReplicasNotReady")
+    secret = get_json(cluster.kubectl, "secret", "alpha-salt", "-n", ns)
+    key = base64.b64decode(secret["data"]["salt-key"]).decode()
+    assert len(key) == 64
+    assert int(key, 16) >= 0
+    assert key not in op.log_text(), "the salt key must never be logged"
+    events = get_json(cluster.kubectl, "events", "-n", ns,
+                      "--field-selector", "involvedObject.name=alpha")  # fmt: skip
+    assert any(e["reason"] == "Available" for e in events["items"]), "no Ready transition Event"
+
+
+def test_idle_resync_writes_nothing(cluster: Cluster, env: dict[str, Any]) -> None:
+    ns, op = env["ns"], env["op"]
+    apply_yaml(cluster.kubectl, resource("idle", ns))
+    wait_ready(cluster, ns, "idle", op)
+    # Let the rollout's last status updates settle: two resyncs in a row without a write.
+    wait_for(
+        lambda: _quiet(op, 2 * RESYNC_S + 1), "the operator to go quiet", timeout=120, every=0.1
+    )
+    server_before, client_before = apiserver_writes(cluster.kubectl), op.writes()
+    resyncs_before = op.counter("promptcache_reconciles_total", trigger="resync")
+    wait_for(lambda: op.counter("promptcache_reconciles_total", trigger="resync")
+             >= resyncs_before + 6, "six resyncs", timeout=120)  # fmt: skip
+    assert op.writes() - client_before == 0
+    assert apiserver_writes(cluster.kubectl) - server_before == 0
+
+
+def _quiet(op: OperatorProcess, window_s: float) -> bool:
+    before = op.writes()
+    time.sleep(window_s)  # the measurement window itself, not a synchronisation
+    return op.writes() == before
+
+
+def test_drift_on_owned_fields_is_reverted_foreign_changes_stay(
+    cluster: Cluster, env: dict[str, Any]
+) -> None:
+    ns, op = env["ns"], env["op"]
+    apply_yaml(
+        cluster.kubectl, resource("drift", ns, promptEmbeds={"enabled": True, "cacheGiB": 3})
+    )
+    wait_ready(cluster, ns, "drift", op)
+    cluster.kubectl("-n", ns, "set", "image", "deployment/drift", "vllm=evil/vllm:latest")
+    cluster.kubectl("-n", ns, "set", "env", "deployment/drift", "-c", "cache-front",
+                    "SG_PROMPT_EMBEDS_CACHE_GIB=99")  # fmt: skip
+    cluster.kubectl("-n", ns, "annotate", "deployment/drift", "team.example.com/owner=me")
+
+    def restored() -> bool:
+        dep = get_json(cluster.kubectl, "deployment", "drift", "-n", ns)
+        containers = {c["name"]: c for c in dep["spec"]["template"]["spec"]["containers"]}
+        env_vars = {e["name"]: e.get("value") for e in containers["cache-front"]["env"]}
+        return (
+            containers["vllm"]["image"] != "evil/vllm:latest"
+            and env_vars.get("SG_PROMPT_EMBEDS_CACHE_GIB") == "3"
+        )
+
+    wait_for(restored, f"drift reverted\n{op.log_tail()}", timeout=TIMEOUT_S)
+    dep = get_json(cluster.kubectl, "deployment", "drift", "-n", ns)
+    assert dep["metadata"]["annotations"]["team.example.com/owner"] == "me"
+
+
+def test_scale_subresource(cluster: Cluster, env: dict[str, Any]) -> None:
+    ns, op = env["ns"], env["op"]
+    apply_yaml(cluster.kubectl, resource("scaled", ns))
+    wait_ready(cluster, ns, "scaled", op)
+    cluster.kubectl("-n", ns, "scale", "pcd/scaled", "--replicas", "3")
+    wait_for(lambda: (pcd(cluster, ns, "scaled")["status"].get("readyReplicas") == 3),
+             f"3 ready replicas\n{op.log_tail()}", timeout=TIMEOUT_S)  # fmt: skip
+    scale = json.loads(cluster.kubectl(
+        "get", "--raw",
+        f"/apis/serving.promptcache.io/v1alpha1/namespaces/{ns}/promptcachedeployments/scaled/scale",
+    ).stdout)  # fmt: skip
+    assert scale["spec"]["replicas"] == 3
+    assert scale["status"]["replicas"] == 3
+    pods = get_json(cluster.kubectl, "pods", "-n", ns, "-l", scale["status"]["selector"])
+    assert len(pods["items"]) == 3
+    assert all(p["metadata"]["labels"]["app.kubernetes.io/instance"] == "scaled"
+               for p in pods["items"])  # fmt: skip
+
+
+class _Metrics(BaseHTTPRequestHandler):
+    body = b""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+VLLM_METRICS = """\
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",num_gpu_blocks="%d",cache_dtype="auto"} 1.0
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{model_name="m",engine="0"} 400.0
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{model_name="m",engine="0"} %d.0
+"""
+
+
+def test_prefix_cache_settings_come_from_the_pods_metrics(
+    cluster: Cluster, env: dict[str, Any]
+) -> None:
+    if not cluster.loopback_pod_ips:
+        pytest.skip("pod IPs are not loopback addresses on this cluster")
+    ns, op = env["ns"], env["op"]
+    apply_yaml(cluster.kubectl, resource("scraped", ns, model={"replicas": 2}))
+    wait_ready(cluster, ns, "scraped", op)
+    pods = get_json(
+        cluster.kubectl,
+        "pods",
+        "-n",
+        ns,
+        "-l",
+        "app.kubernetes.io/instance=scraped,app.kubernetes.io/component=model-server",
+    )
+    servers = []
+    for i, pod in enumerate(pods["items"]):
+        handler = type(
+            f"M{i}", (_Metrics,), {"body": (VLLM_METRICS % (2048 - i, 100 * (i + 1))).encode()}
+        )
+        server = ThreadingHTTPServer((pod["status"]["podIP"], env["scrape_port"]), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+    try:
+
+        def scraped() -> Any:
+            st = pcd(cluster, ns, "scraped")["status"].get("prefixCache") or {}
+            return st if st.get("scrapedPods") == 2 else None
+
+        st = wait_for(scraped, f"prefixCache scraped\n{op.log_tail()}", timeout=TIMEOUT_S)
+        assert st == {"scrapedPods": 2, "blockSize": 16, "effectiveBlockSizeTokens": 64,
+                      "numGpuBlocks": 2047, "hitRatio": 0.375}  # fmt: skip
+        table = cluster.kubectl("get", "pcd", "scraped", "-n", ns).stdout
+        assert "HIT-RATIO" in table
+        assert "0.375" in table
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+
+
+def test_salt_secret_survives_an_operator_restart(
+    cluster: Cluster, env: dict[str, Any], tmp_path: Path
+) -> None:
+    ns, op = env["ns"], env["op"]
+    apply_yaml(cluster.kubectl, resource("salty", ns))
+    wait_ready(cluster, ns, "salty", op)
+    before = get_json(cluster.kubectl, "secret", "salty-salt", "-n", ns)
+    op.stop()
+    op.start()
+    resumed = op.counter("promptcache_reconciles_total", trigger="resume")
+    wait_for(lambda: op.counter("promptcache_reconciles_total", trigger="resume") >= 1,
+             f"resume after restart\n{op.log_tail()}", timeout=TIMEOUT_S)  # fmt: skip
+    assert resumed >= 0
+    after = get_json(cluster.kubectl, "secret", "salty-salt", "-n", ns)
+    assert after["data"] == before["data"]
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+
+
+def test_deleting_the_resource_leaves_nothing(cluster: Cluster, env: dict[str, Any]) -> None:
+    ns, op = env["ns"], env["op"]
+    apply_yaml(cluster.kubectl, resource("doomed", ns))
+    wait_ready(cluster, ns, "doomed", op)
+    cluster.kubectl("-n", ns, "delete", "pcd", "doomed", "--wait=true", "--timeout=60s")
+
+    def gone() -> bool:
+        for kind in (*CHILD_KINDS, "secrets", "pods", "replicasets"):
+            items = get_json(
+                cluster.kubectl, kind, "-n", ns, "-l", "app.kubernetes.io/instance=doomed"
+            )
+            if items["items"]:
+                return False
+        return True
+
+    wait_for(gone, "garbage collection of every child", timeout=TIMEOUT_S)
+    assert op.alive()

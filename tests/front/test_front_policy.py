@@ -13,6 +13,7 @@ from multidict import CIMultiDict
 from promptcache.contract import IsolationMode
 from promptcache.front.errors import FrontError
 from promptcache.front.policy import Isolation, apply_policy
+from promptcache.front.references import serialize
 from promptcache.front.salt import (
     UNCACHEABLE_SALT_PREFIX,
     derive_salt,
@@ -126,3 +127,22 @@ def test_sse_relay_output_does_not_depend_on_chunking(
     assert got == expected
     assert got.endswith(b": p: 9\n: c: 3\n\ndata: [DONE]\n\n")
     assert (b'"usage"' in got) is not strip
+
+
+base64_text = st.text(
+    alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=", max_size=60
+)
+
+
+@given(
+    payloads=st.lists(base64_text | st.text(max_size=20), min_size=1, max_size=5),
+    extra=st.dictionaries(st.text(max_size=8), json_values, max_size=4),
+)
+def test_serialize_is_exactly_compact_json_dumps(
+    payloads: list[str], extra: dict[str, Any]
+) -> None:
+    body: dict[str, Any] = {**extra, "prompt_embeds": list(payloads)}
+    placed = [(body["prompt_embeds"], i) for i in range(len(payloads))]
+    expected = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    assert serialize(body, placed) == expected
+    assert body["prompt_embeds"] == payloads  # the body is left as it was

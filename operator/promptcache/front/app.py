@@ -27,7 +27,7 @@ from promptcache.front import errors
 from promptcache.front.errors import FrontError
 from promptcache.front.metrics import CONTENT_TYPE, FrontMetrics, merge_expositions
 from promptcache.front.policy import SALTED_PATHS, STREAMING_USAGE_PATHS, Isolation, apply_policy
-from promptcache.front.references import KindIndex, VerifiedLike, resolve
+from promptcache.front.references import KindIndex, VerifiedLike, resolve, serialize
 from promptcache.front.settings import FrontSettings
 from promptcache.front.usage import SseRelay, relay, usage_from, usage_headers
 
@@ -281,7 +281,7 @@ async def _proxy(
             state.metrics.bytes_saved.inc(max(outcome.bytes_saved, 0))
         if outcome.uploads_verified:
             state.metrics.uploads.labels(result="verified").inc(outcome.uploads_verified)
-        data = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        data = serialize(body, outcome.placed)
         limit = settings.max_body_bytes * FORWARD_EXPANSION
         if len(data) > limit:
             raise FrontError(

@@ -241,8 +241,8 @@ def unrotate(y: Tensor, seed: int = DEFAULT_SEED) -> Tensor:
 def _pack(codes: Tensor, bits: int) -> Tensor:
     """Pack uint8 codes LSB-first into a byte stream: code k holds stream bits [k*b, k*b+b).
 
-    Widths dividing 8 pack within a byte (cheap uint8 shifts); 3 bits packs eight
-    codes into a 24-bit little-endian word.
+    Widths dividing 8 pack within a byte; 3 bits packs eight codes into three
+    bytes. Both stay in uint8 (no widening), which keeps packing memory-bound.
     """
     count = codes.numel()
     per = 8 // bits if 8 % bits == 0 else 8
@@ -254,12 +254,16 @@ def _pack(codes: Tensor, bits: int) -> Tensor:
         for j in range(1, per):
             out |= groups[:, j] << (j * bits)
         return out
-    wide = groups.to(torch.int32)
-    word = wide[:, 0].clone()
-    for j in range(1, 8):
-        word |= wide[:, j] << (j * bits)
-    packed = torch.stack([(word >> (8 * i)) & 0xFF for i in range(bits)], 1).to(torch.uint8)
-    return packed.reshape(-1)[: -(-count * bits // 8)]
+    c = groups  # 3 bits: eight codes -> three bytes, spelled out in uint8
+    out3 = torch.stack(
+        (
+            c[:, 0] | (c[:, 1] << 3) | ((c[:, 2] & 3) << 6),
+            (c[:, 2] >> 2) | (c[:, 3] << 1) | (c[:, 4] << 4) | ((c[:, 5] & 1) << 7),
+            (c[:, 5] >> 1) | (c[:, 6] << 2) | (c[:, 7] << 5),
+        ),
+        1,
+    )
+    return out3.reshape(-1)[: -(-count * bits // 8)]
 
 
 def _unpack(packed: Tensor, bits: int, count: int) -> Tensor:
@@ -270,14 +274,23 @@ def _unpack(packed: Tensor, bits: int, count: int) -> Tensor:
         codes = torch.stack([(packed >> (j * bits)) & mask for j in range(per)], 1)
         return codes.reshape(-1)[:count]
     groups = -(-count // 8)
-    padded = torch.zeros(groups * bits, dtype=torch.uint8)
+    padded = torch.zeros(groups * 3, dtype=torch.uint8)
     padded[: packed.numel()] = packed
-    rows = padded.view(groups, bits).to(torch.int32)
-    word = rows[:, 0].clone()
-    for i in range(1, bits):
-        word |= rows[:, i] << (8 * i)
-    wide = torch.stack([(word >> (j * bits)) & mask for j in range(8)], 1)
-    return wide.reshape(-1)[:count].to(torch.uint8)
+    b = padded.view(groups, 3)
+    codes3 = torch.stack(
+        (
+            b[:, 0],
+            b[:, 0] >> 3,
+            (b[:, 0] >> 6) | (b[:, 1] << 2),
+            b[:, 1] >> 1,
+            b[:, 1] >> 4,
+            (b[:, 1] >> 7) | (b[:, 2] << 1),
+            b[:, 2] >> 2,
+            b[:, 2] >> 5,
+        ),
+        1,
+    )
+    return (codes3 & mask).reshape(-1)[:count]
 
 
 # --- the codec -----------------------------------------------------------------

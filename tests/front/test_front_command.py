@@ -116,8 +116,9 @@ async def test_short_secret_is_refused(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 async def test_real_process_serves_and_stops_on_sigterm(
-    tmp_path: Path, standin: tuple[StandinUpstream, str]
+    tmp_path: Path, standin: tuple[StandinUpstream, str], workers: int
 ) -> None:
     upstream, upstream_url = standin
     secret = b"k" * 32
@@ -128,7 +129,7 @@ async def test_real_process_serves_and_stops_on_sigterm(
            "SG_PROMPT_EMBEDS_CACHE_GIB": "0.01"}
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "promptcache.front", "--upstream", upstream_url,
-        "--listen", f"127.0.0.1:{port}", env=env,
+        "--listen", f"127.0.0.1:{port}", "--workers", str(workers), env=env,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
     )
     base = f"http://127.0.0.1:{port}"
@@ -145,12 +146,13 @@ async def test_real_process_serves_and_stops_on_sigterm(
                 await asyncio.sleep(0.1)
             else:
                 pytest.fail("the front never became ready")
-            async with http.post(
-                base + "/v1/chat/completions",
-                json={"model": "m", "messages": [], "prompt_cache_isolation_key": "t"},
-            ) as resp:
-                assert resp.status == 200
-                assert resp.headers["dashflow-prompt-tokens"] == "42"
+            for _ in range(2 * workers):  # new connections: each may reach another process
+                async with aiohttp.ClientSession() as fresh, fresh.post(
+                    base + "/v1/chat/completions",
+                    json={"model": "m", "messages": [], "prompt_cache_isolation_key": "t"},
+                ) as resp:
+                    assert resp.status == 200
+                    assert resp.headers["dashflow-prompt-tokens"] == "42"
             async with http.get(base + "/metrics") as resp:
                 text = await resp.text()
         assert json.loads(upstream.requests[-1].body)["cache_salt"] == derive_salt(secret, "t")

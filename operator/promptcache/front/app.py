@@ -319,6 +319,7 @@ async def _forward(
             return await _relay(request, state, path, upstream, strip_usage)
     except aiohttp.ClientConnectorError as exc:
         state.metrics.upstream_errors.labels(kind="connect").inc()
+        log.warning("model server unreachable at %s: %s", settings.upstream_base, exc)
         raise FrontError(
             503, errors.UPSTREAM_UNAVAILABLE,
             f"the model server is not accepting connections ({exc.os_error.strerror or exc}); "
@@ -332,6 +333,7 @@ async def _forward(
         ) from None
     except aiohttp.ClientError as exc:
         state.metrics.upstream_errors.labels(kind="failed").inc()
+        log.warning("model server failed on %s: %r", path, exc)
         raise FrontError(
             502, errors.UPSTREAM_FAILED,
             f"the model server failed while answering: {type(exc).__name__}",

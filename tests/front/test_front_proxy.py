@@ -561,3 +561,20 @@ async def test_byte_budget_full_answers_503_and_frees_after(
     assert (await first)[0] == 200
     upstream.response_delay = 0
     assert (await _post(http, front.url + CHAT, body))[0] == 200
+
+
+async def test_client_leaving_a_stream_cancels_the_upstream_stream(
+    standin: Standin, make_front: MakeFront, http: aiohttp.ClientSession
+) -> None:
+    upstream, _ = standin
+    upstream.chunks, upstream.chunk_delay = 20, 0.5
+    front = await make_front()
+    async with http.post(front.url + CHAT, json=_chat(stream=True)) as resp:
+        first = await resp.content.readuntil(b"\n\n")
+        assert first.startswith(b"data: ")
+        resp.close()  # drop the connection mid-stream
+    for _ in range(200):
+        if upstream.cancelled:
+            break
+        await asyncio.sleep(0.05)
+    assert upstream.cancelled == 1

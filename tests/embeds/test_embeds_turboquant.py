@@ -298,3 +298,12 @@ def test_decode_refuses_integer_dtypes() -> None:
         ValueError, match=r"decode produces floating-point tensors, not torch\.int8"
     ):
         decode(good(), torch.int8)
+
+
+def test_decode_respects_a_dense_size_cap() -> None:
+    payload = encode(torch.randn(4, 64), 1)  # 256 elements
+    assert decode(payload, torch.bfloat16, max_dense_bytes=512).shape == (4, 64)
+    with pytest.raises(
+        ValueError, match="decoded TurboQuant tensor would be 1024 bytes; the limit is 1023"
+    ):
+        decode(payload, torch.float32, max_dense_bytes=1023)

@@ -408,7 +408,12 @@ def _decode_fields(fields: TurboQuantFields, dtype: torch.dtype) -> Tensor:
     return out.reshape(fields.shape)
 
 
-def decode(payload: Mapping[str, object], dtype: torch.dtype | None = None) -> Tensor:
+def decode(
+    payload: Mapping[str, object],
+    dtype: torch.dtype | None = None,
+    *,
+    max_dense_bytes: int | None = None,
+) -> Tensor:
     """Rebuild the dense tensor a `TurboQuantPayload` stands for, the way vLLM accepts it.
 
     The result has the payload's original shape (`(num_tokens, hidden)` or
@@ -416,12 +421,22 @@ def decode(payload: Mapping[str, object], dtype: torch.dtype | None = None) -> T
     dtype). It depends on `dtype` and the codec version: key any cache of decoded
     tensors by `decode_namespace(dtype)`.
 
+    `max_dense_bytes` bounds the tensor decode would allocate: a 1-bit payload
+    expands 16x into bf16 and 32x into float32, so a server that caps uploads
+    should cap this too (vLLM densifies at most VLLM_MAX_EMBED_DECODE_BYTES, 2 GiB).
+
     Raises:
         TypeError: a field that must be a tensor is not one.
-        ValueError: a malformed payload, or a non-floating `dtype`.
+        ValueError: a malformed payload, a non-floating `dtype`, or a result larger
+            than `max_dense_bytes`.
     """
     fields = validate_turboquant(payload)
     target = TURBOQUANT_DTYPES[fields.dtype] if dtype is None else dtype
     if not target.is_floating_point:
         raise ValueError(f"decode produces floating-point tensors, not {target}")
+    dense_bytes = fields.rows * fields.dim * target.itemsize
+    if max_dense_bytes is not None and dense_bytes > max_dense_bytes:
+        raise ValueError(
+            f"decoded TurboQuant tensor would be {dense_bytes} bytes; the limit is {max_dense_bytes}"
+        )
     return _decode_fields(fields, target)

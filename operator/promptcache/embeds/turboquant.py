@@ -437,6 +437,7 @@ def decode(
     dense_bytes = fields.rows * fields.dim * target.itemsize
     if max_dense_bytes is not None and dense_bytes > max_dense_bytes:
         raise ValueError(
-            f"decoded TurboQuant tensor would be {dense_bytes} bytes; the limit is {max_dense_bytes}"
+            f"decoded TurboQuant tensor would be {dense_bytes} bytes; "
+            f"the limit is {max_dense_bytes}"
         )
     return _decode_fields(fields, target)

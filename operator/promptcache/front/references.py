@@ -353,36 +353,50 @@ async def _verify_uploads(
     return verified
 
 
+_BASE64_ALPHABET: Final = (
+    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/="
+)
+
+
+def _as_plain_json_text(value: object) -> bytes | None:
+    """The ASCII bytes of a string JSON encodes verbatim (base64), else None."""
+    if not isinstance(value, str) or not value.isascii():
+        return None
+    raw = value.encode("ascii")
+    return raw if not raw.translate(None, _BASE64_ALPHABET) else None
+
+
 def serialize(body: dict[str, Any], placed: list[tuple[Any, Any]]) -> bytes:
     """`json.dumps(body)` compactly, without running the encoder over the payloads.
 
-    Payloads are most of a request's bytes and are base64 (verified strictly, so
-    no character needs JSON escaping): each is swapped for a short placeholder,
-    the small rest is encoded, and the payloads are spliced back in. The result
-    is byte for byte what `json.dumps(body, ensure_ascii=False,
-    separators=(",", ":"))` gives, at a fraction of the cost on large bodies.
+    Payloads are most of a request's bytes and are base64, which JSON encodes
+    verbatim: each is swapped for a short placeholder, the small rest is
+    encoded, and the payloads are spliced back in. The result is byte for byte
+    what `json.dumps(body, ensure_ascii=False, separators=(",", ":"))` gives, at
+    a fraction of the cost on large bodies; anything not base64 is left to the
+    encoder.
     """
-    payloads: list[str] = []
+    payloads: list[bytes] = []
+    originals: list[str] = []
     marker = f"promptcache-slot-{secrets.token_hex(8)}-"
     for container, key in placed:
-        value = container[key]
-        if isinstance(value, str) and value.isascii() and '"' not in value \
-                and "\\" not in value and value.isprintable():
+        raw = _as_plain_json_text(container[key])
+        if raw is not None:
+            originals.append(container[key])
             container[key] = f"{marker}{len(payloads)}"
-            payloads.append(value)
+            payloads.append(raw)
     try:
         text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
     finally:
         for container, key in placed:
             value = container[key]
             if isinstance(value, str) and value.startswith(marker):
-                container[key] = payloads[int(value[len(marker):])]
+                container[key] = originals[int(value[len(marker):])]
     if not payloads:
         return text.encode("utf-8")
     pieces = text.split(f'"{marker}')
     out = [pieces[0].encode("utf-8")]
     for piece in pieces[1:]:
         index, _, rest = piece.partition('"')
-        out.append(b'"' + payloads[int(index)].encode("ascii") + b'"')
-        out.append(rest.encode("utf-8"))
+        out.extend((b'"', payloads[int(index)], b'"', rest.encode("utf-8")))
     return b"".join(out)

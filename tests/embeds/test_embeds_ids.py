@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import blake3
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -282,3 +283,16 @@ def test_non_dense_tensors_are_value_errors() -> None:
     for message, tensor in cases.items():
         with pytest.raises(ValueError, match=message):
             compute_prompt_embeds_id(tensor)
+
+
+def test_contiguous_cpu_tensors_are_hashed_in_place() -> None:
+    """No copy for the common case: the hashed buffer is the tensor's own storage."""
+    from promptcache.embeds.ids import _element_bytes
+
+    base = torch.randn(64, 128).to(torch.bfloat16)
+    for t in (base, base[8:16]):  # a contiguous view with a storage offset too
+        view = _element_bytes(t)
+        assert np.frombuffer(view, dtype=np.uint8).ctypes.data == t.data_ptr()
+        assert view.nbytes == t.numel() * t.element_size()
+    strided = base[:, ::2]
+    assert np.frombuffer(_element_bytes(strided), dtype=np.uint8).ctypes.data != strided.data_ptr()

@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from promptcache.contract import FrontEnv, IsolationMode
-from promptcache.front.command import add_arguments, register, run, settings_from
+from promptcache.front.command import OPTIONS, add_arguments, register, run, settings_from
 from promptcache.front.salt import derive_salt
 from promptcache.front.settings import FrontSettings, SettingsError
 from promptcache.front.standin import StandinUpstream
@@ -164,3 +164,22 @@ async def test_real_process_serves_and_stops_on_sigterm(
         proc.send_signal(signal.SIGTERM)
         await asyncio.wait_for(proc.wait(), 60)
     assert proc.returncode == 0
+
+
+def test_every_front_env_variable_has_a_flag() -> None:
+    names = {value for key, value in vars(FrontEnv).items() if key.isupper()}
+
+    assert names <= {opt.env for opt in OPTIONS}
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    help_text = parser.format_help()
+    assert all(name in help_text for name in names)
+
+
+def test_empty_header_env_switches_the_header_off() -> None:
+    env = {FrontEnv.PROMPT_TOKENS_HEADER: "", FrontEnv.SESSION_HEADER: "",
+           FrontEnv.UPSTREAM: ""}
+    settings = settings_from(_parse([]), env)
+    assert settings.prompt_tokens_header == ""
+    assert settings.session_header == ""
+    assert settings.upstream == FrontSettings().upstream  # empty means unset elsewhere

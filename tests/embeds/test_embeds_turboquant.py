@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import math
 import re
+import struct
 from typing import Any
 
+import blake3
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -307,3 +310,64 @@ def test_decode_respects_a_dense_size_cap() -> None:
         ValueError, match="decoded TurboQuant tensor would be 1024 bytes; the limit is 1023"
     ):
         decode(payload, torch.float32, max_dense_bytes=1023)
+
+
+def _doc_xof(purpose: str, seed: int, n: int, length: int) -> bytes:
+    key = b"promptcache-turboquant/v1/" + purpose.encode() + struct.pack("<QQ", seed, n)
+    return blake3.blake3(key).digest(length=length)
+
+
+def _doc_rotation_matrix(purpose: str, seed: int, d: int) -> np.ndarray:
+    """R = K S2 P K S1 built with numpy straight from docs/prompt-embeds.md."""
+    k = (d & -d).bit_length() - 1
+    m = d >> k
+    h = np.array([[1.0]])
+    while h.shape[0] < 1 << k:
+        h = np.block([[h, h], [h, -h]])
+    h /= math.sqrt(1 << k)
+    if m > 1:
+        count = m * m + (m * m) % 2
+        words = np.frombuffer(_doc_xof("odd-orthogonal", seed, m, 8 * count), dtype="<u8")
+        u = ((words >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
+        r = np.sqrt(-2 * np.log(u[0::2]))
+        normals = np.stack([r * np.cos(2 * np.pi * u[1::2]), r * np.sin(2 * np.pi * u[1::2])], 1)
+        q, rr = np.linalg.qr(normals.reshape(-1)[: m * m].reshape(m, m))
+        q = q * np.sign(np.diag(rr))
+    else:
+        q = np.eye(1)
+    kron = np.kron(h, q)
+
+    def signs(name: str) -> np.ndarray:
+        raw = np.frombuffer(_doc_xof(f"{purpose}/{name}", seed, d, -(-d // 8)), dtype=np.uint8)
+        bits = np.unpackbits(raw, bitorder="little")[:d]
+        return np.diag(1.0 - 2.0 * bits)
+
+    words = np.frombuffer(_doc_xof(f"{purpose}/p", seed, d, 8 * max(d - 1, 1)), dtype="<u8")
+    order = list(range(d))
+    for step, i in enumerate(range(d - 1, 0, -1)):
+        j = int(words[step] % np.uint64(i + 1))
+        order[i], order[j] = order[j], order[i]
+    perm = np.zeros((d, d))
+    perm[np.arange(d), order] = 1.0
+    return kron @ signs("s2") @ perm @ kron @ signs("s1")
+
+
+@pytest.mark.parametrize("d", [1, 6, 64, 96, 640])
+def test_rotation_matches_the_documented_construction(d: int) -> None:
+    x = torch.randn(5, d, dtype=torch.float32)
+    expected = x.double().numpy() @ _doc_rotation_matrix("rotation", 11, d).T
+    assert np.allclose(rotate(x, 11).double().numpy(), expected, atol=1e-5)
+
+
+def test_decode_matches_the_documented_formula() -> None:
+    """Rebuild a 3-bit payload's rows from the doc: x = norm * R^T (c[code] / sqrt(d))."""
+    d, rows = 96, 3
+    payload = encode(torch.randn(rows, d), 3, seed=5)
+    half = [0.245094179, 0.756005281, 1.34390928, 2.1519457]
+    book = np.array([-v for v in reversed(half)] + half)
+    stream = int.from_bytes(bytes(payload["codes"].tolist()), "little")
+    codes = np.array([(stream >> (3 * k)) & 7 for k in range(rows * d)]).reshape(rows, d)
+    unit = book[codes] / math.sqrt(d)
+    rot = _doc_rotation_matrix("rotation", 5, d)
+    expected = payload["norms"].double().numpy()[:, None] * (unit @ rot)
+    assert np.allclose(decode(payload, torch.float64).numpy(), expected, atol=1e-5)

@@ -325,3 +325,29 @@ async def test_named_reupload_of_a_cached_payload_is_trusted_only_when_identical
     assert status == 400
     assert answer["error"]["code"] == "prompt_embeds_id_mismatch"
     assert front.cache.get(p.identifier) == p.data
+
+
+async def test_identical_reupload_is_not_loaded_again_but_a_different_one_is() -> None:
+    from promptcache.embeds.cache import PromptEmbedsCache
+    from promptcache.front.references import KindIndex, resolve
+    from promptcache.front.verify import verify_payload
+
+    calls: list[str] = []
+
+    async def verifier(b64: str) -> Any:
+        calls.append(b64)
+        return verify_payload(b64, max_bytes=1 << 20, dense_dtype="auto")
+
+    cache, kinds = PromptEmbedsCache(1 << 24), KindIndex()
+    p, q = _payload(100), _payload(101)
+    for _ in range(2):
+        body = {"prompt_embeds": [p.data]}
+        await resolve(COMPLETIONS, body, cache=cache, scope=None, verifier=verifier, kinds=kinds)
+        assert body["prompt_embeds"] == [p.data]
+    assert calls == [p.data]
+    # the same text in another scope is not held there: verified again
+    await resolve(COMPLETIONS, {"prompt_embeds": [p.data]}, cache=cache, scope="other",
+                  verifier=verifier, kinds=kinds)
+    await resolve(COMPLETIONS, {"prompt_embeds": [q.data]}, cache=cache, scope=None,
+                  verifier=verifier, kinds=kinds)
+    assert calls == [p.data, p.data, q.data]

@@ -88,15 +88,20 @@ class Outcome:
 
 
 class KindIndex:
-    """Remembers which cached identifiers are TurboQuant, so a dense hit needs no decode.
+    """What the front learnt from payloads it verified, to avoid verifying them twice.
 
-    Bounded LRU of identifier → is-TurboQuant; forgetting an entry only costs one
-    extra decode on the next hit, never a wrong answer.
+    Two bounded LRU maps: identifier → is-TurboQuant (a dense hit then needs no
+    decode), and `hash(payload text)` → identifier (an unnamed re-upload then
+    finds its identifier without a `torch.load`). Neither is trusted alone: a
+    payload is only taken as verified when it is string-equal to the cached,
+    verified payload; forgetting an entry costs one extra decode, never a wrong
+    answer.
     """
 
     def __init__(self, capacity: int = 100_000) -> None:
         self._capacity = capacity
         self._kinds: OrderedDict[str, bool] = OrderedDict()
+        self._by_text: OrderedDict[int, str] = OrderedDict()
 
     def get(self, identifier: str) -> bool | None:
         kind = self._kinds.get(identifier)
@@ -104,11 +109,21 @@ class KindIndex:
             self._kinds.move_to_end(identifier)
         return kind
 
-    def set(self, identifier: str, turboquant: bool) -> None:
+    def set(self, identifier: str, turboquant: bool, payload: str | None = None) -> None:
         self._kinds[identifier] = turboquant
         self._kinds.move_to_end(identifier)
         while len(self._kinds) > self._capacity:
             self._kinds.popitem(last=False)
+        if payload is not None:
+            key = hash(payload)
+            self._by_text[key] = identifier
+            self._by_text.move_to_end(key)
+            while len(self._by_text) > self._capacity:
+                self._by_text.popitem(last=False)
+
+    def identifier_of(self, payload: str) -> str | None:
+        """The identifier a payload with this text had when it was verified, if known."""
+        return self._by_text.get(hash(payload))
 
 
 def _bad_id(param: str, value: object) -> FrontError:
@@ -229,17 +244,21 @@ class _Known:
 def _already_verified(
     slot: _Slot, cache: CacheLike | None, scope: str | None, kinds: KindIndex
 ) -> _Known | None:
-    """A dense upload identical to what this scope already holds under the named id.
+    """A dense upload identical to what this scope already holds under its identifier.
 
     The cached string was verified to hash to that identifier when it was stored,
     so an exact string match needs no second torch.load: a client that re-sends
-    payloads (but names them) costs a lookup, not a decode.
+    payloads costs a lookup and a comparison, not a decode. The identifier is the
+    one the client named, or the one this text had when it was last verified.
     """
-    if cache is None or slot.named_id is None or kinds.get(slot.named_id) is not False:
+    if cache is None:
         return None
-    if cache.get(slot.named_id, scope) != slot.value:
+    identifier = slot.named_id or kinds.identifier_of(slot.value)
+    if identifier is None or kinds.get(identifier) is not False:
         return None
-    return _Known(identifier=slot.named_id, turboquant=False, forward=slot.value)
+    if cache.get(identifier, scope) != slot.value:
+        return None
+    return _Known(identifier=identifier, turboquant=False, forward=slot.value)
 
 
 async def resolve(
@@ -270,7 +289,7 @@ async def resolve(
     outcome.placed = [(slot.container, slot.key) for slot in slots]
     for slot, result in verified:
         slot.container[slot.key] = result.forward
-        kinds.set(result.identifier, result.turboquant)
+        kinds.set(result.identifier, result.turboquant, slot.value)
         if cache is not None and cache.put(result.identifier, slot.value, scope):
             outcome.stored += 1
     for slot, payload in hits:

@@ -23,7 +23,7 @@ import yaml
 from epp.binary import find_epp_binary, missing_reason
 from epp.extproc import ExtProcClient, chat_body
 from epp.fake_pod import VllmMetrics
-from epp.launch import Launcher, routing_patch
+from epp.launch import Launcher, routing_patch, shape_patch
 from epp.pool import PoolOnCluster
 from epp.rendered import example_files
 from epp.scenarios import handicap, prefixed, settle_index, unique_text, wait_scrapes
@@ -78,7 +78,7 @@ def log_records(text: str) -> list[dict[str, Any]]:
 def test_epp_starts_on_every_generated_config(
     launch: Launcher, example: Path, with_front: bool
 ) -> None:
-    pool = launch(example, spec_patch={"front": {"enabled": with_front}})
+    pool = launch(example, spec_patch=shape_patch(with_front))
     assert pool.epp is not None
     config = pool.rendered.epp_config
     records = log_records(pool.epp.log())

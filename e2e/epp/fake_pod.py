@@ -10,6 +10,7 @@ It binds only the loopback address it is given.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from dataclasses import dataclass, field
@@ -192,9 +193,10 @@ class FakePod:
         return self
 
     def stop(self) -> None:
-        self._server.shutdown()
+        if self._thread.is_alive():  # shutdown() would wait forever on a never-started server
+            self._server.shutdown()
+            self._thread.join(timeout=5)
         self._server.server_close()
-        self._thread.join(timeout=5)
 
     def set(self, **values: Any) -> None:
         """Change reported metrics, e.g. `pod.set(waiting=50, kv_cache_usage=0.99)`."""
@@ -203,6 +205,11 @@ class FakePod:
                 if not hasattr(self._state.metrics, key):
                     raise AttributeError(f"VllmMetrics has no field {key!r}")
                 setattr(self._state.metrics, key, value)
+
+    def snapshot(self) -> VllmMetrics:
+        """A copy of the values currently reported."""
+        with self._state.lock:
+            return dataclasses.replace(self._state.metrics)
 
     @property
     def scrapes(self) -> int:

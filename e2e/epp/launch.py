@@ -17,11 +17,21 @@ from .pool import ClusterLike, PoolOnCluster
 from .rendered import EXAMPLES, Rendered, load_example, render_resource
 
 
+def shape_patch(with_front: bool) -> dict[str, Any]:
+    """Spec changes for a pod without the cache front: what needs the front goes too."""
+    if with_front:
+        return {"front": {"enabled": True}}
+    return {
+        "front": {"enabled": False, "usageHeaders": {"enabled": False}},
+        "isolation": {"mode": "Shared"},
+    }
+
+
 def routing_patch(
     replicas: int = 4, with_front: bool = False, session: bool = False
 ) -> dict[str, Any]:
     """Spec changes for routing tests: N replicas, the chosen pod shape, sessions on/off."""
-    patch: dict[str, Any] = {"model": {"replicas": replicas}, "front": {"enabled": with_front}}
+    patch: dict[str, Any] = {"model": {"replicas": replicas}, **shape_patch(with_front)}
     if session:
         patch["sessionAffinity"] = {"enabled": True}
     return patch

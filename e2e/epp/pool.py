@@ -229,7 +229,7 @@ class PoolOnCluster:
     def wait_scraped(self, timeout_s: float = 60) -> None:
         """Until the EPP's metrics show every pod with the queue its stand-in reports."""
         assert self.epp is not None
-        expected = {p.name: float(p.server._state.metrics.waiting) for p in self.pods}
+        expected = {p.name: float(p.server.snapshot().waiting) for p in self.pods}
         self.epp.wait_scraped(expected, timeout_s)
 
     def close(self) -> None:

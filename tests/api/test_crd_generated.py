@@ -70,11 +70,13 @@ def test_scale_subresource_and_printer_columns() -> None:
 
 
 def test_defaults_reach_nested_objects() -> None:
-    """An object field defaults to {} so the API server fills its own defaults inside it."""
+    """An object field defaults to its full default object: the API server checks the CEL
+    rules of an object against its default without filling nested defaults first, so `{}`
+    made the CRD invalid (`no such key: mode evaluating rule`)."""
     spec = custom_resource_definition()["spec"]["versions"][0]["schema"]["openAPIV3Schema"][
         "properties"
     ]["spec"]
-    assert spec["properties"]["isolation"]["default"] == {}
+    assert spec["properties"]["isolation"]["default"]["mode"] == "PerKey"
     assert spec["properties"]["isolation"]["properties"]["mode"]["default"] == "PerKey"
     assert spec["properties"]["prefixCache"]["properties"]["lruCapacityPerServer"] == {
         "default": 31250,

@@ -51,7 +51,7 @@ class _DefaultsIncluded(GenerateJsonSchema):
         json_schema = self.generate_inner(schema["schema"])
         value = factory()  # type: ignore[call-arg]
         if isinstance(value, BaseModel):
-            value = value.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+            value = value.model_dump(mode="json", by_alias=True, exclude_none=True)
         json_schema["default"] = to_jsonable_python(value)
         return json_schema
 

@@ -11,36 +11,29 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Final
 
 import aiohttp
 from aiohttp import web
-from multidict import CIMultiDict, CIMultiDictProxy
 
 from promptcache.contract import FRONT_HEALTH_PATH, FRONT_READY_PATH
 from promptcache.embeds.cache import PromptEmbedsCache
 from promptcache.front import errors
 from promptcache.front.errors import FrontError
 from promptcache.front.metrics import CONTENT_TYPE, FrontMetrics, merge_expositions
-from promptcache.front.policy import SALTED_PATHS, STREAMING_USAGE_PATHS, Isolation, apply_policy
-from promptcache.front.references import KindIndex, VerifiedLike, resolve, serialize
+from promptcache.front.policy import SALTED_PATHS, Isolation, apply_policy
+from promptcache.front.references import VerifiedLike, resolve, serialize
 from promptcache.front.settings import FrontSettings
-from promptcache.front.usage import SseRelay, relay, usage_from, usage_headers
+from promptcache.front.state import PARSE_FACTOR, STATE, Charge, FrontState
+from promptcache.front.upstream import forward, forward_headers
 
 log = logging.getLogger("promptcache.front")
 
 METRICS_PATH: Final = "/metrics"
 FORWARD_EXPANSION: Final = 4
 """Resolving references and densifying TurboQuant may grow a body up to this factor."""
-MAX_BUFFERED_RESPONSE_BYTES: Final = 16 * 1024 * 1024
-"""Non-streamed JSON answers up to this size are read whole to find their usage;
-larger ones stream through without usage headers."""
-PARSE_FACTOR: Final = 2
-"""A body is charged twice while read: the bytes, and the parsed objects' strings."""
 PROBE_TIMEOUT: Final = aiohttp.ClientTimeout(total=5)
 DENIED_PATHS: Final[frozenset[str]] = frozenset(
     {
@@ -50,64 +43,6 @@ DENIED_PATHS: Final[frozenset[str]] = frozenset(
     }
 )
 """vLLM admin endpoints: a client must not flush or stall the shared cache through the front."""
-_HOP_BY_HOP: Final[frozenset[str]] = frozenset(
-    {
-        "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
-        "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length",
-        "content-encoding", "accept-encoding",
-    }
-)
-
-
-@dataclass
-class FrontState:
-    """Everything a request handler needs, built once per application."""
-
-    settings: FrontSettings
-    secret: bytes | None
-    cache: PromptEmbedsCache
-    metrics: FrontMetrics
-    executor: ThreadPoolExecutor
-    kinds: KindIndex = field(default_factory=KindIndex)
-    session: aiohttp.ClientSession | None = None
-    in_flight: int = 0
-    bytes_in_flight: int = 0
-
-
-class _Charge:
-    """One request's share of the in-flight byte budget, released when it ends.
-
-    Admission control on memory: a request that would push the process past
-    `max_in_flight_bytes` is refused with 503 (retry later) instead of risking
-    the container's memory limit; one that could never fit gets 413.
-    """
-
-    def __init__(self, state: FrontState) -> None:
-        self._state = state
-        self.held = 0
-
-    def take(self, n: int) -> None:
-        state, limit = self._state, self._state.settings.max_in_flight_bytes
-        if self.held + n > limit:
-            raise FrontError(
-                413, errors.REQUEST_TOO_LARGE,
-                f"the request needs about {self.held + n} bytes of working memory; this "
-                f"server gives one request at most {limit}",
-            )
-        if state.bytes_in_flight + n > limit:
-            raise FrontError(
-                503, errors.FRONT_OVERLOADED,
-                "the cache front is holding as many request bytes as it may; retry shortly",
-            )
-        state.bytes_in_flight += n
-        self.held += n
-
-    def release(self) -> None:
-        self._state.bytes_in_flight -= self.held
-        self.held = 0
-
-
-STATE: Final = web.AppKey("promptcache_front_state", FrontState)
 
 
 def _json_error(exc: FrontError) -> web.Response:
@@ -120,10 +55,12 @@ def _json_error(exc: FrontError) -> web.Response:
 
 def _endpoint_label(path: str) -> str:
     # Bounded label values: only known API paths are named, the rest are "other".
-    return path if path in SALTED_PATHS or path.startswith("/v1/models") else "other"
+    if path in SALTED_PATHS:
+        return path
+    return "/v1/models" if path.startswith("/v1/models") else "other"
 
 
-async def _read_body(request: web.Request, limit: int, charge: _Charge) -> bytes:
+async def _read_body(request: web.Request, limit: int, charge: Charge) -> bytes:
     declared = request.content_length
     if declared is not None:
         if declared > limit:
@@ -161,28 +98,6 @@ def _parse_json(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def _forward_headers(
-    headers: CIMultiDictProxy[str], settings: FrontSettings, json_body: bool
-) -> CIMultiDict[str]:
-    out: CIMultiDict[str] = CIMultiDict()
-    drop = _HOP_BY_HOP | {settings.isolation_header.lower()}
-    for name, value in headers.items():
-        if name.lower() not in drop:
-            out.add(name, value)
-    if json_body:
-        out["Content-Type"] = "application/json"
-    out["Accept-Encoding"] = "identity"
-    return out
-
-
-def _response_headers(upstream: aiohttp.ClientResponse) -> CIMultiDict[str]:
-    out: CIMultiDict[str] = CIMultiDict()
-    for name, value in upstream.headers.items():
-        if name.lower() not in _HOP_BY_HOP and name.lower() not in ("date", "server"):
-            out.add(name, value)
-    return out
-
-
 async def _verify(state: FrontState, payload: str) -> VerifiedLike:
     # torch loads only once a request carries prompt embeds
     from promptcache.front.verify import verify_payload  # noqa: PLC0415
@@ -216,7 +131,7 @@ async def proxy(request: web.Request) -> web.StreamResponse:
     else:
         state.in_flight += 1
         state.metrics.in_flight.inc()
-        charge = _Charge(state)
+        charge = Charge(state)
         try:
             response = await _proxy(request, state, path, label, charge)
         except FrontError as exc:
@@ -233,7 +148,7 @@ async def proxy(request: web.Request) -> web.StreamResponse:
 
 
 async def _proxy(
-    request: web.Request, state: FrontState, path: str, label: str, charge: _Charge
+    request: web.Request, state: FrontState, path: str, label: str, charge: Charge
 ) -> web.StreamResponse:
     settings = state.settings
     if path in DENIED_PATHS:
@@ -292,132 +207,12 @@ async def _proxy(
         charge.take(len(data))
     else:
         data = raw
-    headers = _forward_headers(request.headers, settings, json_body=is_json)
+    headers = forward_headers(request.headers, settings, json_body=is_json)
     if session_value is not None:
         headers[settings.session_header] = session_value
-    return await _forward(
+    return await forward(
         request, state, path, data=data, headers=headers, strip_usage=strip_usage
     )
-
-
-async def _forward(
-    request: web.Request,
-    state: FrontState,
-    path: str,
-    *,
-    data: bytes,
-    headers: CIMultiDict[str],
-    strip_usage: bool,
-) -> web.StreamResponse:
-    settings = state.settings
-    assert state.session is not None
-    url = settings.upstream_base + request.rel_url.path_qs
-    try:
-        async with state.session.request(
-            request.method, url, data=data or None, headers=headers, allow_redirects=False,
-        ) as upstream:
-            return await _relay(request, state, path, upstream, strip_usage)
-    except aiohttp.ClientConnectorError as exc:
-        state.metrics.upstream_errors.labels(kind="connect").inc()
-        log.warning("model server unreachable at %s: %s", settings.upstream_base, exc)
-        raise FrontError(
-            503, errors.UPSTREAM_UNAVAILABLE,
-            f"the model server is not accepting connections ({exc.os_error.strerror or exc}); "
-            "it may be starting or restarting, retry shortly",
-        ) from None
-    except TimeoutError:
-        state.metrics.upstream_errors.labels(kind="timeout").inc()
-        raise FrontError(
-            504, errors.UPSTREAM_TIMEOUT,
-            f"the model server sent nothing for {settings.upstream_timeout_seconds:g} seconds",
-        ) from None
-    except aiohttp.ClientError as exc:
-        state.metrics.upstream_errors.labels(kind="failed").inc()
-        log.warning("model server failed on %s: %r", path, exc)
-        raise FrontError(
-            502, errors.UPSTREAM_FAILED,
-            f"the model server failed while answering: {type(exc).__name__}",
-        ) from None
-
-
-async def _relay(
-    request: web.Request,
-    state: FrontState,
-    path: str,
-    upstream: aiohttp.ClientResponse,
-    strip_usage: bool,
-) -> web.StreamResponse:
-    settings = state.settings
-    headers = _response_headers(upstream)
-    content_type = upstream.headers.get("Content-Type", "")
-    usage_path = path in STREAMING_USAGE_PATHS
-    if content_type.startswith("text/event-stream"):
-        response = web.StreamResponse(status=upstream.status, reason=upstream.reason,
-                                      headers=headers)
-        await response.prepare(request)
-        chunks: AsyncIterator[bytes] = upstream.content.iter_any()
-        if usage_path:
-            chunks = relay(chunks, SseRelay(
-                strip_usage_chunk=strip_usage, prompt_header=settings.prompt_tokens_header,
-                cached_header=settings.cached_prompt_tokens_header,
-            ))
-        await _pump(request, state, response, chunks)
-        return response
-    length = upstream.content_length
-    if (
-        usage_path and content_type.startswith("application/json")
-        and (length is None or length <= MAX_BUFFERED_RESPONSE_BYTES)
-    ):
-        body = await upstream.content.read(MAX_BUFFERED_RESPONSE_BYTES + 1)
-        if len(body) <= MAX_BUFFERED_RESPONSE_BYTES:
-            if 200 <= upstream.status < 300:
-                try:
-                    usage = usage_from(json.loads(body))
-                except ValueError:
-                    usage = None
-                if usage is not None:
-                    headers.update(usage_headers(
-                        usage, settings.prompt_tokens_header,
-                        settings.cached_prompt_tokens_header,
-                    ))
-            return web.Response(status=upstream.status, reason=upstream.reason, body=body,
-                                headers=headers)
-        prefix = body
-    else:
-        prefix = b""
-    response = web.StreamResponse(status=upstream.status, reason=upstream.reason,
-                                  headers=headers)
-    await response.prepare(request)
-    if prefix:
-        await response.write(prefix)
-    await _pump(request, state, response, upstream.content.iter_any())
-    return response
-
-
-async def _pump(
-    request: web.Request,
-    state: FrontState,
-    response: web.StreamResponse,
-    chunks: AsyncIterator[bytes],
-) -> None:
-    """Copy an upstream body to the client as it arrives, never holding it whole.
-
-    Headers are already sent, so a failure here cannot become an error response:
-    a vLLM failure cuts the client's connection (a truncated body, not a
-    complete-looking one), and a client that left ends the upstream request.
-    """
-    try:
-        async for chunk in chunks:
-            await response.write(chunk)
-    except aiohttp.ClientError:
-        state.metrics.upstream_errors.labels(kind="interrupted").inc()
-        if request.transport is not None:
-            request.transport.close()
-        return
-    except ConnectionResetError:
-        state.metrics.client_disconnects.inc()
-        return
-    await response.write_eof()
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -95,6 +95,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # One line per HTTP request is noise at INFO; the operator's metrics count requests.
+    logging.getLogger("httpx2").setLevel(max(logging.WARNING, getattr(logging, args.log_level)))
     options = OperatorOptions(
         namespaces=tuple(args.namespaces or ()),
         all_namespaces=bool(args.all_namespaces),

@@ -109,6 +109,13 @@ def build_registry(  # noqa: PLR0915 - one closure per handler, kept together
         settings.networking.request_timeout = 60
         settings.execution.max_workers = 4  # only for sync handlers; ours are all async
 
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # A private registry has none of kopf's default login handlers: in-cluster
+        # ServiceAccount first, then KUBECONFIG, the same order as the operator's own client.
+        info = kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+        return info
+
     async def _reconcile(body: kopf.Body, trigger: str) -> None:
         try:
             outcome = await reconciler.reconcile(body, trigger=trigger)

@@ -16,10 +16,12 @@ from typing import Any
 
 from promptcache.api import PromptCacheDeployment
 from promptcache.controller.children import owner_reference
-from promptcache.controller.kube import Kube
+from promptcache.controller.kube import Kube, by_kind
 from promptcache.render import Names
 from promptcache.render.front import salt_secret
 from promptcache.render.names import Component, labels
+
+SECRET = by_kind("Secret")
 
 
 def generated_salt_secret(pcd: PromptCacheDeployment, names: Names) -> tuple[str, str] | None:
@@ -37,6 +39,8 @@ async def ensure_salt_secret(
     if wanted is None:
         return False
     name, key = wanted
+    if await kube.get(SECRET, names.namespace, name) is not None:
+        return False  # there already: keep it, whoever made it (a POST would be a write)
     value = base64.b64encode(secrets.token_hex(32).encode()).decode()
     manifest = {
         "apiVersion": "v1",

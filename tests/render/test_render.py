@@ -150,8 +150,9 @@ def test_the_model_server_pod() -> None:
     assert env[FrontEnv.ISOLATION_MODE] == "Required"
     assert env[FrontEnv.SALT_KEY_FILE] == "/etc/promptcache/salt/salt-key"
     assert front["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
-    # 2 processes x 2 GiB of cache + 1 GiB in-flight headroom
-    assert front["resources"]["limits"]["memory"] == "5120Mi"
+    # 2 processes x (2 GiB of cache + 1 GiB in flight + 256 MiB base)
+    assert front["resources"]["limits"]["memory"] == "6656Mi"
+    assert env[FrontEnv.MAX_IN_FLIGHT_BYTES] == str(1024**3)
     pod = deployment["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     volumes = {v["name"]: v for v in pod["volumes"]}

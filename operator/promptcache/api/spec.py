@@ -288,14 +288,15 @@ class FrontSpec(ApiModel):
     no usage headers)."""
     image: ImageRef = DEFAULT_FRONT_IMAGE
     """Cache-front image (the Dockerfile's `front` target)."""
-    max_request_bytes: Annotated[int, Field(ge=1024, le=2**34)] = 256 * 1024**2
+    max_request_bytes: Annotated[int, Field(ge=1024, le=4 * 1024**3)] = 256 * 1024**2
     """Largest request body accepted (vLLM itself has no limit); larger gets HTTP 413."""
     usage_headers: UsageHeadersSpec = Field(default_factory=UsageHeadersSpec)
     resources: Resources = Field(
         default_factory=lambda: Resources(gpus=0, requests={"cpu": "500m", "memory": "512Mi"})
     )
     """Front container resources. Without a memory limit, one is derived from the
-    prompt-embeds ceiling plus headroom, so the cache cannot get the pod killed."""
+    prompt-embeds ceiling plus in-flight request bytes per process, so the cache cannot get
+    the pod OOM-killed."""
 
 
 class PromptCacheDeploymentSpec(ApiModel):

@@ -25,8 +25,15 @@ from promptcache.render.security import container_security_context
 
 FRONT_CONTAINER = "cache-front"
 SALT_VOLUME = "salt-key"
-_IN_FLIGHT_HEADROOM_BYTES = 1024**3
-"""Memory above the cache ceiling for requests in flight (bounded by max body x in-flight)."""
+_MIN_IN_FLIGHT_BYTES = 1024**3
+"""Request bytes one front process may hold at once (it refuses more with 503)."""
+_BASE_MEMORY_BYTES = 256 * 1024**2
+"""Interpreter, torch and aiohttp of one front process, before any request."""
+
+
+def in_flight_bytes(pcd: PromptCacheDeployment) -> int:
+    """At least one maximal request must fit, or the front would refuse to start."""
+    return max(_MIN_IN_FLIGHT_BYTES, pcd.spec.front.max_request_bytes)
 
 
 def salt_secret(pcd: PromptCacheDeployment, names: Names) -> tuple[str, str] | None:
@@ -53,6 +60,7 @@ def _env(pcd: PromptCacheDeployment, has_salt: bool) -> list[dict[str, str]]:
         (FrontEnv.ISOLATION_FIELD, iso.body_field),
         (FrontEnv.HONOR_MAX_LEN, str(iso.honor_prompt_cache_max_len).lower()),
         (FrontEnv.MAX_BODY_BYTES, str(spec.front.max_request_bytes)),
+        (FrontEnv.MAX_IN_FLIGHT_BYTES, str(in_flight_bytes(pcd))),
         (FrontEnv.PROMPT_TOKENS_HEADER, usage.prompt_tokens_header if usage.enabled else ""),
         (
             FrontEnv.CACHED_PROMPT_TOKENS_HEADER,
@@ -73,7 +81,9 @@ def _resources(pcd: PromptCacheDeployment) -> dict[str, Any]:
     front = pcd.spec.front.resources
     limits: dict[str, Any] = dict(front.limits)
     if "memory" not in limits:
-        limits["memory"] = mebibytes(ceiling_of(pcd).per_pod_bytes + _IN_FLIGHT_HEADROOM_BYTES)
+        processes = pcd.spec.engine.api_server_count
+        per_process = in_flight_bytes(pcd) + _BASE_MEMORY_BYTES
+        limits["memory"] = mebibytes(ceiling_of(pcd).per_pod_bytes + processes * per_process)
     return {"requests": dict(front.requests), "limits": limits}
 
 

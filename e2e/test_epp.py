@@ -103,9 +103,11 @@ def test_epp_starts_on_every_generated_config(
 
     # The scheduler got every scorer with its rendered weight.
     parsed = next(r["scheduler-config"] for r in records if r.get("msg") == "parsed config")
+    types = {p.get("name", p["type"]): p["type"] for p in config["plugins"]}
     for ref in config["schedulingProfiles"][0]["plugins"]:
         if ref.get("weight") is not None:
-            assert f"{ref['pluginRef']}: {float(ref['weight']):.6f}" in parsed, parsed
+            name = ref["pluginRef"]
+            assert f"{name}/{types[name]}: {float(ref['weight']):.6f}" in parsed, parsed
     # It found the pool's pods through the InferencePool (with the rendered RBAC) and
     # scraped their metrics, through the front when there is one.
     assert len(pool.pods) == pool.rendered.replicas

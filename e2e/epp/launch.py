@@ -24,6 +24,7 @@ def shape_patch(with_front: bool) -> dict[str, Any]:
     return {
         "front": {"enabled": False, "usageHeaders": {"enabled": False}},
         "isolation": {"mode": "Shared"},
+        "promptEmbeds": {"enabled": False, "cacheGiB": 0},
     }
 
 

@@ -36,6 +36,7 @@ _HARNESS_FLAGS = (
     "--config-text",
     "--tracing",
     "--ha-enable-leader-election",
+    "--drain-timeout",
 )
 
 
@@ -97,6 +98,8 @@ class EppProcess:
             "--secure-serving=false",
             "--metrics-endpoint-auth=false",
             "--tracing=false",
+            # Tests stop the EPP many times; no gateway needs a graceful drain window here.
+            "--drain-timeout=0s",
             f"--config-file={self.config_path}",
             f"-v={verbosity}",
         ]

@@ -334,7 +334,7 @@ def test_upgrade_and_uninstall_keep_the_crd_and_user_resources(
     assert dep["status"].get("readyReplicas") == 2
     assert f"--namespace={team}" in args
     assert "--all-namespaces" not in args
-    assert "--log-level=debug" in args
+    assert "--log-level=DEBUG" in args
     assert f"--lease-name={release}" in args
     # The binding moved from cluster-wide to the watched namespace.
     assert fresh.kubectl("get", "clusterrolebinding", release, check=False).returncode != 0

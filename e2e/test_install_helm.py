@@ -16,6 +16,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +26,7 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from pytest_cluster import Cluster
 
@@ -121,6 +124,33 @@ def service_account_kubeconfig(cluster: Cluster, namespace: str, sa: str, path: 
 class OperatorProcess:
     proc: subprocess.Popen[bytes]
     log: Path
+    container: dict[str, Any]
+
+    def port(self, name: str) -> int:
+        return int(next(p["containerPort"] for p in self.container["ports"] if p["name"] == name))
+
+    def probe(self, kind: str) -> tuple[int, str]:
+        """GET the chart's probe (path and named port as the kubelet would), on loopback."""
+        http = self.container[kind]["httpGet"]
+        url = f"http://127.0.0.1:{self.port(http['port'])}{http['path']}"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                return int(resp.status), resp.read().decode()
+        except urllib.error.HTTPError as error:
+            return int(error.code), ""
+        except OSError:
+            return 0, ""
+
+    def metric(self, name: str) -> float:
+        url = f"http://127.0.0.1:{self.port('metrics')}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            text = resp.read().decode()
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == name
+        )
 
     def logs(self) -> str:
         return self.log.read_text(errors="replace")[-6000:]
@@ -169,7 +199,7 @@ def run_as_chart_pod(
         start_new_session=True,
     )
     handle.close()
-    return OperatorProcess(proc, log)
+    return OperatorProcess(proc, log, container)
 
 
 def wait_for(what: str, cond: Any, timeout: float, operator: OperatorProcess | None = None) -> None:
@@ -198,6 +228,12 @@ def ops_namespace(cluster: Cluster) -> Iterator[str]:
 def test_install_and_the_operator_reconciles_with_the_chart_credentials(
     cluster: Cluster, ops_namespace: str, namespace: str, tmp_path: Path
 ) -> None:
+    # The shared cluster may hold the CRD already (other tests apply crds/). Helm 4 applies
+    # the chart's CRD with server-side apply too, which is no conflict when it is the same
+    # CRD: make sure it is, as a user upgrading the CRD first would.
+    cluster.kubectl(
+        "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds" / CRD_FILE)
+    )
     release = release_name()
     name = fullname(release)
     install = cluster.helm(
@@ -238,6 +274,13 @@ def test_install_and_the_operator_reconciles_with_the_chart_credentials(
 
         operator = run_as_chart_pod(cluster, ops_namespace, name, tmp_path)
         try:
+            # The chart's probes hit real endpoints of the operator it runs.
+            wait_for(
+                "liveness probe", lambda: operator.probe("livenessProbe")[0] == 200, 60, operator
+            )
+            wait_for(
+                "readiness probe", lambda: operator.probe("readinessProbe")[0] == 200, 60, operator
+            )
             resources = example_in(namespace)
             cluster.kubectl(
                 "apply",
@@ -267,6 +310,10 @@ def test_install_and_the_operator_reconciles_with_the_chart_credentials(
                 RECONCILE_TIMEOUT_S,
                 operator,
             )
+            # This process (not some other operator) did the work, as the Lease leader.
+            assert operator.metric("promptcache_leader") == 1
+            assert operator.metric("promptcache_children_applied_total") >= len(children)
+            assert operator.probe("readinessProbe")[1].strip() == "leader"
             # GitOps with the operator in the loop: what it adds (status, finalizers,
             # annotations) is not drift for a server-side diff of the committed resource.
             diff = cluster.kubectl(

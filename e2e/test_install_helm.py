@@ -326,6 +326,16 @@ def test_install_and_the_operator_reconciles_with_the_chart_credentials(
                 check=False,
             )
             assert diff.returncode == 0, diff.stdout + diff.stderr
+            # Uninstall order of docs/install.md: resources first, while the operator runs
+            # to release its finalizer; the children go with them (owner references).
+            cluster.kubectl("delete", "pcd", pcd, "-n", namespace, "--wait", "--timeout=120s")
+            deployment = next(c for c in children if c[0] == "deployment.apps")
+            wait_for(
+                f"garbage collection of {deployment}",
+                lambda: not exists(cluster, *deployment),
+                RECONCILE_TIMEOUT_S,
+                operator,
+            )
             assert operator.proc.poll() is None, operator.logs()
         finally:
             operator.stop()

@@ -47,7 +47,7 @@ def _header_map(headers: Mapping[str, str]) -> base_pb2.HeaderMap:
 
 
 def _value(h: base_pb2.HeaderValue) -> str:
-    return h.raw_value.decode() if h.raw_value else h.value
+    return str(h.raw_value.decode() if h.raw_value else h.value)
 
 
 class ExtProcClient:

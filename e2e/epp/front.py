@@ -15,6 +15,7 @@ import time
 import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
+from typing import BinaryIO
 
 from promptcache.contract import FRONT_READY_PATH, FrontEnv
 
@@ -40,7 +41,7 @@ class FrontProcess:
             full[FrontEnv.SALT_KEY_FILE] = str(key)
         self.env = full
         self._proc: subprocess.Popen[bytes] | None = None
-        self._log = None
+        self._log: BinaryIO | None = None
 
     def start(self) -> FrontProcess:
         self._log = self.log_path.open("wb")
@@ -72,7 +73,7 @@ class FrontProcess:
 
     def metrics_text(self) -> str:
         with urllib.request.urlopen(f"http://{self.ip}:{self.port}/metrics", timeout=5) as resp:
-            return resp.read().decode()
+            return str(resp.read().decode())
 
     def stop(self) -> None:
         if self._proc is not None and self._proc.poll() is None:

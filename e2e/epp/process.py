@@ -20,6 +20,7 @@ import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import grpc
 
@@ -115,7 +116,7 @@ class EppProcess:
         # No proxies for loopback gRPC/HTTP, whatever the CI environment says.
         self.env["NO_PROXY"] = self.env["no_proxy"] = "127.0.0.1,localhost"
         self._proc: subprocess.Popen[bytes] | None = None
-        self._log = None
+        self._log: BinaryIO | None = None
 
     # --- lifecycle ---------------------------------------------------------------
     def start(self) -> EppProcess:
@@ -170,7 +171,7 @@ class EppProcess:
     def metrics_text(self) -> str:
         url = f"http://127.0.0.1:{self.ports.metrics}/metrics"
         with urllib.request.urlopen(url, timeout=5) as resp:
-            return resp.read().decode()
+            return str(resp.read().decode())
 
     def healthy(self) -> bool:
         """gRPC health check on the health port, as the Deployment's probe does."""

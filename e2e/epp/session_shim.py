@@ -65,7 +65,7 @@ def _has_header(msg: pb.ProcessingRequest, name: str) -> bool:
     return any(h.key.lower() == name for h in msg.request_headers.headers.headers)
 
 
-class SessionShim(pb_grpc.ExternalProcessorServicer):
+class SessionShim(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     """Relays ext_proc streams to the EPP, adding the session header from `user`."""
 
     def __init__(

@@ -243,10 +243,10 @@ def test_autotune_capacity_follows_num_gpu_blocks(launch: Launcher) -> None:
             wait_scrapes(servers(pool))
             first = unique_text(480)  # 2 blocks of 64 tokens (with the role bytes)
             assert client.pick(chat_body(first)).endpoint == target.endpoint
-            settle_index(0.1)
+            settle_index(0.25)
             for _ in range(3):  # 6 more blocks on the same pod
                 assert client.pick(chat_body(unique_text(480))).endpoint == target.endpoint
-                settle_index(0.1)
+                settle_index(0.25)
             handicap(servers(pool), target.server)
             return client.pick(chat_body(first + "x" * 300)).endpoint == target.endpoint
 

@@ -47,7 +47,7 @@ def wait_scrapes(pods: Sequence[FakePod], n: int = 3, timeout_s: float = 30) -> 
         time.sleep(0.05)
 
 
-def settle_index(seconds: float = 0.3) -> None:
+def settle_index(seconds: float = 0.5) -> None:
     """The EPP adds a pick to its prefix index asynchronously after answering."""
     time.sleep(seconds)
 

@@ -142,6 +142,19 @@ def test_session_plugin_needs_the_experimental_flag(launch: Launcher) -> None:
     assert "has Alpha stability level" in pool.epp.log()
 
 
+def test_two_replicas_elect_a_leader_with_the_rendered_rbac(launch: Launcher, cluster: Any) -> None:
+    """gateway.replicas > 1 renders leader election; the rendered Role must allow the lease."""
+    patch = {**routing_patch(replicas=1), "gateway": {"replicas": 2}}
+    pool = launch(spec_patch=patch)
+    assert "--ha-enable-leader-election" in pool.rendered.epp_args
+    assert pool.epp is not None
+    lease = f"epp-{pool.rendered.namespace}-{pool.rendered.pool_name}.llm-d.ai"
+    spec = cluster.get_json("lease", "-n", pool.rendered.namespace, lease)["spec"]
+    assert spec.get("holderIdentity"), "the lease has no holder"
+    with pool.epp.client() as client:
+        assert client.pick(chat_body(unique_text(300))).endpoint == pool.pods[0].endpoint
+
+
 # --------------------------------------------------------------------------- prefix affinity
 
 

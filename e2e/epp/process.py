@@ -36,7 +36,6 @@ _HARNESS_FLAGS = (
     "--config-file",
     "--config-text",
     "--tracing",
-    "--ha-enable-leader-election",
     "--drain-timeout",
 )
 

@@ -142,6 +142,23 @@ def test_session_plugin_needs_the_experimental_flag(launch: Launcher) -> None:
     assert "has Alpha stability level" in pool.epp.log()
 
 
+def test_the_epp_really_runs_as_the_rendered_service_account(
+    launch: Launcher, cluster: Any
+) -> None:
+    """Without the Role's pods rule the EPP never gets ready: the RBAC proof is not vacuous."""
+    pool = launch(spec_patch=routing_patch(replicas=1), start_epp=False)
+    (role,) = pool.rendered.of_kind("Role")
+    crippled = json.loads(json.dumps(role))
+    crippled["rules"] = [r for r in crippled["rules"] if "pods" not in r["resources"]]
+    cluster.kubectl("apply", "-n", pool.rendered.namespace, "-f", "-", input=json.dumps(crippled))
+    with pytest.raises(TimeoutError, match="not healthy"):
+        pool.start_epp(ready_timeout_s=20)
+    assert pool.epp is not None
+    who = f"system:serviceaccount:{pool.rendered.namespace}:{pool.rendered.service_account}"
+    text = pool.epp.log().replace('\\"', '"')
+    assert f'User "{who}" cannot list resource "pods"' in text, pool.epp.log_tail()
+
+
 def test_two_replicas_elect_a_leader_with_the_rendered_rbac(launch: Launcher, cluster: Any) -> None:
     """gateway.replicas > 1 renders leader election; the rendered Role must allow the lease."""
     patch = {**routing_patch(replicas=1), "gateway": {"replicas": 2}}

@@ -199,6 +199,7 @@ class PoolOnCluster:
         extra_args: Sequence[str] = (),
         wait_scraped: bool = True,
         rendered_args: Sequence[str] | None = None,
+        ready_timeout_s: float = 90.0,
     ) -> EppProcess:
         """Run the EPP with the rendered config and args (or the given replacements)."""
         binary = find_epp_binary()
@@ -221,7 +222,7 @@ class PoolOnCluster:
             ],
             kubeconfig=self.service_account_kubeconfig(),
         ).start()
-        self.epp.wait_ready()
+        self.epp.wait_ready(ready_timeout_s)
         if wait_scraped:
             self.wait_scraped()
         return self.epp

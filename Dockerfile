@@ -35,7 +35,10 @@ FROM ${PYTHON_IMAGE} AS runtime
 RUN groupadd --gid 65532 promptcache \
  && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
         --shell /usr/sbin/nologin promptcache
+# HOME in the one writable place: pods run with a read-only root filesystem and an
+# emptyDir at /tmp, and libraries that cache under ~ must not fail there.
 ENV PATH=/opt/promptcache/bin:${PATH} \
+    HOME=/tmp \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 # Numeric user so Kubernetes can verify runAsNonRoot without reading /etc/passwd.

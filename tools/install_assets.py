@@ -25,6 +25,7 @@ The helm binary is ``$PROMPTCACHE_HELM`` or the one ``e2e/cluster build`` made.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -64,6 +65,7 @@ class StaleError(RuntimeError):
 # --------------------------------------------------------------------------- helm
 
 
+@functools.cache
 def helm_binary() -> str:
     explicit = os.environ.get("PROMPTCACHE_HELM")
     if explicit:

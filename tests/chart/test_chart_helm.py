@@ -223,6 +223,12 @@ BAD_VALUES = [
         "'^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$'",
     ),
     (("watch.namespaces={a,a}",), "- at '/watch/namespaces': items at 0 and 1 are equal"),
+    (("watch.namespaces={123}",), "- at '/watch/namespaces/0': got number, want string"),
+    (
+        ("fullnameOverride=9lives",),
+        "- at '/fullnameOverride': '9lives' does not match pattern "
+        "'^([a-z]([-a-z0-9]*[a-z0-9])?)?$'",
+    ),
     (("metrics.port=80",), "- at '/metrics/port': minimum: got 80, want 1,024"),
     (
         ("image.pullPolicy=Sometimes",),

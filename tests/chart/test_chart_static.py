@@ -173,3 +173,25 @@ def test_values_table_rejects_an_undocumented_value(
         install_assets.StaleError, match=r"values\.yaml keys without a schema entry: replicaCount$"
     ):
         install_assets.values_table()
+
+
+def test_rendered_front_container_runs_on_the_front_images_entrypoint() -> None:
+    """The renderer gives the front only args; the image's ENTRYPOINT must make them a command."""
+    from promptcache.cli import build_parser
+    from promptcache.loading import load_resources
+    from promptcache.render import render
+
+    (pcd,) = load_resources((ROOT / "examples" / "minimal.yaml").read_text(), source="minimal")
+    fronts = [
+        c
+        for m in render(pcd)
+        if m["kind"] == "Deployment"
+        for c in m["spec"]["template"]["spec"]["containers"]
+        if c["image"] == DEFAULT_FRONT_IMAGE
+    ]
+    assert len(fronts) == 1
+    (front,) = fronts
+    assert "command" not in front
+    stages = _stages((ROOT / "Dockerfile").read_text())
+    assert 'ENTRYPOINT ["promptcache"]' in stages["runtime"]
+    assert build_parser().parse_args(front["args"]).command == "front"

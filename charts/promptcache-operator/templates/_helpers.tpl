@@ -24,7 +24,7 @@ characters so suffixes such as "-metrics" stay inside the 63-character name limi
 
 {{- define "promptcache-operator.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "promptcache-operator.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
 {{- end }}
 
 {{- define "promptcache-operator.labels" -}}

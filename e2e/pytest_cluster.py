@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -174,6 +175,9 @@ def start_local_cluster(gateway_crds: bool = True, name: str | None = None) -> C
     if proc.returncode != 0:
         _cli("down", "--dir", str(d), timeout=60)
         raise RuntimeError(f"e2e/cluster up failed:\n{proc.stderr[-4000:]}")
+    if "retrying" in proc.stderr:
+        # Visible in pytest's warnings summary: a flaky start should not pass unnoticed.
+        warnings.warn(f"e2e/cluster up needed a retry:\n{proc.stderr[-3000:]}", stacklevel=2)
     status = json.loads(_cli("status", "--dir", str(d), "--json", timeout=60).stdout)
     return Cluster(
         kubeconfig=Path(status["kubeconfig"]),

@@ -19,7 +19,11 @@ from promptcache.yamlio import dump_all
 
 EXIT_BAD_INPUT = 2
 
-_SUBCOMMAND_MODULES = ("promptcache.front.command", "promptcache.controller.command")
+_SUBCOMMAND_MODULES = (
+    "promptcache.front.command",
+    "promptcache.controller.command",
+    "promptcache.gateway.command",
+)
 """Sub-commands that live with their plane; imported lazily so `render` stays light."""
 
 

@@ -85,6 +85,35 @@ class FrontEnv:
     """Longest the front waits for vLLM to start answering a request."""
 
 
+# --- the Endpoint Picker pod with the session shim (spec/004 `user` field) -------
+EPP_EXT_PROC_PORT: Final[int] = 9002
+"""The ext_proc port the gateway dials through the EPP Service (the shim's, when present)."""
+EPP_LOCAL_GRPC_PORT: Final[int] = 9012
+"""The EPP's own ext_proc port behind the session shim (`--grpc-port`), inside the pod."""
+
+
+class SessionShimEnv:
+    """Environment variables the renderer sets on the `session-shim` container.
+
+    Each has a matching `promptcache session-shim` flag; the flag wins when both are given.
+    """
+
+    LISTEN: Final[str] = "PROMPTCACHE_SESSION_SHIM_LISTEN"
+    """HOST:PORT the shim serves ext_proc on (what the gateway dials)."""
+    UPSTREAM: Final[str] = "PROMPTCACHE_SESSION_SHIM_UPSTREAM"
+    """HOST:PORT of the Endpoint Picker's own ext_proc port."""
+    SESSION_HEADER: Final[str] = FrontEnv.SESSION_HEADER
+    """The session-affinity header the EPP's session filter reads (the front's name too)."""
+    USER_FIELD: Final[str] = "PROMPTCACHE_SESSION_SHIM_USER_FIELD"
+    """The body field copied into the header when the header is absent."""
+    MAX_BODY_BYTES: Final[str] = "PROMPTCACHE_SESSION_SHIM_MAX_BODY_BYTES"
+    """Largest body one request may buffer for inspection; larger ones pass through as is."""
+    MAX_BUFFERED_BYTES: Final[str] = "PROMPTCACHE_SESSION_SHIM_MAX_BUFFERED_BYTES"
+    """Body bytes all streams together may hold; beyond it requests pass through unread."""
+    DRAIN_SECONDS: Final[str] = "PROMPTCACHE_SESSION_SHIM_DRAIN_SECONDS"
+    """How long in-flight streams may finish after SIGTERM."""
+
+
 # --- the cache front's answers a client program must recognise ----------------
 PROMPT_EMBEDS_NOT_CACHED_ERROR_CODE: Final[str] = "prompt_embeds_not_cached"
 """`error.code` of the HTTP 409 a request gets when it references identifiers the

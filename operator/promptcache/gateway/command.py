@@ -1,0 +1,126 @@
+"""`promptcache session-shim`: flags and environment variables into `ShimSettings`.
+
+Every setting has a flag and an environment variable (`contract.SessionShimEnv`, set by
+the renderer on the EPP pod's `session-shim` container); the flag wins. This module
+imports no gRPC: the CLI lists the sub-command in every install, and only running it
+needs the `gateway` extra (`pip install 'promptcache[gateway]'`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from promptcache.contract import SessionShimEnv
+from promptcache.gateway.settings import ShimSettings, ShimSettingsError
+
+EXIT_BAD_SETTINGS = 2
+EXIT_MISSING_EXTRA = 3
+
+
+@dataclass(frozen=True, slots=True)
+class _Option:
+    flag: str
+    env: str
+    field: str
+    convert: Callable[[str, str], Any]
+    help: str
+
+
+def _str(_name: str, raw: str) -> str:
+    return raw.strip()
+
+
+def _int(name: str, raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise ShimSettingsError(f"{name}={raw!r} is not an integer") from None
+
+
+def _float(name: str, raw: str) -> float:
+    try:
+        return float(raw)
+    except ValueError:
+        raise ShimSettingsError(f"{name}={raw!r} is not a number") from None
+
+
+def _header(_name: str, raw: str) -> str:
+    return raw.strip().lower()  # HTTP/2 carries header names in lower case
+
+
+OPTIONS: tuple[_Option, ...] = (
+    _Option("--listen", SessionShimEnv.LISTEN, "listen", _str,
+            "HOST:PORT to serve ext_proc on (what the gateway dials)"),
+    _Option("--upstream", SessionShimEnv.UPSTREAM, "upstream", _str,
+            "HOST:PORT of the Endpoint Picker's own ext_proc port"),
+    _Option("--session-header", SessionShimEnv.SESSION_HEADER, "session_header", _header,
+            "header the EPP's session filter reads; added from the body when absent"),
+    _Option("--user-field", SessionShimEnv.USER_FIELD, "user_field", _str,
+            "body field naming the session"),
+    _Option("--max-body-bytes", SessionShimEnv.MAX_BODY_BYTES, "max_body_bytes", _int,
+            "largest body read per request; larger ones pass through unread"),
+    _Option("--max-buffered-bytes", SessionShimEnv.MAX_BUFFERED_BYTES, "max_buffered_bytes",
+            _int, "body bytes all requests together may hold; beyond, pass through unread"),
+    _Option("--drain-seconds", SessionShimEnv.DRAIN_SECONDS, "drain_seconds", _float,
+            "how long open streams may finish after SIGTERM"),
+)  # fmt: skip
+
+
+def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> ShimSettings:
+    """Flags over environment over built-in defaults, validated."""
+    values: dict[str, Any] = {}
+    for opt in OPTIONS:
+        flag_value: str | None = getattr(args, opt.field, None)
+        if flag_value is not None:
+            values[opt.field] = opt.convert(opt.flag, flag_value)
+            continue
+        raw = environ.get(opt.env, "").strip()
+        if raw:
+            values[opt.field] = opt.convert(opt.env, raw)
+    return ShimSettings(**values)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The `session-shim` sub-command's body."""
+    try:
+        settings = settings_from(args, os.environ)
+    except ShimSettingsError as error:
+        print(f"promptcache session-shim: {error}", file=sys.stderr)
+        return EXIT_BAD_SETTINGS
+    try:
+        # gRPC only when the shim really runs: `promptcache` works without the extra.
+        from promptcache.gateway.session_shim import serve  # noqa: PLC0415
+    except ModuleNotFoundError as error:
+        print(
+            f"promptcache session-shim: needs {error.name!r}; install the gateway extra: "
+            "pip install 'promptcache[gateway]'",
+            file=sys.stderr,
+        )
+        return EXIT_MISSING_EXTRA
+    return serve(settings)
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the `session-shim` sub-command to the `promptcache` CLI."""
+    parser = subparsers.add_parser(
+        "session-shim",
+        help="run the Endpoint Picker's session shim (body `user` -> session header)",
+        description="An ext_proc proxy in front of the llm-d Endpoint Picker: when a request "
+        "has no session header and its JSON body has a usable `user`, the header is added "
+        "before the EPP routes. Every flag can also be set by its environment variable; "
+        "the flag wins.",
+    )
+    defaults = {f.name: f.default for f in fields(ShimSettings)}
+    for opt in OPTIONS:
+        parser.add_argument(
+            opt.flag,
+            dest=opt.field,
+            default=None,
+            help=f"{opt.help} (env {opt.env}; default {defaults[opt.field]})",
+        )
+    parser.set_defaults(func=run)

@@ -1,0 +1,375 @@
+"""The session shim over real gRPC on loopback, in front of a recording stand-in EPP.
+
+What the gateway and the EPP must see: the session header added from `user` only when
+the client sent none, every other byte unchanged and in order, messages streamed (not
+collected) both ways, bounded buffering, and the EPP's failures reaching the gateway as
+gRPC statuses rather than hanging streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import grpc
+import grpc.aio
+import pytest
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from hypothesis import given
+from hypothesis import strategies as st
+
+from promptcache.gateway.session_shim import MAX_SESSION_ID_CHARS, session_from_body
+
+from .conftest import (
+    SESSION,
+    TIMEOUT,
+    Gateway,
+    ShimFactory,
+    Upstream,
+    body_msg,
+    chat,
+    echoed,
+    eventually,
+    headers_msg,
+    read_rest,
+    start_upstream,
+)
+
+BAD_USERS: list[Any] = [
+    "",
+    "   ",
+    "x" * (MAX_SESSION_ID_CHARS + 1),
+    "evil\r\nx-injected: 1",
+    "tab\there",
+    "del\x7f",
+    "nul\x00",
+    42,
+    None,
+    ["alice"],
+    {"id": "alice"},
+    True,
+]
+
+
+async def test_user_becomes_the_session_header(
+    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
+) -> None:
+    gw: Gateway = gateway_for(await make_shim())
+    raw = chat("alice")
+    responses = await gw.exchange(headers_msg({"x-request-id": "r1"}), body_msg(raw))
+    (stream,) = upstream.fake.streams
+    assert stream.session() == ["alice"]
+    assert ("x-request-id", "r1") in stream.headers()
+    kinds = [m.WhichOneof("request") for m in stream.received]
+    assert kinds == ["request_headers", "request_body"]
+    assert stream.received[1].request_body.body == raw  # the body is not touched
+    assert echoed(responses) == "alice"  # the EPP's answer reaches the gateway
+
+
+async def test_user_is_trimmed(
+    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
+) -> None:
+    gw = gateway_for(await make_shim())
+    await gw.exchange(headers_msg({}), body_msg(chat("  bob  ")))
+    assert upstream.fake.streams[0].session() == ["bob"]
+
+
+async def test_explicit_header_wins(
+    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
+) -> None:
+    gw = gateway_for(await make_shim())
+    sent = headers_msg({SESSION: "bob"})
+    responses = await gw.exchange(sent, body_msg(chat("alice")))
+    (stream,) = upstream.fake.streams
+    assert stream.session() == ["bob"]
+    assert stream.received[0] == sent  # forwarded as sent, not rebuilt
+    assert echoed(responses) == "bob"
+
+
+async def test_empty_header_is_replaced_by_user(
+    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
+) -> None:
+    gw = gateway_for(await make_shim())
+    await gw.exchange(headers_msg({SESSION: ""}), body_msg(chat("alice")))
+    assert upstream.fake.streams[0].session() == ["alice"]  # one entry, not two
+
+
+@pytest.mark.parametrize("user", BAD_USERS, ids=repr)
+async def test_unusable_user_is_ignored(
+    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any, user: Any
+) -> None:
+    gw = gateway_for(await make_shim())
+    sent = [headers_msg({}), body_msg(json.dumps({"model": "m", "user": user}).encode())]
+    responses = await gw.exchange(*sent)
+    (stream,) = upstream.fake.streams
+    assert stream.received == sent  # exactly what the gateway sent
+    assert echoed(responses) == "-"
+
+
+@pytest.mark.parametrize(
+    "raw", [b"", b"not json", b"\xff\xfe{", b"[1, 2]", b'"alice"', b'{"user": "al', b"{" * 5000]
+)
+async def test_unreadable_body_passes_unchanged(
+    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any, raw: bytes
+) -> None:
+    gw = gateway_for(await make_shim())
+    sent = [headers_msg({}), body_msg(raw)]
+    await gw.exchange(*sent)
+    assert upstream.fake.streams[0].received == sent
+
+
+async def test_another_field_can_be_configured(
+    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
+) -> None:
+    gw = gateway_for(await make_shim(user_field="session", session_header="x-sid"))
+    await gw.exchange(headers_msg({}), body_msg(b'{"session": "s1", "user": "u"}'))
+    assert ("x-sid", "s1") in upstream.fake.streams[0].headers()
+
+
+async def test_body_in_chunks_is_joined_and_forwarded_in_order(
+    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
+) -> None:
+    gw = gateway_for(await make_shim())
+    raw = chat("carol", pad=3000)
+    parts = [raw[:1000], raw[1000:2000], raw[2000:]]
+    chunks = [body_msg(p, end_of_stream=i == 2) for i, p in enumerate(parts)]
+    responses = await gw.exchange(headers_msg({}), *chunks)
+    (stream,) = upstream.fake.streams
+    assert stream.session() == ["carol"]
+    assert stream.received[1:] == chunks
+    assert echoed(responses) == "carol"
+
+
+async def test_body_without_end_of_stream_is_forwarded_on_half_close(
+    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
+) -> None:
+    gw = gateway_for(await make_shim())
+    sent = [headers_msg({}), body_msg(chat("dave"), end_of_stream=False)]
+    await gw.exchange(*sent)
+    assert upstream.fake.streams[0].received == sent
+
+
+async def test_request_without_body_is_not_held(
+    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
+) -> None:
+    gw = gateway_for(await make_shim())
+    call = gw.open()
+    sent = headers_msg({":method": "GET", ":path": "/v1/models"}, end_of_stream=True)
+    await call.write(sent)
+    first = await asyncio.wait_for(call.read(), TIMEOUT)  # answered before any half-close
+    assert first.WhichOneof("response") == "request_headers"
+    assert upstream.fake.streams[0].received == [sent]
+    await call.done_writing()
+    assert await read_rest(call) == []
+
+
+async def test_body_over_the_cap_streams_through_unread(
+    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
+) -> None:
+    gw = gateway_for(await make_shim(max_body_bytes=100, max_buffered_bytes=1000))
+    raw = chat("erin", pad=300)
+    first, rest = body_msg(raw[:150], end_of_stream=False), body_msg(raw[150:])
+    call = gw.open()
+    head = headers_msg({})
+    await call.write(head)
+    await call.write(first)
+    # Past the cap the held messages go on at once, before the body has ended.
+    await eventually(lambda: len(upstream.fake.streams) == 1)
+    stream = upstream.fake.streams[0]
+    await eventually(lambda: len(stream.received) == 2)
+    assert stream.received == [head, first]
+    await call.write(rest)
+    await call.done_writing()
+    responses = [r async for r in call]
+    assert stream.received == [head, first, rest]
+    assert stream.session() == []
+    assert echoed(responses) == "-"
+
+
+async def test_shared_budget_bounds_all_streams(
+    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
+) -> None:
+    shim = await make_shim(max_body_bytes=400, max_buffered_bytes=400)
+    gw = gateway_for(shim)
+    raw_a, raw_b = chat("alice", pad=200), chat("bob", pad=200)
+    assert len(raw_a) + len(raw_b) > 400 >= max(len(raw_a), len(raw_b))
+    a = gw.open()
+    await a.write(headers_msg({}))
+    await a.write(body_msg(raw_a[:250], end_of_stream=False))  # held: budget partly used
+    await eventually(lambda: shim.shim.budget.used == 250)
+    b = gw.open()
+    await b.write(headers_msg({}))
+    await b.write(body_msg(raw_b))  # does not fit beside a's bytes: passed on unread
+    await b.done_writing()
+    assert echoed([r async for r in b]) == "-"
+    await a.write(body_msg(raw_a[250:]))
+    await a.done_writing()
+    assert echoed([r async for r in a]) == "alice"
+    assert shim.shim.budget.used == 0
+
+
+async def test_streaming_both_ways(
+    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
+) -> None:
+    """Each response-phase message is answered before the next is sent: nothing is collected."""
+    gw = gateway_for(await make_shim())
+    call = gw.open()
+    await call.write(headers_msg({}))
+    await call.write(body_msg(chat("frank")))
+    kinds = []
+    for _ in range(2):
+        kinds.append((await asyncio.wait_for(call.read(), TIMEOUT)).WhichOneof("response"))
+    assert kinds == ["request_headers", "request_body"]
+    await call.write(pb.ProcessingRequest(response_headers=pb.HttpHeaders()))
+    got = await asyncio.wait_for(call.read(), TIMEOUT)
+    assert got.WhichOneof("response") == "response_headers"
+    for i in range(5):
+        chunk = pb.ProcessingRequest(
+            response_body=pb.HttpBody(body=f"data: {i}\n\n".encode(), end_of_stream=i == 4)
+        )
+        await call.write(chunk)
+        got = await asyncio.wait_for(call.read(), TIMEOUT)
+        assert got.WhichOneof("response") == "response_body"
+        assert upstream.fake.streams[0].received[-1] == chunk
+    await call.done_writing()
+    assert await read_rest(call) == []
+    assert await call.code() == grpc.StatusCode.OK
+
+
+async def test_call_metadata_reaches_the_epp(
+    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
+) -> None:
+    gw = gateway_for(await make_shim())
+    call = gw.open(metadata=(("x-envoy-tag", "gw-1"),))
+    await call.write(headers_msg({}))
+    await call.write(body_msg(chat("gina")))
+    await call.done_writing()
+    _ = [r async for r in call]
+    assert upstream.fake.streams[0].metadata.get("x-envoy-tag") == "gw-1"
+
+
+async def test_epp_status_reaches_the_gateway(
+    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
+) -> None:
+    upstream.fake.abort_after_body = (grpc.StatusCode.RESOURCE_EXHAUSTED, "pool saturated")
+    gw = gateway_for(await make_shim())
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await gw.exchange(headers_msg({}), body_msg(chat("hal")))
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert caught.value.details() == "pool saturated"
+
+
+async def test_epp_failing_at_once_fails_the_gateway_stream(
+    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
+) -> None:
+    """While the shim still writes, grpc-python may report the EPP's status as INTERNAL;
+    either way the gateway gets a failed stream (and its failure mode), never a hang."""
+    upstream.fake.abort_with = (grpc.StatusCode.RESOURCE_EXHAUSTED, "pool saturated")
+    shim = await make_shim()
+    gw = gateway_for(shim)
+    for _ in range(5):
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await asyncio.wait_for(gw.exchange(headers_msg({}), body_msg(chat("hal"))), TIMEOUT)
+        assert caught.value.code() in {
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            grpc.StatusCode.INTERNAL,
+        }
+    await eventually(lambda: shim.shim.budget.used == 0)
+
+
+async def test_gateway_going_away_cancels_the_epp_stream(
+    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
+) -> None:
+    shim = await make_shim()
+    gw = gateway_for(shim)
+    call = gw.open()
+    await call.write(headers_msg({}))
+    await call.write(body_msg(b'{"user": "ivy", "messages": [', end_of_stream=False))
+    await eventually(lambda: len(upstream.fake.streams) == 1)
+    await eventually(lambda: shim.shim.budget.used > 0)  # the body is held, not yet sent
+    call.cancel()
+    # The EPP's stream ends too (no stream left open per departed client) and the held
+    # bytes are freed.
+    await asyncio.wait_for(upstream.fake.streams[0].ended.wait(), TIMEOUT)
+    await eventually(lambda: shim.shim.budget.used == 0)
+
+
+async def test_epp_down_fails_the_stream_cleanly_and_recovers(
+    make_shim: ShimFactory, gateway_for: Any
+) -> None:
+    probe = await start_upstream()
+    port = probe.port
+    await probe.server.stop(0)  # a port where nothing listens now
+    shim = await make_shim(upstream=f"127.0.0.1:{port}")
+    gw = gateway_for(shim)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await asyncio.wait_for(gw.exchange(headers_msg({}), body_msg(chat("jo"))), TIMEOUT)
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert shim.shim.budget.used == 0
+    # The EPP comes back (same port): the same shim serves again.
+    back = await start_upstream(port)
+    codes: set[grpc.StatusCode] = set()
+    try:
+        for _ in range(50):
+            try:
+                responses = await gw.exchange(headers_msg({}), body_msg(chat("jo")))
+                break
+            except grpc.aio.AioRpcError as error:
+                codes.add(error.code())
+                await asyncio.sleep(0.2)  # the channel's reconnect backoff, not a sync point
+        else:
+            pytest.fail("the shim never reached the restarted EPP")
+        assert echoed(responses) == "jo"
+        assert codes <= {grpc.StatusCode.UNAVAILABLE}
+    finally:
+        await back.server.stop(0)
+
+
+async def test_stop_refuses_new_streams_and_lets_open_ones_finish(
+    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
+) -> None:
+    shim = await make_shim()
+    gw = gateway_for(shim)
+    call = gw.open()
+    await call.write(headers_msg({}))
+    await call.write(body_msg(chat("kim")))
+    assert (await asyncio.wait_for(call.read(), TIMEOUT)).WhichOneof("response")
+    stopping = asyncio.create_task(shim.stop(grace_s=TIMEOUT))
+    await call.write(pb.ProcessingRequest(response_headers=pb.HttpHeaders()))
+    await call.done_writing()
+    rest = [r.WhichOneof("response") for r in await read_rest(call)]
+    assert rest == ["request_body", "response_headers"]
+    await asyncio.wait_for(stopping, TIMEOUT)
+    late = Gateway(shim.target)
+    try:
+        with pytest.raises(grpc.aio.AioRpcError):
+            await asyncio.wait_for(late.exchange(headers_msg({})), TIMEOUT)
+    finally:
+        await late.close()
+
+
+# ---------------------------------------------------------------- session_from_body
+
+
+@given(st.text(max_size=300))
+def test_session_is_the_trimmed_user_or_nothing(user: str) -> None:
+    session = session_from_body(json.dumps({"user": user}).encode())
+    stripped = user.strip()
+    usable = 0 < len(stripped) <= MAX_SESSION_ID_CHARS and all(
+        ord(c) >= 0x20 and ord(c) != 0x7F for c in stripped
+    )
+    assert session == (stripped if usable else None)
+
+
+@given(st.binary(max_size=200))
+def test_any_bytes_never_raise(raw: bytes) -> None:
+    session = session_from_body(raw)
+    assert session is None or 0 < len(session) <= MAX_SESSION_ID_CHARS
+
+
+async def test_a_second_shim_cannot_share_the_port(make_shim: ShimFactory) -> None:
+    """No SO_REUSEPORT: a leftover process must fail loudly, not take half the streams."""
+    first = await make_shim()
+    with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{first.port}"):
+        await make_shim(listen=f"127.0.0.1:{first.port}")

@@ -125,9 +125,10 @@ class OperatorProcess:
     proc: subprocess.Popen[bytes]
     log: Path
     container: dict[str, Any]
+    ports: dict[str, int]  # container port name -> where this process really listens
 
     def port(self, name: str) -> int:
-        return int(next(p["containerPort"] for p in self.container["ports"] if p["name"] == name))
+        return self.ports[name]
 
     def probe(self, kind: str) -> tuple[int, str]:
         """GET the chart's probe (path and named port as the kubelet would), on loopback."""
@@ -166,16 +167,20 @@ class OperatorProcess:
 
 
 def run_as_chart_pod(
-    cluster: Cluster, namespace: str, deployment: str, workdir: Path
+    cluster: Cluster, namespace: str, deployment: str, workdir: Path, replica: int = 0
 ) -> OperatorProcess:
-    """Start the operator exactly as the chart's Deployment would, as its ServiceAccount."""
+    """Start the operator exactly as the chart's Deployment would, as its ServiceAccount.
+
+    Replica 0 listens on the chart's ports; further replicas (pods on other IPs in a real
+    cluster) share this host's loopback, so they get free ports appended to the args.
+    """
     dep = cluster.get_json("deployment", deployment, "-n", namespace)
     pod = dep["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     kubeconfig = service_account_kubeconfig(
         cluster, namespace, pod["serviceAccountName"], workdir / "sa-kubeconfig"
     )
-    fields = {"metadata.name": f"{deployment}-local-0", "metadata.namespace": namespace}
+    fields = {"metadata.name": f"{deployment}-local-{replica}", "metadata.namespace": namespace}
     env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
     for var in container.get("env", []):
         if "value" in var:
@@ -187,11 +192,15 @@ def run_as_chart_pod(
     (command, *rest) = container["command"]
     executable = Path(sys.executable).parent / command
     assert executable.is_file(), f"{executable} is not installed"
-    log = workdir / "operator.log"
+    ports = {p["name"]: int(p["containerPort"]) for p in container["ports"]}
+    extra = ["--bind-address=127.0.0.1"]  # loopback here; in the pod, the pod IP (0.0.0.0)
+    if replica:
+        ports = {name: free_port() for name in ports}
+        extra += [f"--health-port={ports['health']}", f"--metrics-port={ports['metrics']}"]
+    log = workdir / f"operator-{replica}.log"
     handle = log.open("wb")
     proc = subprocess.Popen(
-        # Loopback only on this machine; in the pod the servers bind the pod IP (0.0.0.0).
-        [str(executable), *rest, *container["args"], "--bind-address=127.0.0.1"],
+        [str(executable), *rest, *container["args"], *extra],
         env=env,
         stdout=handle,
         stderr=subprocess.STDOUT,
@@ -199,7 +208,7 @@ def run_as_chart_pod(
         start_new_session=True,
     )
     handle.close()
-    return OperatorProcess(proc, log, container)
+    return OperatorProcess(proc, log, container, ports)
 
 
 def wait_for(what: str, cond: Any, timeout: float, operator: OperatorProcess | None = None) -> None:
@@ -396,6 +405,32 @@ def test_upgrade_and_uninstall_keep_the_crd_and_user_resources(
     # The binding moved from cluster-wide to the watched namespace.
     assert fresh.kubectl("get", "clusterrolebinding", release, check=False).returncode != 0
     assert fresh.get_json("rolebinding", release, "-n", team)["roleRef"]["name"] == release
+
+    # Two replicas as the upgraded chart runs them: one leads through the Lease in the
+    # release namespace (granted by the chart's Role there), the other stands by and takes
+    # over when the leader goes away.
+    replicas = [run_as_chart_pod(fresh, ops, release, tmp_path, replica=i) for i in (0, 1)]
+    try:
+
+        def roles() -> list[str]:
+            return [r.probe("readinessProbe")[1].strip() for r in replicas]
+
+        wait_for("one leader and one standby", lambda: sorted(roles()) == ["leader", "standby"], 90)
+        leader = roles().index("leader")
+        assert replicas[leader].metric("promptcache_leader") == 1
+        assert replicas[1 - leader].metric("promptcache_leader") == 0
+        replicas[leader].stop()
+        wait_for(
+            "the standby to take over",
+            lambda: roles()[1 - leader] == "leader",
+            90,
+            replicas[1 - leader],
+        )
+        lease = fresh.get_json("lease", release, "-n", ops)
+        assert lease["spec"]["holderIdentity"] == f"{release}-local-{1 - leader}"
+    finally:
+        for r in replicas:
+            r.stop()
 
     bad = fresh.helm(
         "upgrade",

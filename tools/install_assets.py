@@ -11,8 +11,9 @@ can drift by hand:
   removed, one file per object, the CRDs copied from ``crds/``.
 - ``tests/chart/golden/<set>.yaml`` -- ``helm template`` for each value set in
   ``tests/chart/values/``, reviewed in diffs.
-- the values table in ``docs/install.md`` (between markers), from ``values.schema.json``
-  (types, descriptions) and ``values.yaml`` (defaults).
+- the values table in ``docs/install.md`` (and in ``README.md`` if it has the same
+  markers), from ``values.schema.json`` (types, descriptions) and ``values.yaml``
+  (defaults).
 
 Usage::
 
@@ -261,13 +262,26 @@ def values_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-def install_doc() -> dict[Path, str]:
-    text = INSTALL_DOC.read_text()
+def _with_table(path: Path) -> str | None:
+    text = path.read_text()
     head, sep, rest = text.partition(TABLE_START)
     _, sep2, tail = rest.partition(TABLE_END)
     if not sep or not sep2:
+        return None
+    return f"{head}{TABLE_START}\n{values_table()}{TABLE_END}{tail}"
+
+
+def install_doc() -> dict[Path, str]:
+    """docs/install.md must hold the table; README.md gets it too once it has the markers."""
+    out: dict[Path, str] = {}
+    text = _with_table(INSTALL_DOC)
+    if text is None:
         raise StaleError(f"{INSTALL_DOC} lacks the values-table markers")
-    return {INSTALL_DOC: f"{head}{TABLE_START}\n{values_table()}{TABLE_END}{tail}"}
+    out[INSTALL_DOC] = text
+    readme = ROOT / "README.md"
+    if readme.is_file() and (text := _with_table(readme)) is not None:
+        out[readme] = text
+    return out
 
 
 # --------------------------------------------------------------------------- main

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from promptcache._version import __version__
+
 GROUP: Final[str] = "serving.promptcache.io"
 VERSION: Final[str] = "v1alpha1"
 API_VERSION: Final[str] = f"{GROUP}/{VERSION}"
@@ -20,6 +22,9 @@ DEFAULT_EPP_IMAGE: Final[str] = "ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.1
 """The Endpoint Picker release the generated EndpointPickerConfig is verified against."""
 DEFAULT_FRONT_IMAGE: Final[str] = "ghcr.io/promptcache/promptcache-front:0.1.0"
 """The cache-front image the Dockerfile's `front` target publishes."""
+DEFAULT_SESSION_SHIM_IMAGE: Final[str] = f"ghcr.io/promptcache/promptcache-operator:{__version__}"
+"""The Endpoint Picker's session shim runs from the operator image (its `gateway` extra):
+no torch, and one image less to publish and pin."""
 
 EPP_MIN_BLOCK_SIZE_TOKENS: Final[int] = 64
 """The Endpoint Picker raises smaller prefix block sizes to this (llm-d-router #1158)."""

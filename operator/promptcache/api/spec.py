@@ -20,7 +20,12 @@ from promptcache.api.base import (
     OptionalHeaderName,
     Quantity,
 )
-from promptcache.api.constants import DEFAULT_EPP_IMAGE, DEFAULT_FRONT_IMAGE, DEFAULT_VLLM_IMAGE
+from promptcache.api.constants import (
+    DEFAULT_EPP_IMAGE,
+    DEFAULT_FRONT_IMAGE,
+    DEFAULT_SESSION_SHIM_IMAGE,
+    DEFAULT_VLLM_IMAGE,
+)
 from promptcache.api.rules import enforce_rules
 from promptcache.contract import (
     DEFAULT_CACHED_PROMPT_TOKENS_HEADER,
@@ -266,6 +271,10 @@ class GatewaySpec(ApiModel):
     """What the gateway does when the Endpoint Picker is unreachable."""
     extra_flags: Annotated[list[str], Field(max_length=32)] = Field(default_factory=list)
     """Extra Endpoint Picker flags, appended last (e.g. `-v=4`)."""
+    session_shim_image: ImageRef = DEFAULT_SESSION_SHIM_IMAGE
+    """Image of the session shim, the Endpoint Picker pod's second container when
+    `sessionAffinity.useUserField` is on (it copies the body's `user` into the session header
+    before the Endpoint Picker routes); the operator image runs it."""
     route: RouteSpec = Field(default_factory=RouteSpec)
 
 

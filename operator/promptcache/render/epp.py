@@ -5,6 +5,13 @@ from __future__ import annotations
 from typing import Any, Final
 
 from promptcache.api import PromptCacheDeployment
+from promptcache.contract import (
+    EPP_EXT_PROC_PORT,
+    EPP_LOCAL_GRPC_PORT,
+    SESSION_USER_FIELD,
+    SessionShimEnv,
+)
+from promptcache.gateway.settings import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_BUFFERED_BYTES
 from promptcache.render.epp_config import (
     endpoint_picker_config,
     endpoint_picker_config_text,
@@ -13,13 +20,27 @@ from promptcache.render.epp_config import (
 from promptcache.render.names import Component, Names, metadata, selector_labels
 from promptcache.render.security import container_security_context, pod_security_context
 
-GRPC_PORT: Final[int] = 9002
+GRPC_PORT: Final[int] = EPP_EXT_PROC_PORT
+"""What the gateway dials through the Service: the EPP's port, or the session shim's."""
 GRPC_HEALTH_PORT: Final[int] = 9003
 METRICS_PORT: Final[int] = 9090
 CONFIG_DIR: Final[str] = "/config"
 CONFIG_KEY: Final[str] = "config.yaml"
 POOL_GROUP: Final[str] = "inference.networking.k8s.io"
 _READ: Final[list[str]] = ["get", "list", "watch"]
+SESSION_SHIM_CONTAINER: Final[str] = "session-shim"
+TERMINATION_GRACE_SECONDS: Final[int] = 130
+SHIM_DRAIN_SECONDS: Final[int] = TERMINATION_GRACE_SECONDS - 10
+"""Open ext_proc streams (one per in-flight request) may finish before the pod is killed."""
+
+
+def uses_session_shim(pcd: PromptCacheDeployment) -> bool:
+    """Whether the body's `user` must reach the EPP: then the session shim fronts it.
+
+    The EPP reads the session from a header only (docs/endpoint-picker.md, 'How a `user`
+    field reaches the Endpoint Picker')."""
+    session = pcd.spec.session_affinity
+    return session.enabled and session.use_user_field
 
 
 def epp_args(pcd: PromptCacheDeployment, names: Names) -> list[str]:
@@ -30,7 +51,8 @@ def epp_args(pcd: PromptCacheDeployment, names: Names) -> list[str]:
         "--pool-namespace", names.namespace,
         "--pool-group", POOL_GROUP,
         "--config-file", f"{CONFIG_DIR}/{CONFIG_KEY}",
-        "--grpc-port", str(GRPC_PORT),
+        # Behind the session shim the EPP takes another port; the shim dials it on localhost.
+        "--grpc-port", str(EPP_LOCAL_GRPC_PORT if uses_session_shim(pcd) else GRPC_PORT),
         "--grpc-health-port", str(GRPC_HEALTH_PORT),
         "--metrics-port", str(METRICS_PORT),
         # Scrapers need no TokenReview rights; the operator then needs no ClusterRoles per pool.
@@ -48,12 +70,47 @@ def _probe(service: str, period: int) -> dict[str, Any]:
     return {"grpc": {"port": GRPC_HEALTH_PORT, "service": service}, "periodSeconds": period}
 
 
+def session_shim_container(pcd: PromptCacheDeployment) -> dict[str, Any]:
+    """The ext_proc proxy that copies the body's `user` into the session header.
+
+    It owns the `grpc` port the Service targets and relays to the EPP on localhost; its
+    memory limit covers the bodies it may hold (`MAX_BUFFERED_BYTES`) plus the runtime."""
+    env = {
+        SessionShimEnv.LISTEN: f"0.0.0.0:{GRPC_PORT}",
+        SessionShimEnv.UPSTREAM: f"127.0.0.1:{EPP_LOCAL_GRPC_PORT}",
+        SessionShimEnv.SESSION_HEADER: pcd.spec.session_affinity.header,
+        SessionShimEnv.USER_FIELD: SESSION_USER_FIELD,
+        SessionShimEnv.MAX_BODY_BYTES: str(DEFAULT_MAX_BODY_BYTES),
+        SessionShimEnv.MAX_BUFFERED_BYTES: str(DEFAULT_MAX_BUFFERED_BYTES),
+        SessionShimEnv.DRAIN_SECONDS: str(SHIM_DRAIN_SECONDS),
+    }
+    tcp = {"tcpSocket": {"port": "grpc"}}
+    return {
+        "name": SESSION_SHIM_CONTAINER,
+        "image": pcd.spec.gateway.session_shim_image,
+        "imagePullPolicy": "IfNotPresent",
+        "args": ["session-shim"],
+        "env": [{"name": k, "value": v} for k, v in env.items()],
+        "ports": [{"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"}],
+        "livenessProbe": {**tcp, "initialDelaySeconds": 5, "periodSeconds": 10},
+        "readinessProbe": {**tcp, "periodSeconds": 2},
+        "resources": {
+            "requests": {"cpu": "100m", "memory": "128Mi"},
+            "limits": {"memory": "256Mi"},
+        },
+        "securityContext": container_security_context(read_only_root=True),
+    }
+
+
 def epp_deployment(pcd: PromptCacheDeployment, names: Names) -> dict[str, Any]:
     replicas = pcd.spec.gateway.replicas
+    shim = uses_session_shim(pcd)
     # With leader election only the leader serves; probes then name the role they check.
     liveness, readiness = (
         ("liveness", "readiness") if replicas > 1 else ("inference-extension",) * 2
     )
+    # Behind the shim the EPP's ext_proc port is the shim's upstream, not a named pod port.
+    grpc_port = [] if shim else [{"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"}]
     container = {
         "name": "epp",
         "image": pcd.spec.gateway.epp_image,
@@ -64,7 +121,7 @@ def epp_deployment(pcd: PromptCacheDeployment, names: Names) -> dict[str, Any]:
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         ],
         "ports": [
-            {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
+            *grpc_port,
             {"name": "grpc-health", "containerPort": GRPC_HEALTH_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
         ],
@@ -91,8 +148,8 @@ def epp_deployment(pcd: PromptCacheDeployment, names: Names) -> dict[str, Any]:
                 "spec": {
                     "serviceAccountName": names.epp,
                     "securityContext": pod_security_context(),
-                    "terminationGracePeriodSeconds": 130,
-                    "containers": [container],
+                    "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+                    "containers": [container, *([session_shim_container(pcd)] if shim else [])],
                     "volumes": [{"name": "config", "configMap": {"name": names.epp}}],
                 },
             },

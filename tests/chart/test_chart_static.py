@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,20 @@ def test_dockerfile_keeps_torch_out_of_the_operator_image() -> None:
         assert "[front]" not in stages[name], f"stage {name} installs the front extra"
     assert 'pip install ".[front]"' in stages["build-front"]
     assert "torch" in stages["build-front"]
+    assert 'pip install ".[gateway]"' in stages["build-operator"]
+
+
+def test_session_shim_runs_from_the_operator_image() -> None:
+    """The renderer's default shim image is the operator image, which carries its extra."""
+    from promptcache.api.constants import DEFAULT_SESSION_SHIM_IMAGE
+    from promptcache.cli import build_parser
+
+    assert f"{OPERATOR_IMAGE}:{__version__}" == DEFAULT_SESSION_SHIM_IMAGE
+    assert build_parser().parse_args(["session-shim"]).command == "session-shim"
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert not any("torch" in dep for dep in extras["gateway"])
 
 
 def test_image_user_is_the_chart_user_and_not_root() -> None:

@@ -310,3 +310,5 @@ def test_the_operator_accepts_the_charts_command_line(value_set: Path) -> None:
     assert args.metrics_port == values.get("metrics", {}).get("port", 9090)
     assert args.leader_election is True
     assert args.lease_name == "promptcache-operator"
+    # The Lease lives where the chart's leader-election Role grants it: the release namespace.
+    assert args.lease_namespace == "promptcache-system"

@@ -16,6 +16,7 @@ import grpc
 import grpc.aio
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -373,3 +374,16 @@ async def test_a_second_shim_cannot_share_the_port(make_shim: ShimFactory) -> No
     first = await make_shim()
     with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{first.port}"):
         await make_shim(listen=f"127.0.0.1:{first.port}")
+
+
+async def test_a_gateway_without_a_deadline_is_served(
+    make_shim: ShimFactory, upstream: Upstream
+) -> None:
+    """Envoy keeps ext_proc streams open without a gRPC deadline; none is invented."""
+    shim = await make_shim()
+    async with grpc.aio.insecure_channel(shim.target) as channel:
+        call = pb_grpc.ExternalProcessorStub(channel).Process()
+        await call.write(headers_msg({}))
+        await call.write(body_msg(chat("lee")))
+        await call.done_writing()
+        assert echoed(await read_rest(call)) == "lee"

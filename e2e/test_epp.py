@@ -21,13 +21,12 @@ import pytest
 import yaml
 
 from epp.binary import find_epp_binary, missing_reason
-from epp.extproc import ExtProcClient, chat_body
+from epp.extproc import chat_body
 from epp.fake_pod import VllmMetrics
 from epp.launch import Launcher, routing_patch, shape_patch
 from epp.pool import PoolOnCluster
 from epp.rendered import example_files
 from epp.scenarios import handicap, prefixed, settle_index, unique_text, wait_scrapes
-from epp.session_shim import serve
 
 pytestmark = [
     pytest.mark.epp,
@@ -323,43 +322,60 @@ def test_session_header_sticks_even_when_load_says_otherwise(launch: Launcher) -
 def test_user_field_reaches_the_epp_through_the_session_shim(launch: Launcher) -> None:
     """spec/004: a `user` body field names the session as well as the header does.
 
-    The EPP reads headers only, and the cache front sees the request after the pick,
-    so the copy happens on the ext_proc path: the gateway talks to the session shim,
-    which adds the header from `user` before the EPP decides."""
+    The EPP reads headers only, and the cache front sees the request after the pick, so
+    the rendered EPP pod puts the session shim (`promptcache session-shim`) on the port
+    the gateway dials. Here both run as rendered: the EPP with its rendered args (its
+    `--grpc-port` moved off the Service's port), the shim with the rendered container's
+    args and env, relaying to the EPP (see PoolOnCluster.start_shim)."""
     pool = launch(spec_patch=routing_patch(session=True))
     assert pool.epp is not None
+    shim_container = pool.rendered.session_shim_container
+    assert shim_container is not None, "sessionAffinity with useUserField renders the shim"
+    assert pool.rendered.epp_grpc_port != 9002  # the Service's port belongs to the shim
     session = next(
         p for p in pool.rendered.epp_config["plugins"] if p["type"] == "session-affinity-filter"
     )
     header = session["parameters"]["sessionIdConfig"]["sources"][0]["header"]
-    running = serve(f"127.0.0.1:{pool.epp.ports.grpc}", header)
-    try:
-        gateway = ExtProcClient(running.target)
-        with gateway, pool.epp.client() as direct:
-            answer = gateway.pick(chat_body(unique_text(300), user="alice"))
-            home = pod_at(pool, answer.endpoint)
-            # The pod is told the session too (the EPP echoes the headers it saw).
-            assert answer.set_headers.get(header) == "alice"
-            settle_index()
-            home.set(waiting=20, kv_cache_usage=0.95)
-            wait_scrapes(servers(pool))
-            via_shim = {
-                gateway.pick(chat_body(unique_text(300), user="alice")).endpoint for _ in range(5)
-            }
-            assert via_shim == {home.endpoint}
-            # Straight to the EPP, `user` alone is invisible: load moves the request away.
-            direct_picks = {
-                direct.pick(chat_body(unique_text(300), user="alice")).endpoint for _ in range(5)
-            }
-            assert home.endpoint not in direct_picks
-            # An explicit header wins over `user`.
-            explicit = gateway.pick(
-                chat_body(unique_text(300), user="alice"), headers={header: "bob"}
-            )
-            assert explicit.set_headers.get(header) == "bob"
-            assert explicit.endpoint != home.endpoint
-    finally:
-        running.stop()
+    shim = pool.start_shim()
+    with shim.client() as gateway, pool.epp.client() as direct:
+        answer = gateway.pick(chat_body(unique_text(300), user="alice"))
+        home = pod_at(pool, answer.endpoint)
+        # The pod is told the session too (the EPP echoes the headers it saw).
+        assert answer.set_headers.get(header) == "alice"
+        settle_index()
+        home.set(waiting=20, kv_cache_usage=0.95)
+        wait_scrapes(servers(pool))
+        via_shim = {
+            gateway.pick(chat_body(unique_text(300), user="alice")).endpoint for _ in range(5)
+        }
+        assert via_shim == {home.endpoint}
+        # Straight to the EPP, `user` alone is invisible: load moves the request away.
+        direct_picks = {
+            direct.pick(chat_body(unique_text(300), user="alice")).endpoint for _ in range(5)
+        }
+        assert home.endpoint not in direct_picks
+        # An explicit header wins over `user`.
+        explicit = gateway.pick(chat_body(unique_text(300), user="alice"), headers={header: "bob"})
+        assert explicit.set_headers.get(header) == "bob"
+        assert explicit.endpoint != home.endpoint
+        # A `user` the shim must not trust is ignored: routed by load, no header set.
+        hostile = gateway.pick(chat_body(unique_text(300), user="alice\r\nx-evil: 1"))
+        assert header not in hostile.set_headers
+        assert hostile.endpoint != home.endpoint
+    assert shim.stop() == 0, shim.log()
+    assert "session shim stopped" in shim.log()
+
+
+def test_without_user_field_the_epp_pod_has_no_shim(launch: Launcher) -> None:
+    """`useUserField: false` keeps the EPP on the Service's port, alone in its pod."""
+    patch = routing_patch(replicas=2, session=True)
+    patch["sessionAffinity"]["useUserField"] = False
+    pool = launch(spec_patch=patch)
+    assert pool.epp is not None
+    assert pool.rendered.session_shim_container is None
+    assert pool.rendered.epp_grpc_port == 9002
+    with pool.epp.client() as client:
+        pod_at(pool, client.pick(chat_body(unique_text(300), user="alice")).endpoint)
 
 
 # --------------------------------------------------------------------------- load

@@ -21,13 +21,14 @@ from typing import Any, Protocol
 
 import yaml
 
-from promptcache.contract import VLLM_LOCAL_PORT
+from promptcache.contract import VLLM_LOCAL_PORT, SessionShimEnv
 
 from .binary import find_epp_binary, missing_reason
 from .fake_pod import FakePod, VllmMetrics
 from .front import FrontProcess
 from .process import EppProcess
 from .rendered import Rendered
+from .shim import ShimProcess
 
 
 class ClusterLike(Protocol):
@@ -75,6 +76,7 @@ class PoolOnCluster:
     metrics: Callable[[int], VllmMetrics] = lambda i: VllmMetrics()
     pods: list[PodHandle] = field(default_factory=list)
     epp: EppProcess | None = None
+    shim: ShimProcess | None = None
     _starts: int = 0
 
     # --- objects ------------------------------------------------------------------
@@ -227,6 +229,32 @@ class PoolOnCluster:
             self.wait_scraped()
         return self.epp
 
+    def start_shim(self) -> ShimProcess:
+        """Run the rendered `session-shim` container in front of the running EPP.
+
+        The rendered wiring is checked, then kept: the shim must relay to
+        `127.0.0.1:<the EPP's rendered --grpc-port>` and listen on its `grpc` port; here
+        both ports become the free loopback ports the harness really uses."""
+        container = self.rendered.session_shim_container
+        if container is None:
+            raise LookupError("the rendered EPP pod has no session-shim container")
+        assert self.epp is not None, "start the EPP first"
+        env = {e["name"]: str(e["value"]) for e in container.get("env", []) if "value" in e}
+        upstream = f"127.0.0.1:{self.rendered.epp_grpc_port}"
+        relays_to = env.get(SessionShimEnv.UPSTREAM)
+        if relays_to != upstream:
+            raise AssertionError(f"the shim relays to {relays_to!r}, the EPP serves {upstream}")
+        (grpc_port,) = [p["containerPort"] for p in container["ports"] if p["name"] == "grpc"]
+        if not env.get(SessionShimEnv.LISTEN, "").endswith(f":{grpc_port}"):
+            raise AssertionError(f"the shim listens on {env.get(SessionShimEnv.LISTEN)!r}")
+        if self.shim is not None:
+            self.shim.stop()
+        self.shim = ShimProcess(
+            container["args"], env, self.epp.ports.grpc, self.workdir / "session-shim"
+        ).start()
+        self.shim.wait_ready()
+        return self.shim
+
     def wait_scraped(self, timeout_s: float = 60) -> None:
         """Until the EPP's metrics show every pod with the queue its stand-in reports."""
         assert self.epp is not None
@@ -234,6 +262,8 @@ class PoolOnCluster:
         self.epp.wait_scraped(expected, timeout_s)
 
     def close(self) -> None:
+        if self.shim is not None:
+            self.shim.stop()
         if self.epp is not None:
             self.epp.stop()
         for p in self.pods:

@@ -175,7 +175,9 @@ class EppProcess:
     def healthy(self) -> bool:
         """gRPC health check on the health port, as the Deployment's probe does."""
         with grpc.insecure_channel(f"127.0.0.1:{self.ports.health}") as ch:
-            call = ch.unary_unary("/grpc.health.v1.Health/Check")
+            call: grpc.UnaryUnaryMultiCallable[bytes, bytes] = ch.unary_unary(
+                "/grpc.health.v1.Health/Check"
+            )
             try:
                 raw = call(b"", timeout=2)
             except grpc.RpcError:

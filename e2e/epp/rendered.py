@@ -111,6 +111,22 @@ class Rendered:
         return [str(a) for a in self.epp_container.get("args", [])]
 
     @property
+    def epp_grpc_port(self) -> int:
+        """The ext_proc port the rendered EPP serves (`--grpc-port`)."""
+        port = _flag(self.epp_args, "--grpc-port")
+        if port is None:
+            raise LookupError("the rendered EPP has no --grpc-port")
+        return int(port)
+
+    @property
+    def session_shim_container(self) -> dict[str, Any] | None:
+        """The EPP pod's container that runs `promptcache session-shim`, if any."""
+        for c in self.epp_deployment["spec"]["template"]["spec"]["containers"]:
+            if list(c.get("args", []))[:1] == ["session-shim"]:
+                return dict(c)
+        return None
+
+    @property
     def model_deployment(self) -> dict[str, Any]:
         epp = self.epp_deployment["metadata"]["name"]
         (dep,) = [d for d in self.of_kind("Deployment") if d["metadata"]["name"] != epp]

@@ -1,0 +1,94 @@
+"""The real session shim (`promptcache session-shim`), run as the rendered container says.
+
+The EPP pod's `session-shim` container is started here with the rendered args and
+environment. Only the two addresses change, and only in a way that keeps the rendered
+wiring: its listen port becomes a free loopback port, and its upstream becomes the port
+the harness really gave the EPP in place of the rendered `--grpc-port` (the harness
+checks first that the rendered upstream is exactly `127.0.0.1:<rendered --grpc-port>`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import BinaryIO
+
+from promptcache.contract import SessionShimEnv
+
+from .extproc import ExtProcClient
+from .process import free_port
+
+STARTED_LINE = "session shim listening on"
+
+
+class ShimProcess:
+    """One running shim; `stop()` sends SIGTERM and returns its exit code."""
+
+    def __init__(
+        self,
+        args: Sequence[str],
+        env: Mapping[str, str],
+        upstream_port: int,
+        workdir: Path,
+    ) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.log_path = workdir / "session-shim.log"
+        full = {k: v for k, v in os.environ.items() if not k.startswith("PROMPTCACHE_")}
+        full.update(env)
+        full[SessionShimEnv.LISTEN] = f"127.0.0.1:{self.port}"
+        full[SessionShimEnv.UPSTREAM] = f"127.0.0.1:{upstream_port}"
+        full["NO_PROXY"] = full["no_proxy"] = "127.0.0.1,localhost"
+        self.env = full
+        self.args = [sys.executable, "-m", "promptcache.cli", *args]
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: BinaryIO | None = None
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def start(self) -> ShimProcess:
+        self._log = self.log_path.open("wb")
+        self._proc = subprocess.Popen(
+            self.args, stdout=self._log, stderr=subprocess.STDOUT, env=self.env
+        )
+        return self
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        """Until the shim logs its start-up line (it binds before logging)."""
+        assert self._proc is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"session shim exited {self._proc.returncode}:\n{self.log()}")
+            if STARTED_LINE in self.log():
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"session shim not started after {timeout_s}s:\n{self.log()}")
+
+    def client(self) -> ExtProcClient:
+        return ExtProcClient(self.target)
+
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        if self._proc is None:
+            return None
+        if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
+            try:
+                self._proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(timeout=10)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        return self._proc.returncode

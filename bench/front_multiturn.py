@@ -77,8 +77,9 @@ async def _inline_turns(
     for turn in range(1, len(conversation) + 1):
         body = json.dumps(_chat_body([p.data for p in conversation[:turn]])).encode()
         start = time.perf_counter()
-        async with http.post(url + CHAT, data=body,
-                             headers={"Content-Type": "application/json"}) as resp:
+        async with http.post(
+            url + CHAT, data=body, headers={"Content-Type": "application/json"}
+        ) as resp:
             await resp.read()
             assert resp.status == 200, resp.status
         series.latencies.append(time.perf_counter() - start)
@@ -97,9 +98,9 @@ async def _reference_turns(
         series.bytes_sent += result.bytes_sent
 
 
-async def _wait_ready(http: aiohttp.ClientSession, url: str, proc: asyncio.subprocess.Process) -> (
-    None
-):
+async def _wait_ready(
+    http: aiohttp.ClientSession, url: str, proc: asyncio.subprocess.Process
+) -> None:
     for _ in range(600):
         if proc.returncode is not None:
             raise SystemExit(f"{url}: process exited with {proc.returncode}")
@@ -117,18 +118,30 @@ async def run(args: argparse.Namespace) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROMPTCACHE_")}
     standin_port, front_port = _free_port(), _free_port()
     standin = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "promptcache.front.standin", str(standin_port),
-        stdout=asyncio.subprocess.DEVNULL, env=env,
+        sys.executable,
+        "-m",
+        "promptcache.front.standin",
+        str(standin_port),
+        stdout=asyncio.subprocess.DEVNULL,
+        env=env,
     )
     direct_url = f"http://127.0.0.1:{standin_port}"
     front = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "promptcache.front", "--upstream", direct_url,
-        "--listen", f"127.0.0.1:{front_port}", "--prompt-embeds-cache-gib", "2",
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, env=env,
+        sys.executable,
+        "-m",
+        "promptcache.front",
+        "--upstream",
+        direct_url,
+        "--listen",
+        f"127.0.0.1:{front_port}",
+        "--prompt-embeds-cache-gib",
+        "2",
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+        env=env,
     )
     front_url = f"http://127.0.0.1:{front_port}"
-    modes = {"direct (inline)": Series(), "front, inline": Series(),
-             "front, references": Series()}
+    modes = {"direct (inline)": Series(), "front, inline": Series(), "front, references": Series()}
     try:
         timeout = aiohttp.ClientTimeout(total=300)
         async with aiohttp.ClientSession(timeout=timeout) as http:
@@ -140,12 +153,16 @@ async def run(args: argparse.Namespace) -> None:
                 except aiohttp.ClientConnectionError:
                     await asyncio.sleep(0.1)
             await _wait_ready(http, front_url, front)
-            print(f"{args.conversations} conversations x {args.turns} turns, "
-                  f"{args.tokens} tokens x {args.hidden} hidden (fp16) added per turn")
+            print(
+                f"{args.conversations} conversations x {args.turns} turns, "
+                f"{args.tokens} tokens x {args.hidden} hidden (fp16) added per turn"
+            )
             for c in range(args.conversations):
                 # fresh embeddings per mode, so no mode warms the cache for another
-                convs = [_conversation(1000 * c + m, args.turns, args.tokens, args.hidden)
-                         for m in range(3)]
+                convs = [
+                    _conversation(1000 * c + m, args.turns, args.tokens, args.hidden)
+                    for m in range(3)
+                ]
                 await _inline_turns(http, direct_url, convs[0], modes["direct (inline)"])
                 await _inline_turns(http, front_url, convs[1], modes["front, inline"])
                 await _reference_turns(http, front_url, convs[2], modes["front, references"])
@@ -156,27 +173,38 @@ async def run(args: argparse.Namespace) -> None:
 
     base = modes["direct (inline)"]
     refs = modes["front, references"]
-    print(f"\n{'mode':<20}{'requests':>9}{'MB sent':>10}{'p50 ms':>9}{'p99 ms':>9}"
-          f"{'p50 x':>8}{'p99 x':>8}")
+    print(
+        f"\n{'mode':<20}{'requests':>9}{'MB sent':>10}{'p50 ms':>9}{'p99 ms':>9}"
+        f"{'p50 x':>8}{'p99 x':>8}"
+    )
     for name, s in modes.items():
-        print(f"{name:<20}{len(s.latencies):>9}{s.bytes_sent / 1e6:>10.2f}"
-              f"{s.pct(0.5) * 1e3:>9.2f}{s.pct(0.99) * 1e3:>9.2f}"
-              f"{s.pct(0.5) / base.pct(0.5):>8.2f}{s.pct(0.99) / base.pct(0.99):>8.2f}")
+        print(
+            f"{name:<20}{len(s.latencies):>9}{s.bytes_sent / 1e6:>10.2f}"
+            f"{s.pct(0.5) * 1e3:>9.2f}{s.pct(0.99) * 1e3:>9.2f}"
+            f"{s.pct(0.5) / base.pct(0.5):>8.2f}{s.pct(0.99) / base.pct(0.99):>8.2f}"
+        )
     saved = 1 - refs.bytes_sent / base.bytes_sent
-    print(f"\nbytes uploaded with references vs inline: {refs.bytes_sent / base.bytes_sent:.3f} "
-          f"({saved:.1%} fewer; goal >= 90%)")
-    print(f"front added latency with references: p50 {1e3 * (refs.pct(0.5) - base.pct(0.5)):+.2f}"
-          f" ms, p99 {1e3 * (refs.pct(0.99) - base.pct(0.99)):+.2f} ms "
-          f"(ratio p50 {refs.pct(0.5) / base.pct(0.5):.2f}, "
-          f"p99 {refs.pct(0.99) / base.pct(0.99):.2f})")
-    print(f"mean latency: direct {statistics.mean(base.latencies) * 1e3:.2f} ms, "
-          f"front+references {statistics.mean(refs.latencies) * 1e3:.2f} ms")
+    print(
+        f"\nbytes uploaded with references vs inline: {refs.bytes_sent / base.bytes_sent:.3f} "
+        f"({saved:.1%} fewer; goal >= 90%)"
+    )
+    print(
+        f"front added latency with references: p50 {1e3 * (refs.pct(0.5) - base.pct(0.5)):+.2f}"
+        f" ms, p99 {1e3 * (refs.pct(0.99) - base.pct(0.99)):+.2f} ms "
+        f"(ratio p50 {refs.pct(0.5) / base.pct(0.5):.2f}, "
+        f"p99 {refs.pct(0.99) / base.pct(0.99):.2f})"
+    )
+    print(
+        f"mean latency: direct {statistics.mean(base.latencies) * 1e3:.2f} ms, "
+        f"front+references {statistics.mean(refs.latencies) * 1e3:.2f} ms"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--full", action="store_true",
-                        help="10 conversations, 64 tokens x 4096 hidden per turn")
+    parser.add_argument(
+        "--full", action="store_true", help="10 conversations, 64 tokens x 4096 hidden per turn"
+    )
     parser.add_argument("--conversations", type=int, default=None)
     parser.add_argument("--turns", type=int, default=20)
     parser.add_argument("--tokens", type=int, default=None)

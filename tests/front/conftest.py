@@ -61,8 +61,11 @@ async def make_front(
     runners: list[web.AppRunner] = []
 
     async def make(
-        *, upstream: str | None = None, secret: bytes | None = SECRET,
-        cache_bytes: int = 64 << 20, **overrides: Any,
+        *,
+        upstream: str | None = None,
+        secret: bytes | None = SECRET,
+        cache_bytes: int = 64 << 20,
+        **overrides: Any,
     ) -> Front:
         settings = FrontSettings(upstream=upstream or standin[1], **overrides)
         cache = PromptEmbedsCache(cache_bytes)

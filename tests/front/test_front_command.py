@@ -47,18 +47,31 @@ def test_flag_wins_over_env_and_env_over_default() -> None:
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({FrontEnv.ISOLATION_MODE: "perkey"},
-         "PROMPTCACHE_ISOLATION_MODE='perkey' is not one of Shared, PerKey, Required"),
-        ({FrontEnv.MAX_BODY_BYTES: "32MiB"}, "PROMPTCACHE_MAX_BODY_BYTES='32MiB' is not an integer"),
-        ({FrontEnv.HONOR_MAX_LEN: "maybe"},
-         "PROMPTCACHE_HONOR_PROMPT_CACHE_MAX_LEN='maybe' is not a boolean; use true or false"),
-        ({"SG_PROMPT_EMBEDS_CACHE_GIB": "-1"},
-         "SG_PROMPT_EMBEDS_CACHE_GIB=-1.0 must be a non-negative number of GiB (0 disables the "
-         "cache)"),
-        ({FrontEnv.UPSTREAM: "127.0.0.1:8001"},
-         "upstream '127.0.0.1:8001' must be an http URL, e.g. http://127.0.0.1:8001"),
-        ({FrontEnv.TURBOQUANT_DTYPE: "int8"},
-         "TurboQuant dtype 'int8' is not one of auto, float32, float16, bfloat16"),
+        (
+            {FrontEnv.ISOLATION_MODE: "perkey"},
+            "PROMPTCACHE_ISOLATION_MODE='perkey' is not one of Shared, PerKey, Required",
+        ),
+        (
+            {FrontEnv.MAX_BODY_BYTES: "32MiB"},
+            "PROMPTCACHE_MAX_BODY_BYTES='32MiB' is not an integer",
+        ),
+        (
+            {FrontEnv.HONOR_MAX_LEN: "maybe"},
+            "PROMPTCACHE_HONOR_PROMPT_CACHE_MAX_LEN='maybe' is not a boolean; use true or false",
+        ),
+        (
+            {"SG_PROMPT_EMBEDS_CACHE_GIB": "-1"},
+            "SG_PROMPT_EMBEDS_CACHE_GIB=-1.0 must be a non-negative number of GiB (0 disables the "
+            "cache)",
+        ),
+        (
+            {FrontEnv.UPSTREAM: "127.0.0.1:8001"},
+            "upstream '127.0.0.1:8001' must be an http URL, e.g. http://127.0.0.1:8001",
+        ),
+        (
+            {FrontEnv.TURBOQUANT_DTYPE: "int8"},
+            "TurboQuant dtype 'int8' is not one of auto, float32, float16, bfloat16",
+        ),
     ],
 )
 def test_bad_settings_are_refused_with_a_message(env: dict[str, str], message: str) -> None:
@@ -82,16 +95,27 @@ def _free_port() -> int:
 
 
 def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items()
-            if not k.startswith("PROMPTCACHE_") and k != "SG_PROMPT_EMBEDS_CACHE_GIB"}
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("PROMPTCACHE_") and k != "SG_PROMPT_EMBEDS_CACHE_GIB"
+    }
 
 
 async def test_salting_mode_without_secret_refuses_to_start(tmp_path: Path) -> None:
     missing = tmp_path / "absent"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "promptcache.front", "--isolation-mode", "PerKey",
-        "--salt-key-file", str(missing), "--listen", f"127.0.0.1:{_free_port()}",
-        env=_env(), stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "promptcache.front",
+        "--isolation-mode",
+        "PerKey",
+        "--salt-key-file",
+        str(missing),
+        "--listen",
+        f"127.0.0.1:{_free_port()}",
+        env=_env(),
+        stderr=asyncio.subprocess.PIPE,
     )
     _, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 2
@@ -105,8 +129,15 @@ async def test_short_secret_is_refused(tmp_path: Path) -> None:
     key = tmp_path / "salt-key"
     key.write_bytes(b"short")
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "promptcache.front", "--isolation-mode", "Required",
-        "--salt-key-file", str(key), env=_env(), stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "promptcache.front",
+        "--isolation-mode",
+        "Required",
+        "--salt-key-file",
+        str(key),
+        env=_env(),
+        stderr=asyncio.subprocess.PIPE,
     )
     _, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 2
@@ -124,13 +155,25 @@ async def test_real_process_serves_and_stops_on_sigterm(
     secret = b"k" * 32
     (tmp_path / "salt-key").write_bytes(secret + b"\n")
     port = _free_port()
-    env = {**_env(), FrontEnv.ISOLATION_MODE: "PerKey",
-           FrontEnv.SALT_KEY_FILE: str(tmp_path / "salt-key"),
-           "SG_PROMPT_EMBEDS_CACHE_GIB": "0.01"}
+    env = {
+        **_env(),
+        FrontEnv.ISOLATION_MODE: "PerKey",
+        FrontEnv.SALT_KEY_FILE: str(tmp_path / "salt-key"),
+        "SG_PROMPT_EMBEDS_CACHE_GIB": "0.01",
+    }
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "promptcache.front", "--upstream", upstream_url,
-        "--listen", f"127.0.0.1:{port}", "--workers", str(workers), env=env,
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "promptcache.front",
+        "--upstream",
+        upstream_url,
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--workers",
+        str(workers),
+        env=env,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
     )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -147,18 +190,24 @@ async def test_real_process_serves_and_stops_on_sigterm(
             else:
                 pytest.fail("the front never became ready")
             for _ in range(2 * workers):  # new connections: each may reach another process
-                async with aiohttp.ClientSession() as fresh, fresh.post(
-                    base + "/v1/chat/completions",
-                    json={"model": "m", "messages": [], "prompt_cache_isolation_key": "t"},
-                ) as resp:
+                async with (
+                    aiohttp.ClientSession() as fresh,
+                    fresh.post(
+                        base + "/v1/chat/completions",
+                        json={"model": "m", "messages": [], "prompt_cache_isolation_key": "t"},
+                    ) as resp,
+                ):
                     assert resp.status == 200
                     assert resp.headers["dashflow-prompt-tokens"] == "42"
             async with http.get(base + "/metrics") as resp:
                 text = await resp.text()
         assert json.loads(upstream.requests[-1].body)["cache_salt"] == derive_salt(secret, "t")
         assert "vllm:num_requests_running" in text
-        capacity = next(line for line in text.splitlines()
-                        if line.startswith("promptcache_front_prompt_embeds_cache_capacity_bytes "))
+        capacity = next(
+            line
+            for line in text.splitlines()
+            if line.startswith("promptcache_front_prompt_embeds_cache_capacity_bytes ")
+        )
         assert float(capacity.split()[1]) == int(0.01 * (1 << 30))
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -177,8 +226,7 @@ def test_every_front_env_variable_has_a_flag() -> None:
 
 
 def test_empty_header_env_switches_the_header_off() -> None:
-    env = {FrontEnv.PROMPT_TOKENS_HEADER: "", FrontEnv.SESSION_HEADER: "",
-           FrontEnv.UPSTREAM: ""}
+    env = {FrontEnv.PROMPT_TOKENS_HEADER: "", FrontEnv.SESSION_HEADER: "", FrontEnv.UPSTREAM: ""}
     settings = settings_from(_parse([]), env)
     assert settings.prompt_tokens_header == ""
     assert settings.session_header == ""

@@ -67,13 +67,15 @@ async def test_chat_part_reference_hit_is_byte_identical(
 
     def chat(data: str, **part: str) -> dict[str, Any]:
         content = [
-            {"type": "text", "text": "see:"}, {"type": "prompt_embeds", "data": data, **part},
+            {"type": "text", "text": "see:"},
+            {"type": "prompt_embeds", "data": data, **part},
         ]
         return {"model": "m", "messages": [{"role": "user", "content": content}]}
 
     p = _payload(2)
-    status, _ = await _post(http, front.url + CHAT, chat(p.data, prompt_embeds_id=p.identifier),
-                            headers={KEY: "t"})
+    status, _ = await _post(
+        http, front.url + CHAT, chat(p.data, prompt_embeds_id=p.identifier), headers={KEY: "t"}
+    )
     assert status == 200
     first = upstream.requests[-1].body
     assert "prompt_embeds_id" not in first.decode()
@@ -89,8 +91,15 @@ async def test_miss_names_exactly_the_missing_identifiers(
     known, unknown1, unknown2 = _payload(3), _payload(4), _payload(5)
     await _post(http, front.url + COMPLETIONS, {"model": "m", "prompt_embeds": known.data})
     sent_before = len(upstream.requests)
-    body = {"model": "m", "prompt_embeds": [
-        known.identifier, unknown1.identifier, unknown2.identifier, unknown1.identifier]}
+    body = {
+        "model": "m",
+        "prompt_embeds": [
+            known.identifier,
+            unknown1.identifier,
+            unknown2.identifier,
+            unknown1.identifier,
+        ],
+    }
     status, answer = await _post(http, front.url + COMPLETIONS, body)
     assert status == 409
     assert answer["error"] == {
@@ -154,33 +163,52 @@ def _torch_save(obj: object) -> str:
 
 
 BAD_PAYLOADS = [
-    ("not base64!", "prompt_embeds[0] prompt_embeds payload is not valid base64 (standard "
-     "alphabet, padded, no whitespace)"),
-    (base64.b64encode(b"garbage bytes").decode(),
-     "prompt_embeds[0] prompt_embeds payload is not a loadable torch.save of a tensor: "),
-    (_torch_save(torch.zeros(4, 8, dtype=torch.int64)),
-     "prompt_embeds[0] prompt_embeds payload must be a non-empty floating-point tensor of "
-     "shape (num_tokens, hidden_size) or (1, num_tokens, hidden_size), got int64 [4, 8]"),
-    (_torch_save(torch.zeros(2, 4, 8)),
-     "prompt_embeds[0] prompt_embeds payload must be a non-empty floating-point tensor of "
-     "shape (num_tokens, hidden_size) or (1, num_tokens, hidden_size), got float32 [2, 4, 8]"),
+    (
+        "not base64!",
+        "prompt_embeds[0] prompt_embeds payload is not valid base64 (standard "
+        "alphabet, padded, no whitespace)",
+    ),
+    (
+        base64.b64encode(b"garbage bytes").decode(),
+        "prompt_embeds[0] prompt_embeds payload is not a loadable torch.save of a tensor: ",
+    ),
+    (
+        _torch_save(torch.zeros(4, 8, dtype=torch.int64)),
+        "prompt_embeds[0] prompt_embeds payload must be a non-empty floating-point tensor of "
+        "shape (num_tokens, hidden_size) or (1, num_tokens, hidden_size), got int64 [4, 8]",
+    ),
+    (
+        _torch_save(torch.zeros(2, 4, 8)),
+        "prompt_embeds[0] prompt_embeds payload must be a non-empty floating-point tensor of "
+        "shape (num_tokens, hidden_size) or (1, num_tokens, hidden_size), got float32 [2, 4, 8]",
+    ),
     (_torch_save({"format": "nope"}), "prompt_embeds[0] invalid prompt_embeds payload: "),
-    ("blake3:abc", "prompt_embeds[0] is not a prompt-embeds identifier: expected 'blake3:' "
-     "followed by 64 lowercase hex digits, got 'blake3:abc'"),
-    ("sha256:" + "0" * 64, "prompt_embeds[0] is not a prompt-embeds identifier: expected "
-     "'blake3:' followed by 64 lowercase hex digits, got 'sha256:" + "0" * 64 + "'"),
+    (
+        "blake3:abc",
+        "prompt_embeds[0] is not a prompt-embeds identifier: expected 'blake3:' "
+        "followed by 64 lowercase hex digits, got 'blake3:abc'",
+    ),
+    (
+        "sha256:" + "0" * 64,
+        "prompt_embeds[0] is not a prompt-embeds identifier: expected "
+        "'blake3:' followed by 64 lowercase hex digits, got 'sha256:" + "0" * 64 + "'",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("data", "message"), BAD_PAYLOADS)
 async def test_bad_payloads_are_400_with_exact_message(
-    standin: Standin, make_front: MakeFront, http: aiohttp.ClientSession, data: str,
+    standin: Standin,
+    make_front: MakeFront,
+    http: aiohttp.ClientSession,
+    data: str,
     message: str,
 ) -> None:
     upstream, _ = standin
     front = await make_front()
-    status, answer = await _post(http, front.url + COMPLETIONS,
-                                 {"model": "m", "prompt_embeds": [data]})
+    status, answer = await _post(
+        http, front.url + COMPLETIONS, {"model": "m", "prompt_embeds": [data]}
+    )
     assert status == 400
     if message.endswith(": "):
         assert answer["error"]["message"].startswith(message)
@@ -195,15 +223,23 @@ async def test_bad_payloads_are_400_with_exact_message(
     ("body", "message"),
     [
         ({"prompt_embeds": 5}, "prompt_embeds must be a string or a list of strings"),
-        ({"prompt_embeds": ["a"], "prompt_embeds_ids": ["x", "y"]},
-         "prompt_embeds_ids must be a list as long as prompt_embeds (1 entries), with null "
-         "where no identifier is named"),
-        ({"prompt_embeds_ids": ["x"]},
-         "prompt_embeds_ids names identifiers but the request has no prompt_embeds"),
-        ({"prompt_embeds": "QUFB", "prompt_embeds_ids": ["x"]},
-         "prompt_embeds_ids must be a string when prompt_embeds is one"),
-        ({"messages": [{"role": "user", "content": [{"type": "prompt_embeds"}]}]},
-         "messages[0].content[0].data must be a base64 payload or a prompt-embeds identifier"),
+        (
+            {"prompt_embeds": ["a"], "prompt_embeds_ids": ["x", "y"]},
+            "prompt_embeds_ids must be a list as long as prompt_embeds (1 entries), with null "
+            "where no identifier is named",
+        ),
+        (
+            {"prompt_embeds_ids": ["x"]},
+            "prompt_embeds_ids names identifiers but the request has no prompt_embeds",
+        ),
+        (
+            {"prompt_embeds": "QUFB", "prompt_embeds_ids": ["x"]},
+            "prompt_embeds_ids must be a string when prompt_embeds is one",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "prompt_embeds"}]}]},
+            "messages[0].content[0].data must be a base64 payload or a prompt-embeds identifier",
+        ),
     ],
 )
 async def test_bad_shapes_are_400_with_exact_message(
@@ -237,13 +273,18 @@ async def test_uncacheable_request_neither_stores_nor_resolves(
     body = {"model": "m", "prompt_embeds": p.data, "prompt_cache_max_len": 0}
     assert (await _post(http, front.url + COMPLETIONS, body))[0] == 200
     assert front.cache.stats().entries == 0
-    assert (await _post(http, front.url + COMPLETIONS, {"model": "m",
-                                                        "prompt_embeds": p.identifier}))[0] == 409
+    assert (
+        await _post(http, front.url + COMPLETIONS, {"model": "m", "prompt_embeds": p.identifier})
+    )[0] == 409
     # cached normally, then referenced by an uncacheable request: still a miss
-    assert (await _post(http, front.url + COMPLETIONS, {"model": "m",
-                                                        "prompt_embeds": p.data}))[0] == 200
-    status, _ = await _post(http, front.url + COMPLETIONS, {
-        "model": "m", "prompt_embeds": p.identifier, "prompt_cache_max_len": 0})
+    assert (await _post(http, front.url + COMPLETIONS, {"model": "m", "prompt_embeds": p.data}))[
+        0
+    ] == 200
+    status, _ = await _post(
+        http,
+        front.url + COMPLETIONS,
+        {"model": "m", "prompt_embeds": p.identifier, "prompt_cache_max_len": 0},
+    )
     assert status == 409
 
 
@@ -253,11 +294,13 @@ async def test_disabled_cache_verifies_and_forwards_but_never_resolves(
     upstream, _ = standin
     front = await make_front(cache_bytes=0)
     p = _payload(60)
-    assert (await _post(http, front.url + COMPLETIONS, {"model": "m",
-                                                        "prompt_embeds": p.data}))[0] == 200
+    assert (await _post(http, front.url + COMPLETIONS, {"model": "m", "prompt_embeds": p.data}))[
+        0
+    ] == 200
     assert upstream.requests[-1].json()["prompt_embeds"] == p.data
-    assert (await _post(http, front.url + COMPLETIONS, {"model": "m",
-                                                        "prompt_embeds": p.identifier}))[0] == 409
+    assert (
+        await _post(http, front.url + COMPLETIONS, {"model": "m", "prompt_embeds": p.identifier})
+    )[0] == 409
 
 
 async def test_turboquant_is_forwarded_dense_and_hits_stay_identical(
@@ -268,8 +311,9 @@ async def test_turboquant_is_forwarded_dense_and_hits_stay_identical(
     compressed = tq_encode(_tensor(70, rows=8, dim=64), bits=4)
     p = EmbedsPayload.from_object(compressed)
     assert p.identifier == compute_prompt_embeds_id(compressed)
-    assert (await _post(http, front.url + COMPLETIONS, {"model": "m",
-                                                        "prompt_embeds": [p.data]}))[0] == 200
+    assert (await _post(http, front.url + COMPLETIONS, {"model": "m", "prompt_embeds": [p.data]}))[
+        0
+    ] == 200
     first = upstream.requests[-1].body
     forwarded = json.loads(first)["prompt_embeds"][0]
     dense = torch.load(io.BytesIO(base64.b64decode(forwarded)), weights_only=True)
@@ -278,8 +322,9 @@ async def test_turboquant_is_forwarded_dense_and_hits_stay_identical(
     assert forwarded == encode_payload(tq_decode(compressed))
     # the cache holds what the client sent (compressed), not the dense form
     assert front.cache.get(p.identifier) == p.data
-    assert (await _post(http, front.url + COMPLETIONS, {"model": "m",
-                                                        "prompt_embeds": [p.identifier]}))[0] == 200
+    assert (
+        await _post(http, front.url + COMPLETIONS, {"model": "m", "prompt_embeds": [p.identifier]})
+    )[0] == 200
     assert upstream.requests[-1].body == first
 
 
@@ -290,16 +335,21 @@ async def test_embeds_metrics_count_hits_misses_uploads_and_saved_bytes(
     p = _payload(80)
     await _post(http, front.url + COMPLETIONS, {"model": "m", "prompt_embeds": p.data})
     await _post(http, front.url + COMPLETIONS, {"model": "m", "prompt_embeds": p.identifier})
-    await _post(http, front.url + COMPLETIONS, {"model": "m",
-                                                "prompt_embeds": _payload(81).identifier})
+    await _post(
+        http, front.url + COMPLETIONS, {"model": "m", "prompt_embeds": _payload(81).identifier}
+    )
     await _post(http, front.url + COMPLETIONS, {"model": "m", "prompt_embeds": "bad!"})
     async with http.get(front.url + "/metrics") as resp:
         text = await resp.text()
     lines = set(text.splitlines())
-    assert ('promptcache_front_prompt_embeds_id_lookups_total{endpoint="/v1/completions",'
-            'result="hit"} 1.0') in lines
-    assert ('promptcache_front_prompt_embeds_id_lookups_total{endpoint="/v1/completions",'
-            'result="miss"} 1.0') in lines
+    assert (
+        'promptcache_front_prompt_embeds_id_lookups_total{endpoint="/v1/completions",'
+        'result="hit"} 1.0'
+    ) in lines
+    assert (
+        'promptcache_front_prompt_embeds_id_lookups_total{endpoint="/v1/completions",'
+        'result="miss"} 1.0'
+    ) in lines
     assert 'promptcache_front_prompt_embeds_uploads_total{result="verified"} 1.0' in lines
     assert 'promptcache_front_prompt_embeds_uploads_total{result="rejected"} 1.0' in lines
     saved = float(len(p.data) - len(p.identifier))
@@ -346,8 +396,20 @@ async def test_identical_reupload_is_not_loaded_again_but_a_different_one_is() -
         assert body["prompt_embeds"] == [p.data]
     assert calls == [p.data]
     # the same text in another scope is not held there: verified again
-    await resolve(COMPLETIONS, {"prompt_embeds": [p.data]}, cache=cache, scope="other",
-                  verifier=verifier, kinds=kinds)
-    await resolve(COMPLETIONS, {"prompt_embeds": [q.data]}, cache=cache, scope=None,
-                  verifier=verifier, kinds=kinds)
+    await resolve(
+        COMPLETIONS,
+        {"prompt_embeds": [p.data]},
+        cache=cache,
+        scope="other",
+        verifier=verifier,
+        kinds=kinds,
+    )
+    await resolve(
+        COMPLETIONS,
+        {"prompt_embeds": [q.data]},
+        cache=cache,
+        scope=None,
+        verifier=verifier,
+        kinds=kinds,
+    )
     assert calls == [p.data, p.data, q.data]

@@ -54,8 +54,9 @@ def test_random_salts_are_valid_and_distinct() -> None:
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
-                                                                 max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
     max_leaves=10,
 )
 SECRET = b"s" * 32
@@ -111,9 +112,7 @@ def _events(n: int, with_usage: bool) -> list[bytes]:
     strip=st.booleans(),
     cuts=st.lists(st.integers(0, 2000), max_size=12),
 )
-def test_sse_relay_output_does_not_depend_on_chunking(
-    n: int, strip: bool, cuts: list[int]
-) -> None:
+def test_sse_relay_output_does_not_depend_on_chunking(n: int, strip: bool, cuts: list[int]) -> None:
     stream = b"".join(e + b"\n\n" for e in _events(n, with_usage=True))
     whole = SseRelay(strip_usage_chunk=strip, prompt_header="p", cached_header="c")
     expected = whole.feed(stream) + whole.finish()

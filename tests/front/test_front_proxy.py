@@ -47,7 +47,8 @@ async def test_shared_mode_removes_forged_salt_and_isolation_field(
     upstream, _ = standin
     front = await make_front(isolation_mode=IsolationMode.SHARED)
     status, _, _ = await _post(
-        http, front.url + CHAT,
+        http,
+        front.url + CHAT,
         _chat(cache_salt="attacker", prompt_cache_isolation_key="tenant-a"),
     )
     assert status == 200
@@ -62,7 +63,9 @@ async def test_per_key_header_becomes_hmac_salt_and_never_reaches_vllm(
     upstream, _ = standin
     front = await make_front(isolation_mode=IsolationMode.PER_KEY)
     status, _, _ = await _post(
-        http, front.url + CHAT, _chat(cache_salt="forged"),
+        http,
+        front.url + CHAT,
+        _chat(cache_salt="forged"),
         headers={"x-prompt-cache-isolation-key": "tenant-a"},
     )
     assert status == 200
@@ -76,11 +79,18 @@ async def test_per_key_body_field_and_header_agree_on_one_salt(
 ) -> None:
     upstream, _ = standin
     front = await make_front(isolation_mode=IsolationMode.PER_KEY)
-    await _post(http, front.url + COMPLETIONS,
-                {"model": "m", "prompt": "x", "prompt_cache_isolation_key": "tenant-b"})
+    await _post(
+        http,
+        front.url + COMPLETIONS,
+        {"model": "m", "prompt": "x", "prompt_cache_isolation_key": "tenant-b"},
+    )
     by_field = upstream.requests[-1].json()
-    await _post(http, front.url + COMPLETIONS, {"model": "m", "prompt": "x"},
-                headers={"x-prompt-cache-isolation-key": "tenant-b"})
+    await _post(
+        http,
+        front.url + COMPLETIONS,
+        {"model": "m", "prompt": "x"},
+        headers={"x-prompt-cache-isolation-key": "tenant-b"},
+    )
     by_header = upstream.requests[-1].json()
     assert by_field["cache_salt"] == by_header["cache_salt"] == derive_salt(SECRET, "tenant-b")
     assert "prompt_cache_isolation_key" not in by_field
@@ -120,7 +130,8 @@ async def test_custom_isolation_names_are_honoured(
 ) -> None:
     upstream, _ = standin
     front = await make_front(
-        isolation_mode=IsolationMode.REQUIRED, isolation_header="x-tenant",
+        isolation_mode=IsolationMode.REQUIRED,
+        isolation_header="x-tenant",
         isolation_field="tenant",
     )
     status, _, _ = await _post(http, front.url + CHAT, _chat(tenant="t1"))
@@ -185,8 +196,9 @@ async def test_user_field_is_copied_into_absent_session_header(
     front = await make_front()
     await _post(http, front.url + CHAT, _chat(user="alice"))
     assert upstream.requests[-1].headers.get("x-session-affinity") == "alice"
-    await _post(http, front.url + CHAT, _chat(user="alice"),
-                headers={"x-session-affinity": "explicit"})
+    await _post(
+        http, front.url + CHAT, _chat(user="alice"), headers={"x-session-affinity": "explicit"}
+    )
     assert upstream.requests[-1].headers.get("x-session-affinity") == "explicit"
 
 
@@ -236,7 +248,8 @@ async def test_stream_usage_requested_by_front_is_stripped_and_sent_as_comments(
     assert all('"usage"' not in d for d in datas), "the client did not ask for usage"
     assert len(datas) == upstream.chunks + 1
     assert parse_usage_comments(text) == {
-        "dashflow-prompt-tokens": "77", "dashflow-cached-prompt-tokens": "64",
+        "dashflow-prompt-tokens": "77",
+        "dashflow-cached-prompt-tokens": "64",
     }
     # the comment comes right before [DONE]
     assert text.endswith(
@@ -248,8 +261,7 @@ async def test_stream_usage_requested_by_client_is_kept(
     standin: Standin, make_front: MakeFront, http: aiohttp.ClientSession
 ) -> None:
     front = await make_front()
-    body = {"model": "m", "prompt": "x", "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {"model": "m", "prompt": "x", "stream": True, "stream_options": {"include_usage": True}}
     _, text = await _stream_text(http, front.url + COMPLETIONS, body)
     usage_events = [e for e in text.split("\n\n") if '"usage"' in e]
     assert len(usage_events) == 1
@@ -291,9 +303,7 @@ async def test_malformed_json_is_400(
     assert standin[0].requests == []
 
 
-async def test_json_array_body_is_400(
-    make_front: MakeFront, http: aiohttp.ClientSession
-) -> None:
+async def test_json_array_body_is_400(make_front: MakeFront, http: aiohttp.ClientSession) -> None:
     front = await make_front()
     status, body, _ = await _post(http, front.url + CHAT, [1, 2])
     assert status == 400
@@ -320,15 +330,30 @@ async def test_oversized_body_is_413(
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("prompt_cache_max_len", -1, "prompt_cache_max_len must be a non-negative integer "
-         "(0 disables caching for this request), got -1"),
-        ("prompt_cache_max_len", "0", "prompt_cache_max_len must be a non-negative integer "
-         "(0 disables caching for this request), got '0'"),
-        ("prompt_cache_max_len", True, "prompt_cache_max_len must be a non-negative integer "
-         "(0 disables caching for this request), got True"),
+        (
+            "prompt_cache_max_len",
+            -1,
+            "prompt_cache_max_len must be a non-negative integer "
+            "(0 disables caching for this request), got -1",
+        ),
+        (
+            "prompt_cache_max_len",
+            "0",
+            "prompt_cache_max_len must be a non-negative integer "
+            "(0 disables caching for this request), got '0'",
+        ),
+        (
+            "prompt_cache_max_len",
+            True,
+            "prompt_cache_max_len must be a non-negative integer "
+            "(0 disables caching for this request), got True",
+        ),
         ("prompt_cache_isolation_key", 5, "prompt_cache_isolation_key must be a string, got int"),
-        ("prompt_cache_isolation_key", "k" * 4097,
-         "the isolation key has 4097 characters; at most 4096 are allowed"),
+        (
+            "prompt_cache_isolation_key",
+            "k" * 4097,
+            "the isolation key has 4097 characters; at most 4096 are allowed",
+        ),
     ],
 )
 async def test_bad_policy_fields_are_400_with_exact_message(
@@ -346,7 +371,9 @@ async def test_conflicting_isolation_keys_are_400(
 ) -> None:
     front = await make_front(isolation_mode=IsolationMode.PER_KEY)
     status, body, _ = await _post(
-        http, front.url + CHAT, _chat(prompt_cache_isolation_key="a"),
+        http,
+        front.url + CHAT,
+        _chat(prompt_cache_isolation_key="a"),
         headers={"x-prompt-cache-isolation-key": "b"},
     )
     assert status == 400
@@ -473,10 +500,10 @@ async def test_metrics_merge_vllm_and_front_series(
         text = await resp.text()
     assert 'vllm:num_requests_waiting{engine="0",model_name="standin"} 7' in text
     assert 'vllm:cache_config_info{block_size="16"' in text
-    assert ('promptcache_front_isolation_decisions_total{decision="keyed",mode="PerKey"} 1.0'
-            in text)
-    assert ('promptcache_front_isolation_decisions_total{decision="unkeyed",mode="PerKey"} 1.0'
-            in text)
+    assert 'promptcache_front_isolation_decisions_total{decision="keyed",mode="PerKey"} 1.0' in text
+    assert (
+        'promptcache_front_isolation_decisions_total{decision="unkeyed",mode="PerKey"} 1.0' in text
+    )
     assert "promptcache_front_client_cache_salt_removed_total 1.0" in text
     assert "promptcache_front_prompt_embeds_cache_capacity_bytes 6.7108864e+07" in text
     assert "promptcache_front_upstream_metrics_up 1.0" in text
@@ -519,8 +546,9 @@ async def test_empty_usage_header_names_switch_usage_off_and_leave_streams_alone
     standin: Standin, make_front: MakeFront, http: aiohttp.ClientSession
 ) -> None:
     upstream, _ = standin
-    front = await make_front(prompt_tokens_header="", cached_prompt_tokens_header="",
-                             session_header="")
+    front = await make_front(
+        prompt_tokens_header="", cached_prompt_tokens_header="", session_header=""
+    )
     _, _, headers = await _post(http, front.url + CHAT, _chat(user="u"))
     assert "dashflow-prompt-tokens" not in headers
     assert "x-session-affinity" not in upstream.requests[-1].headers

@@ -37,9 +37,19 @@ FORWARD_EXPANSION: Final = 4
 PROBE_TIMEOUT: Final = aiohttp.ClientTimeout(total=5)
 DENIED_PATHS: Final[frozenset[str]] = frozenset(
     {
-        "/reset_prefix_cache", "/reset_mm_cache", "/reset_encoder_cache", "/sleep", "/wake_up",
-        "/collective_rpc", "/start_profile", "/stop_profile", "/scale_elastic_ep", "/pause",
-        "/resume", "/v1/load_lora_adapter", "/v1/unload_lora_adapter",
+        "/reset_prefix_cache",
+        "/reset_mm_cache",
+        "/reset_encoder_cache",
+        "/sleep",
+        "/wake_up",
+        "/collective_rpc",
+        "/start_profile",
+        "/stop_profile",
+        "/scale_elastic_ep",
+        "/pause",
+        "/resume",
+        "/v1/load_lora_adapter",
+        "/v1/unload_lora_adapter",
     }
 )
 """vLLM admin endpoints: a client must not flush or stall the shared cache through the front."""
@@ -48,7 +58,9 @@ DENIED_PATHS: Final[frozenset[str]] = frozenset(
 def _json_error(exc: FrontError) -> web.Response:
     headers = {"Retry-After": "1"} if exc.status == 503 else None
     return web.Response(
-        status=exc.status, body=exc.body_bytes(), content_type="application/json",
+        status=exc.status,
+        body=exc.body_bytes(),
+        content_type="application/json",
         headers=headers,
     )
 
@@ -78,7 +90,8 @@ async def _read_body(request: web.Request, limit: int, charge: Charge) -> bytes:
 
 def _too_large(size: int, limit: int) -> FrontError:
     return FrontError(
-        413, errors.REQUEST_TOO_LARGE,
+        413,
+        errors.REQUEST_TOO_LARGE,
         f"the request body has at least {size} bytes; this server accepts at most {limit}. "
         "Send prompt embeddings the server has seen by identifier instead of inline",
     )
@@ -88,11 +101,13 @@ def _parse_json(raw: bytes) -> dict[str, Any]:
     try:
         body = json.loads(raw)
     except (UnicodeDecodeError, ValueError) as exc:
-        raise FrontError(400, errors.INVALID_JSON, f"the request body is not valid JSON: {exc}") \
-            from None
+        raise FrontError(
+            400, errors.INVALID_JSON, f"the request body is not valid JSON: {exc}"
+        ) from None
     if not isinstance(body, dict):
         raise FrontError(
-            400, errors.BODY_NOT_OBJECT,
+            400,
+            errors.BODY_NOT_OBJECT,
             f"the request body must be a JSON object, got a JSON {type(body).__name__}",
         )
     return body
@@ -104,7 +119,9 @@ async def _verify(state: FrontState, payload: str) -> VerifiedLike:
 
     loop = asyncio.get_running_loop()
     job = partial(
-        verify_payload, payload, max_bytes=state.settings.max_body_bytes,
+        verify_payload,
+        payload,
+        max_bytes=state.settings.max_body_bytes,
         dense_dtype=state.settings.turboquant_dtype,
     )
     return await loop.run_in_executor(state.executor, job)
@@ -123,11 +140,14 @@ async def proxy(request: web.Request) -> web.StreamResponse:
     path = request.path
     label = _endpoint_label(path)
     if state.in_flight >= state.settings.max_in_flight:
-        response: web.StreamResponse = _json_error(FrontError(
-            503, errors.FRONT_OVERLOADED,
-            f"the cache front is already working on {state.settings.max_in_flight} requests; "
-            "retry shortly",
-        ))
+        response: web.StreamResponse = _json_error(
+            FrontError(
+                503,
+                errors.FRONT_OVERLOADED,
+                f"the cache front is already working on {state.settings.max_in_flight} requests; "
+                "retry shortly",
+            )
+        )
     else:
         state.in_flight += 1
         state.metrics.in_flight.inc()
@@ -153,7 +173,8 @@ async def _proxy(
     settings = state.settings
     if path in DENIED_PATHS:
         raise FrontError(
-            403, errors.PATH_FORBIDDEN,
+            403,
+            errors.PATH_FORBIDDEN,
             f"{path} is an administrative endpoint of the model server and is not served "
             "through the cache front",
         )
@@ -181,8 +202,12 @@ async def _proxy(
         scope = plan.salt if plan.isolation is Isolation.KEYED else None
         try:
             outcome = await resolve(
-                path, body, cache=state.cache if use_cache else None, scope=scope,
-                verifier=partial(_verify, state), kinds=state.kinds,
+                path,
+                body,
+                cache=state.cache if use_cache else None,
+                scope=scope,
+                verifier=partial(_verify, state),
+                kinds=state.kinds,
             )
         except FrontError as exc:
             missing = exc.extra.get("missing_prompt_embeds_ids")
@@ -200,7 +225,8 @@ async def _proxy(
         limit = settings.max_body_bytes * FORWARD_EXPANSION
         if len(data) > limit:
             raise FrontError(
-                413, errors.REQUEST_TOO_LARGE,
+                413,
+                errors.REQUEST_TOO_LARGE,
                 f"with its prompt embeddings resolved the request has {len(data)} bytes; "
                 f"this server forwards at most {limit}",
             )
@@ -210,9 +236,7 @@ async def _proxy(
     headers = forward_headers(request.headers, settings, json_body=is_json)
     if session_value is not None:
         headers[settings.session_header] = session_value
-    return await forward(
-        request, state, path, data=data, headers=headers, strip_usage=strip_usage
-    )
+    return await forward(request, state, path, data=data, headers=headers, strip_usage=strip_usage)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -267,7 +291,9 @@ async def _on_startup(app: web.Application) -> None:
     )
     connector = aiohttp.TCPConnector(limit=0)
     state.session = aiohttp.ClientSession(
-        timeout=timeout, connector=connector, auto_decompress=True,
+        timeout=timeout,
+        connector=connector,
+        auto_decompress=True,
         skip_auto_headers=("User-Agent",),
     )
 

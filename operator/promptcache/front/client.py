@@ -94,7 +94,8 @@ class PromptCacheClient:
         headers: Mapping[str, str] | None = None,
         session_header: str = DEFAULT_SESSION_HEADER,
         usage_header_names: tuple[str, str] = (
-            DEFAULT_PROMPT_TOKENS_HEADER, DEFAULT_CACHED_PROMPT_TOKENS_HEADER,
+            DEFAULT_PROMPT_TOKENS_HEADER,
+            DEFAULT_CACHED_PROMPT_TOKENS_HEADER,
         ),
     ) -> None:
         self._http = session
@@ -132,7 +133,8 @@ class PromptCacheClient:
             isinstance(e, EmbedsPayload) and e.identifier not in self.known for e in embeds
         ):
             out[COMPLETION_IDS_FIELD] = [
-                e.identifier if isinstance(e, EmbedsPayload) and e.identifier not in self.known
+                e.identifier
+                if isinstance(e, EmbedsPayload) and e.identifier not in self.known
                 else None
                 for e in embeds
             ]

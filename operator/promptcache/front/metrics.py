@@ -54,18 +54,22 @@ class FrontMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
-            f"{PREFIX}_requests", "Requests answered, by endpoint and HTTP status.",
-            ["endpoint", "code"], registry=r,
+            f"{PREFIX}_requests",
+            "Requests answered, by endpoint and HTTP status.",
+            ["endpoint", "code"],
+            registry=r,
         )
         self.id_lookups = Counter(
             f"{PREFIX}_prompt_embeds_id_lookups",
             "Prompt-embeds identifiers referenced by clients, by endpoint and result.",
-            ["endpoint", "result"], registry=r,
+            ["endpoint", "result"],
+            registry=r,
         )
         self.uploads = Counter(
             f"{PREFIX}_prompt_embeds_uploads",
             "Uploaded prompt-embeds payloads, by verification result.",
-            ["result"], registry=r,
+            ["result"],
+            registry=r,
         )
         self.bytes_saved = Counter(
             f"{PREFIX}_prompt_embeds_bytes_saved",
@@ -75,7 +79,8 @@ class FrontMetrics:
         self.isolation = Counter(
             f"{PREFIX}_isolation_decisions",
             "Isolation decisions, by configured mode and outcome.",
-            ["mode", "decision"], registry=r,
+            ["mode", "decision"],
+            registry=r,
         )
         self.client_salt_removed = Counter(
             f"{PREFIX}_client_cache_salt_removed",
@@ -90,7 +95,8 @@ class FrontMetrics:
         self.upstream_errors = Counter(
             f"{PREFIX}_upstream_errors",
             "Requests vLLM could not answer, by kind.",
-            ["kind"], registry=r,
+            ["kind"],
+            registry=r,
         )
         self.client_disconnects = Counter(
             f"{PREFIX}_client_disconnects",

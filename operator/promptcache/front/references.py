@@ -372,9 +372,7 @@ async def _verify_uploads(
     return verified
 
 
-_BASE64_ALPHABET: Final = (
-    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/="
-)
+_BASE64_ALPHABET: Final = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/="
 
 
 def _as_plain_json_text(value: object) -> bytes | None:
@@ -410,7 +408,7 @@ def serialize(body: dict[str, Any], placed: list[tuple[Any, Any]]) -> bytes:
         for container, key in placed:
             value = container[key]
             if isinstance(value, str) and value.startswith(marker):
-                container[key] = originals[int(value[len(marker):])]
+                container[key] = originals[int(value[len(marker) :])]
     if not payloads:
         return text.encode("utf-8")
     pieces = text.split(f'"{marker}')

@@ -32,7 +32,9 @@ async def _run(settings: FrontSettings, secret: bytes | None, reuse_port: bool) 
     # handler_cancellation: a client that disconnects cancels its handler, which
     # closes the upstream connection, which makes vLLM abort the request.
     runner = web.AppRunner(
-        app, handler_cancellation=True, access_log=None,
+        app,
+        handler_cancellation=True,
+        access_log=None,
         shutdown_timeout=SHUTDOWN_TIMEOUT_SECONDS,
     )
     await runner.setup()
@@ -41,7 +43,10 @@ async def _run(settings: FrontSettings, secret: bytes | None, reuse_port: bool) 
     await site.start()
     log.info(
         "cache front listening on %s, forwarding to %s (isolation %s, prompt-embeds cache "
-        "%s bytes)", settings.listen, settings.upstream_base, settings.isolation_mode.value,
+        "%s bytes)",
+        settings.listen,
+        settings.upstream_base,
+        settings.isolation_mode.value,
         settings.cache_capacity_bytes,
     )
     stop = asyncio.Event()
@@ -77,8 +82,10 @@ def serve(settings: FrontSettings) -> int:
     try:
         asyncio.run(_run(settings, secret, reuse_port=settings.workers > 1))
     except OSError as exc:
-        print(f"promptcache front: cannot listen on {settings.listen}: {exc.strerror}",
-              file=sys.stderr)
+        print(
+            f"promptcache front: cannot listen on {settings.listen}: {exc.strerror}",
+            file=sys.stderr,
+        )
         return 1
     finally:
         for proc in children:

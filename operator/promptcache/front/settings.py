@@ -183,8 +183,7 @@ def read_salt_key(settings: FrontSettings) -> bytes | None:
         ) from None
     except OSError as exc:
         raise SettingsError(
-            f"isolation mode {mode} needs the salt key, but {path} cannot be read: "
-            f"{exc.strerror}"
+            f"isolation mode {mode} needs the salt key, but {path} cannot be read: {exc.strerror}"
         ) from None
     if len(secret) < MIN_SALT_KEY_BYTES:
         raise SettingsError(

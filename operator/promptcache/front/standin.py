@@ -77,9 +77,7 @@ class StandinUpstream:
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        self.requests.append(
-            Recorded(request.method, request.path, dict(request.headers), body)
-        )
+        self.requests.append(Recorded(request.method, request.path, dict(request.headers), body))
         self.started.set()
         try:
             if self.fail_next is not None:
@@ -97,24 +95,30 @@ class StandinUpstream:
                 choice["message"] = {"role": "assistant", "content": "ok " * self.chunks}
             else:
                 choice["text"] = "ok " * self.chunks
-            return web.json_response({
-                "id": "cmpl-standin", "object": "chat.completion" if chat else "text_completion",
-                "created": int(time.time()), "model": req.get("model", "standin"),
-                "choices": [choice], "usage": self.usage(),
-            })
+            return web.json_response(
+                {
+                    "id": "cmpl-standin",
+                    "object": "chat.completion" if chat else "text_completion",
+                    "created": int(time.time()),
+                    "model": req.get("model", "standin"),
+                    "choices": [choice],
+                    "usage": self.usage(),
+                }
+            )
         except asyncio.CancelledError:
             self.cancelled += 1
             raise
 
-    async def _stream(self, request: web.Request, req: dict[str, Any], chat: bool) -> (
-        web.StreamResponse
-    ):
+    async def _stream(
+        self, request: web.Request, req: dict[str, Any], chat: bool
+    ) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         for i in range(self.chunks):
             delta: dict[str, Any] = (
                 {"index": 0, "delta": {"content": f"tok{i} "}, "finish_reason": None}
-                if chat else {"index": 0, "text": f"tok{i} ", "finish_reason": None}
+                if chat
+                else {"index": 0, "text": f"tok{i} ", "finish_reason": None}
             )
             chunk = {"id": "cmpl-standin", "object": "chunk", "choices": [delta]}
             await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
@@ -123,7 +127,10 @@ class StandinUpstream:
         options = req.get("stream_options") or {}
         if options.get("include_usage"):
             final: dict[str, Any] = {
-                "id": "cmpl-standin", "object": "chunk", "choices": [], "usage": self.usage(),
+                "id": "cmpl-standin",
+                "object": "chunk",
+                "choices": [],
+                "usage": self.usage(),
             }
             await response.write(f"data: {json.dumps(final)}\n\n".encode())
         await response.write(b"data: [DONE]\n\n")
@@ -132,9 +139,7 @@ class StandinUpstream:
 
     async def _other(self, request: web.Request) -> web.Response:
         body = await request.read()
-        self.requests.append(
-            Recorded(request.method, request.path, dict(request.headers), body)
-        )
+        self.requests.append(Recorded(request.method, request.path, dict(request.headers), body))
         return web.json_response({"path": request.path, "echo": body.decode("utf-8", "replace")})
 
     async def _health(self, request: web.Request) -> web.Response:

@@ -55,13 +55,15 @@ class Charge:
         state, limit = self._state, self._state.settings.max_in_flight_bytes
         if self.held + n > limit:
             raise FrontError(
-                413, errors.REQUEST_TOO_LARGE,
+                413,
+                errors.REQUEST_TOO_LARGE,
                 f"the request needs about {self.held + n} bytes of working memory; this "
                 f"server gives one request at most {limit}",
             )
         if state.bytes_in_flight + n > limit:
             raise FrontError(
-                503, errors.FRONT_OVERLOADED,
+                503,
+                errors.FRONT_OVERLOADED,
                 "the cache front is holding as many request bytes as it may; retry shortly",
             )
         state.bytes_in_flight += n

@@ -29,9 +29,19 @@ MAX_BUFFERED_RESPONSE_BYTES: Final = 16 * 1024 * 1024
 larger ones stream through without usage headers."""
 _HOP_BY_HOP: Final[frozenset[str]] = frozenset(
     {
-        "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
-        "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length",
-        "content-encoding", "accept-encoding",
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "content-encoding",
+        "accept-encoding",
     }
 )
 
@@ -74,28 +84,35 @@ async def forward(
     url = settings.upstream_base + request.rel_url.path_qs
     try:
         async with state.session.request(
-            request.method, url, data=data or None, headers=headers, allow_redirects=False,
+            request.method,
+            url,
+            data=data or None,
+            headers=headers,
+            allow_redirects=False,
         ) as upstream:
             return await _relay(request, state, path, upstream, strip_usage)
     except aiohttp.ClientConnectorError as exc:
         state.metrics.upstream_errors.labels(kind="connect").inc()
         log.warning("model server unreachable at %s: %s", settings.upstream_base, exc)
         raise FrontError(
-            503, errors.UPSTREAM_UNAVAILABLE,
+            503,
+            errors.UPSTREAM_UNAVAILABLE,
             f"the model server is not accepting connections ({exc.os_error.strerror or exc}); "
             "it may be starting or restarting, retry shortly",
         ) from None
     except TimeoutError:
         state.metrics.upstream_errors.labels(kind="timeout").inc()
         raise FrontError(
-            504, errors.UPSTREAM_TIMEOUT,
+            504,
+            errors.UPSTREAM_TIMEOUT,
             f"the model server sent nothing for {settings.upstream_timeout_seconds:g} seconds",
         ) from None
     except aiohttp.ClientError as exc:
         state.metrics.upstream_errors.labels(kind="failed").inc()
         log.warning("model server failed on %s: %r", path, exc)
         raise FrontError(
-            502, errors.UPSTREAM_FAILED,
+            502,
+            errors.UPSTREAM_FAILED,
             f"the model server failed while answering: {type(exc).__name__}",
         ) from None
 
@@ -112,20 +129,26 @@ async def _relay(
     content_type = upstream.headers.get("Content-Type", "")
     usage_path = path in STREAMING_USAGE_PATHS
     if content_type.startswith("text/event-stream"):
-        response = web.StreamResponse(status=upstream.status, reason=upstream.reason,
-                                      headers=headers)
+        response = web.StreamResponse(
+            status=upstream.status, reason=upstream.reason, headers=headers
+        )
         await response.prepare(request)
         chunks: AsyncIterator[bytes] = upstream.content.iter_any()
         if usage_path:
-            chunks = relay(chunks, SseRelay(
-                strip_usage_chunk=strip_usage, prompt_header=settings.prompt_tokens_header,
-                cached_header=settings.cached_prompt_tokens_header,
-            ))
+            chunks = relay(
+                chunks,
+                SseRelay(
+                    strip_usage_chunk=strip_usage,
+                    prompt_header=settings.prompt_tokens_header,
+                    cached_header=settings.cached_prompt_tokens_header,
+                ),
+            )
         await _pump(request, state, response, chunks)
         return response
     length = upstream.content_length
     if (
-        usage_path and content_type.startswith("application/json")
+        usage_path
+        and content_type.startswith("application/json")
         and (length is None or length <= MAX_BUFFERED_RESPONSE_BYTES)
     ):
         body = await upstream.content.read(MAX_BUFFERED_RESPONSE_BYTES + 1)
@@ -136,17 +159,20 @@ async def _relay(
                 except ValueError:
                     usage = None
                 if usage is not None:
-                    headers.update(usage_headers(
-                        usage, settings.prompt_tokens_header,
-                        settings.cached_prompt_tokens_header,
-                    ))
-            return web.Response(status=upstream.status, reason=upstream.reason, body=body,
-                                headers=headers)
+                    headers.update(
+                        usage_headers(
+                            usage,
+                            settings.prompt_tokens_header,
+                            settings.cached_prompt_tokens_header,
+                        )
+                    )
+            return web.Response(
+                status=upstream.status, reason=upstream.reason, body=body, headers=headers
+            )
         prefix = body
     else:
         prefix = b""
-    response = web.StreamResponse(status=upstream.status, reason=upstream.reason,
-                                  headers=headers)
+    response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
     await response.prepare(request)
     if prefix:
         await response.write(prefix)

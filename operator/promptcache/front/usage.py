@@ -121,9 +121,9 @@ class SseRelay:
             cut = self._pending.find(b"\n\n")
             crlf = self._pending.find(b"\r\n\r\n")
             if crlf != -1 and (cut == -1 or crlf < cut):
-                event, self._pending = self._pending[:crlf], self._pending[crlf + 4:]
+                event, self._pending = self._pending[:crlf], self._pending[crlf + 4 :]
             elif cut != -1:
-                event, self._pending = self._pending[:cut], self._pending[cut + 2:]
+                event, self._pending = self._pending[:cut], self._pending[cut + 2 :]
             else:
                 break
             out.append(self._event(event))

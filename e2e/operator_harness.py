@@ -8,6 +8,8 @@ server's `apiserver_request_total` to count writes.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
 import re
@@ -150,6 +152,12 @@ def apiserver_writes(
     )
 
 
+def _die_with_parent() -> None:
+    """In the child: SIGTERM when the test process dies, so no operator outlives its test."""
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 @dataclass
 class OperatorProcess:
     """One `promptcache run` subprocess with its health/metrics ports and log file."""
@@ -172,7 +180,13 @@ class OperatorProcess:
             *self.args,
         ]  # fmt: skip
         log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509
+        )
         log.close()
         wait_for(self._healthy, f"operator health endpoint ({self.log_tail()})", timeout=60)
         return self

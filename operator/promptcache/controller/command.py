@@ -87,6 +87,8 @@ def cmd_rbac(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     import asyncio
+    import faulthandler
+    import signal
 
     from promptcache.controller.main import OperatorOptions, serve
 
@@ -97,6 +99,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     # One line per HTTP request is noise at INFO; the operator's metrics count requests.
     logging.getLogger("httpx2").setLevel(max(logging.WARNING, getattr(logging, args.log_level)))
+    # kopf logs every handler call per object at INFO (a line per Deployment event); the
+    # operator logs what it does (children applied, problems) itself.
+    logging.getLogger("kopf.objects").setLevel(
+        max(logging.WARNING, getattr(logging, args.log_level))
+    )
+    # `kill -USR1 <pid>` dumps every thread's stack to stderr: for a stuck operator in the field.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     options = OperatorOptions(
         namespaces=tuple(args.namespaces or ()),
         all_namespaces=bool(args.all_namespaces),

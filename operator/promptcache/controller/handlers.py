@@ -2,8 +2,8 @@
 
 - create / update / resume: reconcile now; a transient API failure becomes
   `kopf.TemporaryError` so kopf retries with back-off.
-- a daemon per resource: the periodic resync (drift, status, metrics scrape),
-  woken early when one of its Deployments changes (readiness, a hand edit).
+- the resyncer (resync.py, one task started at startup): the periodic drift/status
+  check of every resource, woken early when one of its Deployments changes.
 - delete (optional: no finalizer): children go with the garbage collector via
   their ownerReferences; the handler only forgets in-memory state.
 - an event handler on Deployments managed by promptcache: pokes the owner's
@@ -17,6 +17,7 @@ import asyncio
 import logging
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,8 +26,10 @@ import kopf
 from promptcache.api import GROUP, PLURAL, VERSION
 from promptcache.api.status import ConditionType
 from promptcache.controller.children import owning_resource
-from promptcache.controller.kube import ApiError
+from promptcache.controller.events import post_event
+from promptcache.controller.kube import ApiError, Kube
 from promptcache.controller.reconcile import Outcome, Reconciler
+from promptcache.controller.resync import Resyncer
 from promptcache.render.names import MANAGED_BY
 
 log = logging.getLogger(__name__)
@@ -41,46 +44,52 @@ class HandlerSettings:
     resync_s: float = 60.0
     debounce_s: float = DEBOUNCE_S
     posting: bool = True
+    namespaces: tuple[str, ...] = ()
+    """Empty: all namespaces."""
     instance: str = field(
         default_factory=lambda: os.environ.get("POD_NAME") or socket.gethostname()
     )
 
 
-@dataclass
-class Pokes:
-    """One wake-up event per resource, shared by the child watcher and the daemon."""
-
-    events: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
-
-    def get(self, namespace: str, name: str) -> asyncio.Event:
-        return self.events.setdefault((namespace, name), asyncio.Event())
-
-    def poke(self, namespace: str, name: str) -> None:
-        event = self.events.get((namespace, name))
-        if event is not None:
-            event.set()
-
-    def forget(self, namespace: str, name: str) -> None:
-        self.events.pop((namespace, name), None)
-
-
-def _post_events(body: kopf.Body, outcome: Outcome) -> None:
+async def _post_events(
+    kube: Kube, instance: str, body: Mapping[str, Any], outcome: Outcome
+) -> None:
     for cond in outcome.transitions:
         bad = (cond["type"] == ConditionType.DEGRADED and cond["status"] == "True") or (
             cond["type"] == ConditionType.GATEWAY_READY and cond["status"] == "False"
         )
-        message = f"{cond['type']}={cond['status']}: {cond.get('message', '')}"
-        kopf.event(
-            body, type="Warning" if bad else "Normal", reason=cond["reason"], message=message
+        await post_event(
+            kube,
+            body,
+            type_="Warning" if bad else "Normal",
+            reason=cond["reason"],
+            message=f"{cond['type']}={cond['status']}: {cond.get('message', '')}",
+            instance=instance,
         )
 
 
 def build_registry(  # noqa: PLR0915 - one closure per handler, kept together
-    reconciler: Reconciler, options: HandlerSettings, pokes: Pokes | None = None
+    reconciler: Reconciler, options: HandlerSettings
 ) -> kopf.OperatorRegistry:
     """Every handler, bound to one reconciler; kopf.operator(registry=...) runs them."""
     registry = kopf.OperatorRegistry()
-    pokes = pokes or Pokes()
+    tasks: list[asyncio.Task[None]] = []
+
+    async def events(body: Mapping[str, Any], outcome: Outcome) -> None:
+        if options.posting:
+            await _post_events(reconciler.kube, options.instance, body, outcome)
+
+    resyncer = (
+        Resyncer(
+            reconciler,
+            namespaces=options.namespaces,
+            period_s=options.resync_s,
+            debounce_s=options.debounce_s,
+            on_outcome=events,
+        )
+        if options.resync_s > 0
+        else None
+    )
     resource = (GROUP, VERSION, PLURAL)
 
     @kopf.on.startup(registry=registry)
@@ -94,11 +103,8 @@ def build_registry(  # noqa: PLR0915 - one closure per handler, kept together
             prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
         )
         settings.persistence.finalizer = f"{ANNOTATION_PREFIX}/finalizer"
-        settings.posting.enabled = options.posting
-        settings.posting.reporting_component = "promptcache-operator"
-        settings.posting.reporting_instance = options.instance
-        settings.posting.level = logging.INFO
-        settings.posting.loggers = False  # only explicit kopf.event() calls: no event per log line
+        # Events are posted by events.py (from every reconcile path); kopf posts none.
+        settings.posting.enabled = False
         # One replica acts through the Lease (leader.py); kopf's peering stays off.
         settings.peering.standalone = True
         # Resources are known up front; no CRD scanning (and no RBAC on CRDs) needed.
@@ -108,6 +114,16 @@ def build_registry(  # noqa: PLR0915 - one closure per handler, kept together
         settings.watching.connect_timeout = 10
         settings.networking.request_timeout = 60
         settings.execution.max_workers = 4  # only for sync handlers; ours are all async
+        # Started here so it runs in kopf's context (kopf.event needs it) and only while kopf
+        # runs, which is only while this replica leads.
+        if resyncer is not None:
+            tasks.append(asyncio.create_task(resyncer.run(), name="promptcache-resync"))
+
+    @kopf.on.cleanup(registry=registry)
+    async def stop_resync(**_: Any) -> None:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -125,7 +141,7 @@ def build_registry(  # noqa: PLR0915 - one closure per handler, kept together
             raise kopf.TemporaryError(str(error), delay=30) from error
         except OSError as error:
             raise kopf.TemporaryError(f"API server unreachable: {error}", delay=10) from error
-        _post_events(body, outcome)
+        await events(body, outcome)
 
     @kopf.on.resume(*resource, registry=registry)
     async def on_resume(body: kopf.Body, **_: Any) -> None:
@@ -142,44 +158,7 @@ def build_registry(  # noqa: PLR0915 - one closure per handler, kept together
     @kopf.on.delete(*resource, registry=registry, optional=True)
     async def on_delete(body: kopf.Body, meta: kopf.Meta, **_: Any) -> None:
         reconciler.forget(str(meta.get("uid")))
-        pokes.forget(str(meta.get("namespace")), str(meta.get("name")))
         log.info("%s/%s deleted; its children go with it", meta.get("namespace"), meta.get("name"))
-
-    @kopf.daemon(*resource, registry=registry, cancellation_timeout=2.0)
-    async def resync(
-        body: kopf.Body, meta: kopf.Meta, stopped: kopf.DaemonStopped, **_: Any
-    ) -> None:
-        namespace, name = str(meta.get("namespace")), str(meta.get("name"))
-        wake = pokes.get(namespace, name)
-        reconciler.metrics.managed.inc()
-        failures = 0
-        try:
-            while not stopped:
-                try:
-                    await asyncio.wait_for(wake.wait(), timeout=options.resync_s)
-                    await asyncio.sleep(options.debounce_s)
-                except TimeoutError:
-                    pass
-                wake.clear()
-                if stopped:
-                    break
-                try:
-                    outcome = await reconciler.reconcile(body, trigger="resync")
-                    _post_events(body, outcome)
-                    failures = 0
-                except (ApiError, OSError) as error:
-                    failures += 1
-                    delay = min(300.0, 5.0 * 2 ** min(failures, 6))
-                    log.warning(
-                        "resync of %s/%s failed (%s); next try in %.0fs",
-                        namespace,
-                        name,
-                        error,
-                        delay,
-                    )
-                    await asyncio.sleep(delay)
-        finally:
-            reconciler.metrics.managed.dec()
 
     @kopf.on.event(
         "apps",
@@ -190,7 +169,7 @@ def build_registry(  # noqa: PLR0915 - one closure per handler, kept together
     )
     async def child_changed(body: kopf.Body, meta: kopf.Meta, **_: Any) -> None:
         owner = owning_resource(body)
-        if owner is not None:
-            pokes.poke(str(meta.get("namespace")), owner)
+        if owner is not None and resyncer is not None:
+            resyncer.poke(str(meta.get("namespace")), owner)
 
     return registry

@@ -74,6 +74,7 @@ _KNOWN: Final[tuple[Kind, ...]] = (
     Kind("v1", "Service", "services"),
     Kind("v1", "Secret", "secrets"),
     Kind("v1", "Pod", "pods"),
+    Kind("v1", "Event", "events"),
     Kind("v1", "Node", "nodes", namespaced=False),
     Kind("apps/v1", "Deployment", "deployments"),
     Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),

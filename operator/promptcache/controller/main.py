@@ -114,7 +114,10 @@ async def serve(options: OperatorOptions) -> int:
         registry = build_registry(
             reconciler,
             HandlerSettings(
-                resync_s=options.resync_s, posting=options.events, instance=options.identity
+                resync_s=options.resync_s,
+                posting=options.events,
+                instance=options.identity,
+                namespaces=() if options.all_namespaces else options.namespaces,
             ),
         )
         operator = asyncio.create_task(

@@ -174,6 +174,32 @@ class Reconciler:
         lives = await asyncio.gather(
             *(self.kube.get(kind_of(m), names.namespace, m["metadata"]["name"]) for m in to_sync)
         )
+        by_kind_name = await self._apply(
+            to_sync, lives, uid=uid, served=served, obs=obs, outcome=outcome
+        )
+        if outcome.applied:
+            log.info(
+                "%s/%s: applied %s", names.namespace, names.instance, ", ".join(outcome.applied)
+            )
+        if served.get("HTTPRoute") and not any(m["kind"] == "HTTPRoute" for m in desired):
+            await self._prune_route(names, uid)
+
+        obs.model_server = by_kind_name.get(f"Deployment/{names.model_server}")
+        obs.endpoint_picker = by_kind_name.get(f"Deployment/{names.epp}")
+        obs.gateway = self._gateway_condition(pcd, names, desired, served, obs)
+        obs.prefix_cache = await self._observe_prefix_cache(names)
+
+    async def _apply(
+        self,
+        to_sync: list[dict[str, Any]],
+        lives: list[dict[str, Any] | None],
+        *,
+        uid: str,
+        served: dict[str, bool],
+        obs: Observation,
+        outcome: Outcome,
+    ) -> dict[str, Mapping[str, Any]]:
+        """Apply each child whose rendered form is not live; return the live children."""
         by_kind_name: dict[str, Mapping[str, Any]] = {}
         for manifest, live in zip(to_sync, lives, strict=True):
             label = f"{manifest['kind']}/{manifest['metadata']['name']}"
@@ -203,13 +229,7 @@ class Reconciler:
                 self.metrics.children_applied.labels(manifest["kind"]).inc()
             if current is not None:
                 by_kind_name[label] = current
-        if served.get("HTTPRoute") and not any(m["kind"] == "HTTPRoute" for m in desired):
-            await self._prune_route(names, uid)
-
-        obs.model_server = by_kind_name.get(f"Deployment/{names.model_server}")
-        obs.endpoint_picker = by_kind_name.get(f"Deployment/{names.epp}")
-        obs.gateway = self._gateway_condition(pcd, names, desired, served, obs)
-        obs.prefix_cache = await self._observe_prefix_cache(names)
+        return by_kind_name
 
     async def _prune_route(self, names: Names, uid: str) -> None:
         """The HTTPRoute is rendered only with parentRefs; remove ours when they go away."""

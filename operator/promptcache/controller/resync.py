@@ -1,0 +1,103 @@
+"""The periodic resync: level-triggered, independent of any watch, no finalizer.
+
+Every `period_s` the resyncer LISTs the PromptCacheDeployments it serves and
+reconciles each (drift, status, metrics scrape); a poke (one of a resource's
+Deployments changed) reconciles that one resource after a short debounce. It
+is one task for all resources, not a kopf daemon per resource: kopf gives every
+object with a daemon a finalizer, which would block deletion (and namespace
+deletion) whenever the operator is down, and cost a write per resource. Listing
+also makes the operator converge even if a watch event was ever missed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from promptcache.controller.kube import ApiError, by_kind
+from promptcache.controller.reconcile import Outcome, Reconciler
+
+log = logging.getLogger(__name__)
+PCD = by_kind("PromptCacheDeployment")
+
+
+class Resyncer:
+    def __init__(
+        self,
+        reconciler: Reconciler,
+        *,
+        namespaces: tuple[str, ...],
+        period_s: float,
+        debounce_s: float = 1.0,
+        concurrency: int = 8,
+        on_outcome: Callable[[Mapping[str, Any], Outcome], Awaitable[None]] | None = None,
+    ) -> None:
+        self.reconciler = reconciler
+        self.namespaces = namespaces
+        self.period_s = period_s
+        self.debounce_s = debounce_s
+        self.on_outcome = on_outcome
+        self._gate = asyncio.Semaphore(concurrency)
+        self._wake = asyncio.Event()
+        self._poked: set[tuple[str, str]] = set()
+        self._failing: set[str] = set()
+
+    def poke(self, namespace: str, name: str) -> None:
+        self._poked.add((namespace, name))
+        self._wake.set()
+
+    async def _list(self) -> list[dict[str, Any]]:
+        kube = self.reconciler.kube
+        if not self.namespaces:
+            return await kube.list(PCD)
+        found: list[dict[str, Any]] = []
+        for namespace in self.namespaces:
+            found += await kube.list(PCD, namespace)
+        return found
+
+    async def _one(self, body: dict[str, Any]) -> None:
+        meta = body.get("metadata", {})
+        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        async with self._gate:
+            try:
+                outcome = await self.reconciler.reconcile(body, trigger="resync")
+            except (ApiError, OSError) as error:
+                if key not in self._failing:
+                    log.warning("resync of %s failed: %s (retried every resync)", key, error)
+                self._failing.add(key)
+                return
+            except Exception:  # a bug must not end the resync of every other resource
+                log.exception("resync of %s failed", key)
+                return
+        if key in self._failing:
+            log.info("resync of %s recovered", key)
+            self._failing.discard(key)
+        if self.on_outcome is not None:
+            await self.on_outcome(body, outcome)
+
+    async def run(self) -> None:
+        """Forever (until cancelled): full resync every period, pokes in between."""
+        next_full = time.monotonic() + self.period_s
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), max(0.0, next_full - time.monotonic()))
+                await asyncio.sleep(self.debounce_s)  # a rollout's burst of events: one reconcile
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                if time.monotonic() >= next_full:
+                    next_full = time.monotonic() + self.period_s
+                    self._poked.clear()
+                    bodies = await self._list()
+                else:
+                    keys, self._poked = self._poked, set()
+                    fetched = [await self.reconciler.kube.get(PCD, ns, name) for ns, name in keys]
+                    bodies = [b for b in fetched if b is not None]
+            except (ApiError, OSError) as error:
+                log.warning("listing PromptCacheDeployments failed: %s", error)
+                continue
+            await asyncio.gather(*(self._one(body) for body in bodies))

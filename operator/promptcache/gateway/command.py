@@ -11,78 +11,46 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import fields
 
 from promptcache.contract import SessionShimEnv
+from promptcache.envflags import EnvFlag, add_flags, as_float, as_int, collect
 from promptcache.gateway.settings import ShimSettings, ShimSettingsError
 
 EXIT_BAD_SETTINGS = 2
 EXIT_MISSING_EXTRA = 3
 
 
-@dataclass(frozen=True, slots=True)
-class _Option:
-    flag: str
-    env: str
-    field: str
-    convert: Callable[[str, str], Any]
-    help: str
-
-
 def _str(_name: str, raw: str) -> str:
     return raw.strip()
-
-
-def _int(name: str, raw: str) -> int:
-    try:
-        return int(raw)
-    except ValueError:
-        raise ShimSettingsError(f"{name}={raw!r} is not an integer") from None
-
-
-def _float(name: str, raw: str) -> float:
-    try:
-        return float(raw)
-    except ValueError:
-        raise ShimSettingsError(f"{name}={raw!r} is not a number") from None
 
 
 def _header(_name: str, raw: str) -> str:
     return raw.strip().lower()  # HTTP/2 carries header names in lower case
 
 
-OPTIONS: tuple[_Option, ...] = (
-    _Option("--listen", SessionShimEnv.LISTEN, "listen", _str,
+OPTIONS: tuple[EnvFlag, ...] = (
+    EnvFlag("--listen", SessionShimEnv.LISTEN, "listen", _str,
             "HOST:PORT to serve ext_proc on (what the gateway dials)"),
-    _Option("--upstream", SessionShimEnv.UPSTREAM, "upstream", _str,
+    EnvFlag("--upstream", SessionShimEnv.UPSTREAM, "upstream", _str,
             "HOST:PORT of the Endpoint Picker's own ext_proc port"),
-    _Option("--session-header", SessionShimEnv.SESSION_HEADER, "session_header", _header,
+    EnvFlag("--session-header", SessionShimEnv.SESSION_HEADER, "session_header", _header,
             "header the EPP's session filter reads; added from the body when absent"),
-    _Option("--user-field", SessionShimEnv.USER_FIELD, "user_field", _str,
+    EnvFlag("--user-field", SessionShimEnv.USER_FIELD, "user_field", _str,
             "body field naming the session"),
-    _Option("--max-body-bytes", SessionShimEnv.MAX_BODY_BYTES, "max_body_bytes", _int,
+    EnvFlag("--max-body-bytes", SessionShimEnv.MAX_BODY_BYTES, "max_body_bytes", as_int,
             "largest body read per request; larger ones pass through unread"),
-    _Option("--max-buffered-bytes", SessionShimEnv.MAX_BUFFERED_BYTES, "max_buffered_bytes",
-            _int, "body bytes all requests together may hold; beyond, pass through unread"),
-    _Option("--drain-seconds", SessionShimEnv.DRAIN_SECONDS, "drain_seconds", _float,
+    EnvFlag("--max-buffered-bytes", SessionShimEnv.MAX_BUFFERED_BYTES, "max_buffered_bytes",
+            as_int, "body bytes all requests together may hold; beyond, pass through unread"),
+    EnvFlag("--drain-seconds", SessionShimEnv.DRAIN_SECONDS, "drain_seconds", as_float,
             "how long open streams may finish after SIGTERM"),
 )  # fmt: skip
 
 
 def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> ShimSettings:
     """Flags over environment over built-in defaults, validated."""
-    values: dict[str, Any] = {}
-    for opt in OPTIONS:
-        flag_value: str | None = getattr(args, opt.field, None)
-        if flag_value is not None:
-            values[opt.field] = opt.convert(opt.flag, flag_value)
-            continue
-        raw = environ.get(opt.env, "").strip()
-        if raw:
-            values[opt.field] = opt.convert(opt.env, raw)
-    return ShimSettings(**values)
+    return ShimSettings(**collect(OPTIONS, args, environ, error=ShimSettingsError))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -115,12 +83,5 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "before the EPP routes. Every flag can also be set by its environment variable; "
         "the flag wins.",
     )
-    defaults = {f.name: f.default for f in fields(ShimSettings)}
-    for opt in OPTIONS:
-        parser.add_argument(
-            opt.flag,
-            dest=opt.field,
-            default=None,
-            help=f"{opt.help} (env {opt.env}; default {defaults[opt.field]})",
-        )
+    add_flags(parser, OPTIONS, {f.name: f.default for f in fields(ShimSettings)})
     parser.set_defaults(func=run)

@@ -75,7 +75,13 @@ def install_crd(kubectl: Callable[..., Any]) -> None:
 
 def resource(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
     """A PromptCacheDeployment with a tiny model and the given spec overrides."""
-    model = {"name": "Qwen/Qwen2.5-0.5B-Instruct", "replicas": 1, **spec.pop("model", {})}
+    # No GPUs unless asked: the fake nodes' 16 GPUs are shared by every test in the session.
+    model = {
+        "name": "Qwen/Qwen2.5-0.5B-Instruct",
+        "replicas": 1,
+        "resources": {"gpus": 0},
+        **spec.pop("model", {}),
+    }
     return {
         "apiVersion": "serving.promptcache.io/v1alpha1",
         "kind": "PromptCacheDeployment",

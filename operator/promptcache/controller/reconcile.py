@@ -171,9 +171,7 @@ class Reconciler:
                 self.kube, ROUTE.api_version, ROUTE.plural
             )
         to_sync = [m for m in desired if m["kind"] not in GATEWAY_KINDS or served.get(m["kind"])]
-        lives = await asyncio.gather(
-            *(self.kube.get(kind_of(m), names.namespace, m["metadata"]["name"]) for m in to_sync)
-        )
+        lives = await asyncio.gather(*(self._read(m) for m in to_sync))
         by_kind_name = await self._apply(
             to_sync, lives, uid=uid, served=served, obs=obs, outcome=outcome
         )
@@ -192,7 +190,7 @@ class Reconciler:
     async def _apply(
         self,
         to_sync: list[dict[str, Any]],
-        lives: list[dict[str, Any] | None],
+        lives: list[dict[str, Any] | ApiError | None],
         *,
         uid: str,
         served: dict[str, bool],
@@ -203,6 +201,11 @@ class Reconciler:
         by_kind_name: dict[str, Mapping[str, Any]] = {}
         for manifest, live in zip(to_sync, lives, strict=True):
             label = f"{manifest['kind']}/{manifest['metadata']['name']}"
+            if isinstance(live, ApiError):
+                obs.degraded = obs.degraded or Problem(
+                    Reason.APPLY_FAILED, f"{label}: {live.message}"[:1000]
+                )
+                continue
             if live is not None and controller_uid(live) not in (None, uid):
                 obs.degraded = obs.degraded or Problem(
                     Reason.APPLY_FAILED,
@@ -230,6 +233,17 @@ class Reconciler:
             if current is not None:
                 by_kind_name[label] = current
         return by_kind_name
+
+    async def _read(self, manifest: Mapping[str, Any]) -> dict[str, Any] | ApiError | None:
+        """The live child; a refusal (403, 422) is returned to be reported, not raised."""
+        try:
+            return await self.kube.get(
+                kind_of(manifest), manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+            )
+        except ApiError as error:
+            if error.transient:
+                raise
+            return error
 
     async def _prune_route(self, names: Names, uid: str) -> None:
         """The HTTPRoute is rendered only with parentRefs; remove ours when they go away."""

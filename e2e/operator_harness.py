@@ -140,22 +140,22 @@ def metric_sum(
 def apiserver_writes(
     kubectl: Callable[..., Any], resources: Iterable[str] = CHILD_RESOURCES
 ) -> float:
-    """Write requests the API server has served for these resources (main resource + status)."""
-    text = kubectl("get", "--raw", "/metrics").stdout
-    samples = parse_prometheus(text)
-    return metric_sum(
-        samples,
-        "apiserver_request_total",
-        verb=WRITE_VERBS,
-        resource=tuple(resources),
-        subresource=("", "status"),
-    ) - metric_sum(
-        samples,
-        "apiserver_request_total",
-        verb=WRITE_VERBS,
-        resource=("deployments",),
-        subresource="status",
-    )
+    """Writes the API server served to these resources, plus PromptCacheDeployment status.
+
+    Status subresources of children are left out: controllers (the Deployment and disruption
+    controllers) write those, not the operator. `apiserver_request_total` counts every
+    client; the operator's own client counts separately (`promptcache_api_requests_total`).
+    """
+    samples = parse_prometheus(kubectl("get", "--raw", "/metrics").stdout)
+    main = metric_sum(
+        samples, "apiserver_request_total", verb=WRITE_VERBS, resource=tuple(resources),
+        subresource="",
+    )  # fmt: skip
+    status = metric_sum(
+        samples, "apiserver_request_total", verb=WRITE_VERBS,
+        resource="promptcachedeployments", subresource="status",
+    )  # fmt: skip
+    return main + status
 
 
 def _die_with_parent() -> None:

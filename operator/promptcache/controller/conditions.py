@@ -62,6 +62,10 @@ def transitions(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[di
     changed = []
     for cond in new:
         before = find(old, cond["type"])
+        if before is None and cond["type"] != "Degraded" and cond["status"] != "True":
+            continue  # a first "not yet" (Ready=False, ...) is not news; later flips are
+        if before is None and cond["type"] == "Degraded" and cond["status"] != "True":
+            continue  # nor is a first "not degraded"
         if before is None or (before.get("status"), before.get("reason")) != (
             cond["status"],
             cond["reason"],

@@ -112,10 +112,10 @@ class RequestCounter:
         self.by_verb[method] += 1
         if method in WRITE_VERBS:
             segments = [s for s in path.split("/") if s]
-            self.writes_by_resource[_plural_of(segments)] += 1
+            self.writes_by_resource[plural_of(segments)] += 1
 
 
-def _plural_of(segments: list[str]) -> str:
+def plural_of(segments: list[str]) -> str:
     """`/apis/apps/v1/namespaces/ns/deployments/x` → `deployments` (subresources appended)."""
     rest = segments[2:] if segments[:1] == ["api"] else segments[3:]
     if rest[:1] == ["namespaces"] and len(rest) > 2:
@@ -154,7 +154,7 @@ class Kube:
     async def _count(self, request: httpx2.Request) -> None:
         self.counter.record(request.method, request.url.path)
         if self._on_request is not None:
-            self._on_request(request.method)
+            self._on_request(request.method, request.url.path)
 
     async def close(self) -> None:
         await self._http.aclose()

@@ -69,7 +69,7 @@ async def _until(event: asyncio.Event) -> None:
 async def serve(options: OperatorOptions) -> int:
     config = load_config()
     metrics = OperatorMetrics()
-    kube = Kube(config, on_request=lambda verb: metrics.api_requests.labels(verb).inc())
+    kube = Kube(config, on_request=metrics.count_request)
     http = aiohttp.ClientSession()
     reconciler = Reconciler(
         kube,

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from promptcache.controller.kube import WRITE_VERBS, plural_of
+
 
 @dataclass
 class OperatorMetrics:
@@ -50,9 +52,20 @@ class OperatorMetrics:
             ["verb"],
             registry=r,
         )
+        self.api_writes = Counter(
+            "promptcache_api_writes",
+            "Write requests the operator sent, by resource (plural[/subresource]).",
+            ["resource"],
+            registry=r,
+        )
         self.leader = Gauge(
             "promptcache_leader", "1 while this replica holds the leader Lease.", registry=r
         )
         self.managed = Gauge(
             "promptcache_resources", "PromptCacheDeployments this operator manages.", registry=r
         )
+
+    def count_request(self, verb: str, path: str) -> None:
+        self.api_requests.labels(verb).inc()
+        if verb in WRITE_VERBS:
+            self.api_writes.labels(plural_of([p for p in path.split("/") if p])).inc()

@@ -199,6 +199,7 @@ class Reconciler:
     ) -> dict[str, Mapping[str, Any]]:
         """Apply each child whose rendered form is not live; return the live children."""
         by_kind_name: dict[str, Mapping[str, Any]] = {}
+        pending: list[tuple[str, dict[str, Any]]] = []
         for manifest, live in zip(to_sync, lives, strict=True):
             label = f"{manifest['kind']}/{manifest['metadata']['name']}"
             if isinstance(live, ApiError):
@@ -213,25 +214,29 @@ class Reconciler:
                     "delete it or rename this resource",
                 )
                 continue
-            current = live
-            if needs_apply(manifest, current):
-                try:
-                    current = await self.kube.apply(manifest)
-                except ApiError as error:
-                    if error.transient:
-                        raise
-                    if error.code == 404 and manifest["kind"] in GATEWAY_KINDS:
-                        self.gateway_apis.invalidate()
-                        served[manifest["kind"]] = False
-                        continue
-                    obs.degraded = obs.degraded or Problem(
-                        Reason.APPLY_FAILED, f"{label}: {error.message}"[:1000]
-                    )
+            if needs_apply(manifest, live):
+                pending.append((label, manifest))
+            elif live is not None:
+                by_kind_name[label] = live
+        # Children do not depend on each other at apply time: apply them concurrently.
+        results = await asyncio.gather(
+            *(self.kube.apply(m) for _, m in pending), return_exceptions=True
+        )
+        for (label, manifest), result in zip(pending, results, strict=True):
+            if isinstance(result, ApiError) and not result.transient:
+                if result.code == 404 and manifest["kind"] in GATEWAY_KINDS:
+                    self.gateway_apis.invalidate()
+                    served[manifest["kind"]] = False
                     continue
-                outcome.applied.append(label)
-                self.metrics.children_applied.labels(manifest["kind"]).inc()
-            if current is not None:
-                by_kind_name[label] = current
+                obs.degraded = obs.degraded or Problem(
+                    Reason.APPLY_FAILED, f"{label}: {result.message}"[:1000]
+                )
+                continue
+            if isinstance(result, BaseException):
+                raise result
+            outcome.applied.append(label)
+            self.metrics.children_applied.labels(manifest["kind"]).inc()
+            by_kind_name[label] = result
         return by_kind_name
 
     async def _read(self, manifest: Mapping[str, Any]) -> dict[str, Any] | ApiError | None:

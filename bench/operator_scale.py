@@ -158,8 +158,14 @@ def main() -> int:
         # Writes caused by the operator: everything minus the bench's own n creates.
         op_writes = apiserver_writes(cluster.kubectl, WRITE_RESOURCES) - before - n
 
-        # Idle: after the rollout settles, two full resync periods must write nothing.
-        time.sleep(args.idle_seconds)
+        # Idle: once pods are ready and the operator has written nothing for a full resync
+        # period (the rollout has settled), two more periods must write nothing.
+        def settled() -> bool:
+            before = op.writes()
+            time.sleep(args.idle_seconds + 1)  # one resync period: the observation itself
+            return op.writes() == before
+
+        wait_for(settled, "the rollout to settle", timeout=900, every=0)
         idle_before = apiserver_writes(cluster.kubectl, WRITE_RESOURCES)
         client_before = op.writes()
         writes_before = {

@@ -12,8 +12,7 @@ rendered children (owner references and hash included) one after another, with t
 client code, and nothing else: no status, no checks, no reads.
 
     bench/operator_scale.py            # 30 resources (about a minute and a half)
-    bench/operator_scale.py --full     # 120 resources: each has 2 Services, and the local
-                                       # control plane's service range is a /24 (~250 IPs)
+    bench/operator_scale.py --full     # 200 resources, the issue's size
 Model replicas are 0 so kwok does not have to play hundreds of pods on a 2-core box;
 every Endpoint Picker Deployment still gets its pod.
 """
@@ -102,7 +101,7 @@ def main() -> int:
     parser.add_argument("--resources", type=int, default=30)
     parser.add_argument(
         "--full", action="store_true",
-        help="120 resources: the most whose 2 Services each fit the local cluster's /24 range",
+        help="200 resources (the issue's size)",
     )  # fmt: skip
     parser.add_argument("--idle-seconds", type=float, default=10.0, help="resync period")
     parser.add_argument("--baseline-child", nargs=2, metavar=("NS", "N"), help=argparse.SUPPRESS)
@@ -110,7 +109,7 @@ def main() -> int:
     if args.baseline_child:
         baseline_child(args.baseline_child[0], int(args.baseline_child[1]))
         return 0
-    n = 120 if args.full else args.resources
+    n = 200 if args.full else args.resources
     print(f"starting a local control plane for {n} resources ...", flush=True)
     cluster = start_local_cluster(gateway_crds=True, name=f"bench-{int(time.time())}")
     try:

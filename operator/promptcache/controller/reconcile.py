@@ -104,7 +104,7 @@ class Reconciler:
         result = "error"
         try:
             async with lock:
-                outcome = await self._reconcile(raw)
+                outcome = await self._reconcile(raw, fresh=trigger == "create")
             result = "degraded" if outcome.problem else "ok"
             if outcome.problem:
                 self.metrics.failures.labels(outcome.problem.reason).inc()
@@ -116,7 +116,11 @@ class Reconciler:
             self.metrics.reconciles.labels(trigger, result).inc()
             self.metrics.duration.observe(time.monotonic() - started)
 
-    async def _reconcile(self, raw: dict[str, Any]) -> Outcome:
+    async def _reconcile(self, raw: dict[str, Any], *, fresh: bool) -> Outcome:
+        """`fresh`: the resource was just created, so its children cannot exist yet (their
+        names derive from it and their owner is this very object): apply without reading
+        them first, which halves a new resource's requests. Every other trigger reads first,
+        so an unchanged resource costs no writes."""
         meta = raw["metadata"]
         obs = Observation(generation=meta.get("generation"))
         outcome = Outcome()
@@ -130,7 +134,7 @@ class Reconciler:
         except KeyError as error:
             obs.blocked = Problem(Reason.INVALID_SPEC, f"missing {error.args[0]}")
         if obs.blocked is None:
-            await self._realise(raw, pcd, names, obs, outcome)
+            await self._realise(raw, pcd, names, obs, outcome, fresh=fresh)
         outcome.problem = obs.blocked or obs.degraded
         await self._write_status(raw, obs, outcome)
         return outcome
@@ -142,6 +146,8 @@ class Reconciler:
         names: Names,
         obs: Observation,
         outcome: Outcome,
+        *,
+        fresh: bool,
     ) -> None:
         uid = str(raw["metadata"]["uid"])
         spec = pcd.spec
@@ -171,7 +177,11 @@ class Reconciler:
                 self.kube, ROUTE.api_version, ROUTE.plural
             )
         to_sync = [m for m in desired if m["kind"] not in GATEWAY_KINDS or served.get(m["kind"])]
-        lives = await asyncio.gather(*(self._read(m) for m in to_sync))
+        lives: list[dict[str, Any] | ApiError | None] = (
+            [None] * len(to_sync)
+            if fresh
+            else list(await asyncio.gather(*(self._read(m) for m in to_sync)))
+        )
         by_kind_name = await self._apply(
             to_sync, lives, uid=uid, served=served, obs=obs, outcome=outcome
         )
@@ -179,7 +189,8 @@ class Reconciler:
             log.info(
                 "%s/%s: applied %s", names.namespace, names.instance, ", ".join(outcome.applied)
             )
-        if served.get("HTTPRoute") and not any(m["kind"] == "HTTPRoute" for m in desired):
+        route_desired = any(m["kind"] == "HTTPRoute" for m in desired)
+        if served.get("HTTPRoute") and not route_desired and not fresh:
             await self._prune_route(names, uid)
 
         obs.model_server = by_kind_name.get(f"Deployment/{names.model_server}")

@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT / "e2e"))
 import yaml  # noqa: E402
 
 from operator_harness import (  # noqa: E402
+    CHILD_RESOURCES,
     OperatorProcess,
     apiserver_writes,
     install_crd,
@@ -47,19 +48,9 @@ from promptcache.controller.kube import Kube, load_config  # noqa: E402
 from promptcache.render import render  # noqa: E402
 from pytest_cluster import start_local_cluster, stop_cluster  # noqa: E402
 
-WRITE_RESOURCES = (
-    "promptcachedeployments",
-    "deployments",
-    "services",
-    "configmaps",
-    "serviceaccounts",
-    "roles",
-    "rolebindings",
-    "poddisruptionbudgets",
-    "inferencepools",
-    "httproutes",
-    "secrets",
-)  # fmt: skip  (events left out: the scheduler and kwok post them for every pod)
+# The operator's kinds, as the tests count them (events left out: the scheduler and kwok
+# post them for every pod).
+WRITE_RESOURCES = CHILD_RESOURCES
 
 
 def spec_of(i: int, ns: str) -> dict[str, Any]:

@@ -47,6 +47,18 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def terminate(proc: subprocess.Popen[bytes], timeout_s: float) -> int | None:
+    """SIGTERM, a grace period, then SIGKILL; the exit code (None: it never ran)."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    return proc.returncode
+
+
 def strip_flags(args: Iterable[str], names: Sequence[str] = _HARNESS_FLAGS) -> list[str]:
     """Drop `--name=value` / `--name value` pairs for flags the harness sets itself."""
     out: list[str] = []
@@ -128,17 +140,11 @@ class EppProcess:
     def stop(self, timeout_s: float = 20.0) -> int | None:
         if self._proc is None:
             return None
-        if self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait(timeout=10)
+        code = terminate(self._proc, timeout_s)
         if self._log is not None:
             self._log.close()
             self._log = None
-        return self._proc.returncode
+        return code
 
     def __enter__(self) -> EppProcess:
         return self.start()

@@ -10,7 +10,6 @@ checks first that the rendered upstream is exactly `127.0.0.1:<rendered --grpc-p
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ from typing import BinaryIO
 from promptcache.contract import SessionShimEnv
 
 from .extproc import ExtProcClient
-from .process import free_port
+from .process import free_port, terminate
 
 STARTED_LINE = "session shim listening on"
 
@@ -81,14 +80,8 @@ class ShimProcess:
     def stop(self, timeout_s: float = 30.0) -> int | None:
         if self._proc is None:
             return None
-        if self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGTERM)
-            try:
-                self._proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait(timeout=10)
+        code = terminate(self._proc, timeout_s)
         if self._log is not None:
             self._log.close()
             self._log = None
-        return self._proc.returncode
+        return code

@@ -1,37 +1,604 @@
-"""A stand-in for vLLM's HTTP surface, for tests and benchmarks of the front.
+"""A stand-in for vLLM at the system boundary: a prefix KV cache, a latency model, its metrics.
 
-It sits exactly where vLLM sits (the system boundary): it speaks enough of the
-OpenAI-compatible API (completions and chat, whole or streamed with a usage
-chunk), serves vLLM-like `/metrics` and `/health`, and records every request it
-receives byte for byte, so tests can assert what vLLM would have been sent.
-It never runs a model: answers are fixed text, usage is what the test sets.
+One stand-in serves every test and benchmark that needs a model server: the cache
+front's tests (which assert what vLLM would have been sent), the Endpoint
+Picker's tests (which steer routing through the metrics the picker scrapes),
+the routing benchmark and the demo. It never runs a model. What it models:
+
+* **Prefix cache, block by block, like vLLM's.** The prompt is tokenized
+  deterministically (`bytes_per_token` bytes of the rendered prompt per token;
+  4 by default, what the Endpoint Picker's `estimate` tokenizer assumes too),
+  cut into `block_size`-token blocks, and every *full* block gets a chained hash
+  (parent hash, the block's token ids, extra keys). Like vLLM, `cache_salt`
+  is an extra key of block 0 only, so different salts never share a block, and
+  prompt embeddings enter the hash through the content of each embedded row.
+  The cache holds `num_gpu_blocks` blocks. Blocks held by a running request
+  cannot be evicted; freed blocks join an LRU free queue tail-first (a
+  sequence's last block is evicted before its first), and a hit takes a block
+  back out of that queue. At most `prompt_tokens - 1` tokens are served from
+  cache (vLLM always computes the last token). Only prompt blocks are cached:
+  the stand-in's generated tokens are not (vLLM caches them too, but a chat
+  template re-renders them on the next turn, so they rarely match anyway).
+* **Latency.** A request waits (`vllm:num_requests_waiting`) until it heads the
+  queue, fewer than `max_num_seqs` requests run, the prefill lane is free and
+  its new blocks fit; then it runs (`vllm:num_requests_running`): prefill
+  costs `prefill_s_per_token` per *uncached* prompt token plus
+  `step_overhead_s`, one prefill at a time (vLLM's token budget per step,
+  simplified to a serial lane), so uncached work is what builds queues; the
+  first token is sent when the prefill ends (TTFT), then one token every
+  `decode_s_per_token` (decodes run side by side, up to `max_num_seqs`).
+* **Metrics that follow that state**, in vLLM's own names and labels:
+  `num_requests_waiting/running`, `kv_cache_usage_perc` (blocks held by running
+  requests over `num_gpu_blocks`; cached free blocks count as free, as in
+  vLLM), `prefix_cache_queries_total`/`prefix_cache_hits_total` (tokens),
+  `prompt_tokens_total`, `prompt_tokens_cached_total`, `cache_config_info`.
+  A test may pin any reported value (`pod.set(waiting=50)`,
+  `upstream.waiting = 7`); unpinned values are live.
+
+Usage in answers: by default the stand-in reports the fixed `prompt_tokens` /
+`cached_tokens` a test sets (the front's protocol tests); with
+`usage_from_engine=True` it reports what its cache really did, as vLLM with
+`--enable-prompt-tokens-details` does. Every request is recorded byte for byte.
+
+Two ways to run it: `StandinUpstream` + `start_standin` on the caller's event
+loop (async tests), or `FakePod` in a thread of its own on a fixed `ip:port`
+(synchronous harnesses, the Endpoint Picker's scraping). As a process:
+`python -m promptcache.front.standin --help`.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import base64
+import binascii
 import contextlib
+import dataclasses
+import hashlib
 import json
+import random
+import threading
 import time
+from array import array
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
-VLLM_METRICS = """# HELP vllm:num_requests_running Number of requests in model execution batches.
-# TYPE vllm:num_requests_running gauge
-vllm:num_requests_running{{engine="0",model_name="standin"}} {running}
-# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
-# TYPE vllm:num_requests_waiting gauge
-vllm:num_requests_waiting{{engine="0",model_name="standin"}} {waiting}
-# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
-# TYPE vllm:kv_cache_usage_perc gauge
-vllm:kv_cache_usage_perc{{engine="0",model_name="standin"}} {kv}
-# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
-# TYPE vllm:cache_config_info gauge
-vllm:cache_config_info{{block_size="16",cache_dtype="auto",enable_prefix_caching="True",\
-engine="0",num_gpu_blocks="4096"}} 1.0
-"""
+# --- configuration -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The stand-in engine's cache geometry and latency coefficients.
+
+    Latency defaults are zero (tests run at full speed). `EngineConfig.gpu_like()`
+    gives coefficients in the range of an 8B model on one H100-class GPU
+    (about 10k prefill tokens/s, 20 ms per decode step), scaled by `time_scale`.
+    """
+
+    model_name: str = "standin"
+    block_size: int = 16
+    """Tokens per KV block (vLLM's default is 16)."""
+    num_gpu_blocks: int = 4096
+    """Cache capacity in blocks (`vllm:cache_config_info{num_gpu_blocks}`)."""
+    max_num_seqs: int = 256
+    """Requests running at once (vLLM's `--max-num-seqs`, default 256)."""
+    prefill_s_per_token: float = 0.0
+    """Seconds of prefill per uncached prompt token (one prefill at a time)."""
+    decode_s_per_token: float = 0.0
+    """Seconds between generated tokens of one request."""
+    step_overhead_s: float = 0.0
+    """Fixed seconds added to every prefill (scheduling, the first forward pass)."""
+    bytes_per_token: int = 4
+    """The stand-in's tokenizer: this many bytes of the rendered prompt make one token."""
+    default_max_tokens: int = 16
+    """Generated tokens when the request names no `max_tokens`."""
+    max_output_tokens: int = 4096
+    """Upper bound on generated tokens, whatever the request asks."""
+    embed_row_bytes: int = 8192
+    """Without torch, bytes of a decoded prompt-embeds payload per embedded token."""
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "num_gpu_blocks", "max_num_seqs", "bytes_per_token"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("prefill_s_per_token", "decode_s_per_token", "step_overhead_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"EngineConfig.{name} must be >= 0, got {getattr(self, name)}")
+
+    @classmethod
+    def gpu_like(cls, time_scale: float = 1.0, **overrides: Any) -> EngineConfig:
+        """Coefficients of an 8B model on an H100-class GPU, times `time_scale`."""
+        base: dict[str, Any] = {
+            "prefill_s_per_token": 1e-4 * time_scale,
+            "decode_s_per_token": 0.02 * time_scale,
+            "step_overhead_s": 0.005 * time_scale,
+            "max_num_seqs": 32,
+        }
+        base.update(overrides)
+        return cls(**base)
+
+
+# --- tokenizing the request ------------------------------------------------------------------
+
+
+def _torch_rows(raw: bytes) -> list[bytes] | None:
+    """Each row's bytes of a `torch.save`d 2-D tensor; None without torch or a tensor."""
+    try:
+        import io  # noqa: PLC0415 - only prompt-embeds requests need torch
+
+        import torch  # noqa: PLC0415
+
+        tensor = torch.load(io.BytesIO(raw), weights_only=True, map_location="cpu")
+    except Exception:  # torch absent, or not a torch payload: the caller falls back
+        return None
+    if not isinstance(tensor, torch.Tensor):
+        return None
+    t = tensor.to_dense() if tensor.is_sparse else tensor
+    if t.dim() == 3 and t.shape[0] == 1:
+        t = t[0]
+    if t.dim() != 2:
+        return None
+    return [bytes(row.contiguous().view(torch.uint8).numpy().tobytes()) for row in t]
+
+
+def _embed_rows(data: str, row_bytes: int) -> list[bytes]:
+    """The rows of one base64 `torch.save` payload, each row's bytes (one token each)."""
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raw = data.encode()
+    rows = _torch_rows(raw)
+    if rows is not None:
+        return rows
+    return [raw[i : i + row_bytes] for i in range(0, len(raw), row_bytes)] or [b""]
+
+
+def _text_tokens(text: bytes, bytes_per_token: int) -> list[int]:
+    return [
+        int.from_bytes(text[i : i + bytes_per_token], "little")
+        for i in range(0, len(text), bytes_per_token)
+    ]
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A request's prompt as the engine sees it: token ids and per-token extra keys."""
+
+    tokens: tuple[int, ...]
+    embeds: tuple[bytes | None, ...]
+    """Per token: the hash of its embedded row, or None for a text token."""
+    salt: str | None
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+def parse_prompt(body: dict[str, Any], chat: bool, cfg: EngineConfig) -> Prompt:
+    """Tokenize a completions or chat body the way the stand-in's model would see it.
+
+    Chat messages are rendered `<|role|>\\ncontent\\n` (an append-only template:
+    a conversation's next turn extends the previous prompt byte for byte).
+    """
+    segments: list[bytes | list[bytes]] = []  # text, or embedded rows
+
+    def add_text(text: str) -> None:
+        segments.append(text.encode("utf-8", "surrogatepass"))
+
+    if chat:
+        for message in body.get("messages") or []:
+            if not isinstance(message, dict):
+                continue
+            add_text(f"<|{message.get('role', '')}|>\n")
+            content = message.get("content")
+            if isinstance(content, str):
+                add_text(content)
+            elif isinstance(content, list):
+                for part in content:
+                    if not isinstance(part, dict):
+                        continue
+                    if part.get("type") == "text":
+                        add_text(str(part.get("text", "")))
+                    elif part.get("type") == "prompt_embeds":
+                        segments.append(_embed_rows(str(part.get("data", "")), cfg.embed_row_bytes))
+            add_text("\n")
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            add_text(prompt)
+        elif isinstance(prompt, list):
+            if all(isinstance(t, int) for t in prompt):
+                segments.append(b"".join(int(t).to_bytes(4, "little", signed=True) for t in prompt))
+            else:
+                add_text("".join(str(p) for p in prompt))
+        embeds = body.get("prompt_embeds")
+        for data in [embeds] if isinstance(embeds, str) else (embeds or []):
+            segments.append(_embed_rows(str(data), cfg.embed_row_bytes))
+    tokens: list[int] = []
+    extras: list[bytes | None] = []
+    pending = b""
+    for seg in segments:
+        if isinstance(seg, bytes):
+            pending += seg
+            continue
+        ids = _text_tokens(pending, cfg.bytes_per_token)
+        tokens += ids
+        extras += [None] * len(ids)
+        pending = b""
+        for row in seg:
+            tokens.append(0)
+            extras.append(hashlib.sha256(row).digest())
+    ids = _text_tokens(pending, cfg.bytes_per_token)
+    tokens += ids
+    extras += [None] * len(ids)
+    salt = body.get("cache_salt")
+    return Prompt(tuple(tokens), tuple(extras), salt if isinstance(salt, str) and salt else None)
+
+
+def block_hashes(prompt: Prompt, block_size: int) -> list[bytes]:
+    """Chained hashes of the prompt's full blocks; block 0 carries the salt (vLLM's rule)."""
+    out: list[bytes] = []
+    parent = b"standin-root"
+    for start in range(0, len(prompt.tokens) - block_size + 1, block_size):
+        h = hashlib.sha256(parent)
+        h.update(array("q", prompt.tokens[start : start + block_size]).tobytes())
+        for i, extra in enumerate(prompt.embeds[start : start + block_size]):
+            if extra is not None:
+                h.update(b"E%d" % i + extra)
+        if start == 0 and prompt.salt is not None:
+            h.update(b"S" + prompt.salt.encode("utf-8", "surrogatepass"))
+        parent = h.digest()
+        out.append(parent)
+    return out
+
+
+# --- the block cache ---------------------------------------------------------------------
+
+
+@dataclass
+class Allocation:
+    """Blocks one running request holds: cached prompt blocks (by hash) and anonymous ones."""
+
+    hashes: list[bytes]
+    anonymous: int
+    cached_tokens: int
+
+
+class PrefixCache:
+    """vLLM's block pool in miniature: ref-counted hashed blocks and an LRU of free ones.
+
+    Thread-safe: the engine mutates it from its event loop while a benchmark's
+    oracle reads it from another thread.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._refs: dict[bytes, int] = {}
+        """Every cached block (hash) with the number of running requests holding it."""
+        self._free: OrderedDict[bytes, None] = OrderedDict()
+        """Cached blocks nobody holds, least recently freed first: evicted in this order."""
+        self._anonymous = 0
+        """Held blocks without a hash (partial last blocks, generated tokens)."""
+        self.evictions = 0
+        self._lock = threading.Lock()
+
+    # -- reading
+    def match(self, hashes: Sequence[bytes], prompt_tokens: int) -> int:
+        """Tokens of this prompt the cache holds now (full leading blocks, at most n - 1)."""
+        with self._lock:
+            return self._match_blocks(hashes, prompt_tokens) * self.block_size
+
+    def _match_blocks(self, hashes: Sequence[bytes], prompt_tokens: int) -> int:
+        limit = max(0, prompt_tokens - 1) // self.block_size
+        n = 0
+        for h in hashes[:limit]:
+            if h not in self._refs:
+                break
+            n += 1
+        return n
+
+    @property
+    def held(self) -> int:
+        """Blocks held by running requests."""
+        with self._lock:
+            return self._held()
+
+    def _held(self) -> int:
+        return len(self._refs) - len(self._free) + self._anonymous
+
+    @property
+    def cached(self) -> int:
+        """Blocks with a hash (held or free): what a later request may hit."""
+        with self._lock:
+            return len(self._refs)
+
+    def usage(self) -> float:
+        """vLLM's `kv_cache_usage_perc`: held blocks over all blocks."""
+        with self._lock:
+            return self._held() / self.num_blocks
+
+    def contains(self, h: bytes) -> bool:
+        with self._lock:
+            return h in self._refs
+
+    # -- changing
+    def allocate(
+        self, hashes: Sequence[bytes], prompt_tokens: int, extra_blocks: int
+    ) -> Allocation | None:
+        """Hold the prompt's blocks (hits reused, misses filled) plus `extra_blocks`
+        anonymous ones; None when they do not fit beside the blocks already held."""
+        with self._lock:
+            hit = self._match_blocks(hashes, prompt_tokens)
+            new = [h for h in hashes[hit:] if h not in self._refs]
+            revived = [h for h in hashes if h in self._free]
+            need = len(new) + extra_blocks
+            if self._held() + len(revived) + need > self.num_blocks:
+                return None
+            for h in hashes:
+                if h in self._free:
+                    del self._free[h]
+            while len(self._refs) + self._anonymous + need > self.num_blocks:
+                victim, _ = self._free.popitem(last=False)
+                del self._refs[victim]
+                self.evictions += 1
+            for h in hashes:
+                self._refs[h] = self._refs.get(h, 0) + 1
+            self._anonymous += extra_blocks
+            return Allocation(list(hashes), extra_blocks, hit * self.block_size)
+
+    def release(self, alloc: Allocation) -> None:
+        """Drop a finished request's hold; its blocks stay cached until evicted."""
+        with self._lock:
+            for h in reversed(alloc.hashes):  # tail first: the last block is evicted first
+                self._refs[h] -= 1
+                if self._refs[h] == 0:
+                    self._free[h] = None
+            self._anonymous -= alloc.anonymous
+
+    def clear(self) -> None:
+        """Forget every unheld block (vLLM's `/reset_prefix_cache`)."""
+        with self._lock:
+            for h in self._free:
+                del self._refs[h]
+            self._free.clear()
+
+    def check(self) -> None:
+        """Internal invariants (for property tests)."""
+        with self._lock:
+            assert self._anonymous >= 0
+            assert len(self._refs) + self._anonymous <= self.num_blocks
+            assert all(self._refs[h] == 0 for h in self._free)
+            assert all(r >= 0 for r in self._refs.values())
+            assert sum(1 for r in self._refs.values() if r == 0) == len(self._free)
+
+
+# --- the engine --------------------------------------------------------------------------
+
+
+@dataclass
+class Served:
+    """What the engine did for one request (also the benchmark's ground truth)."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    queued_s: float = 0.0
+    ttft_s: float = 0.0
+
+
+class Engine:
+    """Queueing, prefill and decode over a `PrefixCache`; lives on one event loop."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.cache = PrefixCache(config.num_gpu_blocks, config.block_size)
+        self._waiting: deque[object] = deque()
+        self._running = 0
+        self._prefilling = False
+        self._cond: asyncio.Condition | None = None
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.requests_total = 0
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def running(self) -> int:
+        return self._running
+
+    def prompt(self, body: dict[str, Any], chat: bool) -> tuple[Prompt, list[bytes]]:
+        p = parse_prompt(body, chat, self.config)
+        return p, block_hashes(p, self.config.block_size)
+
+    def would_hit(self, body: dict[str, Any], chat: bool = True) -> tuple[int, int]:
+        """(prompt tokens, tokens the cache holds for it now): an oracle's view."""
+        p, hashes = self.prompt(body, chat)
+        return len(p), self.cache.match(hashes, len(p))
+
+    def output_tokens(self, body: dict[str, Any]) -> int:
+        asked = body.get("max_completion_tokens") or body.get("max_tokens")
+        n = asked if isinstance(asked, int) and asked > 0 else self.config.default_max_tokens
+        return min(n, self.config.max_output_tokens)
+
+    def blocks_for(self, prompt_tokens: int, completion_tokens: int) -> tuple[int, int]:
+        """(full prompt blocks, other blocks) a request holds while it runs."""
+        bs = self.config.block_size
+        full = prompt_tokens // bs
+        total = -(-(prompt_tokens + completion_tokens) // bs)
+        return full, total - full
+
+    def refusal(self, prompt: Prompt, hashes: list[bytes], completion_tokens: int) -> str | None:
+        """Why this request can never run here (vLLM answers 400), or None."""
+        _, extra = self.blocks_for(len(prompt), completion_tokens)
+        if len(hashes) + extra > self.config.num_gpu_blocks:
+            return (
+                f"This request needs {len(hashes) + extra} KV-cache blocks "
+                f"({len(prompt)} prompt + {completion_tokens} completion tokens); "
+                f"the cache has {self.config.num_gpu_blocks}: shorten the prompt or max_tokens"
+            )
+        return None
+
+    async def _admit(
+        self, cond: asyncio.Condition, hashes: list[bytes], prompt_tokens: int, extra: int
+    ) -> Allocation:
+        """FCFS: wait at the queue's head for a free sequence slot, the prefill lane and
+        room for the blocks; then the request runs and holds the lane."""
+        me = object()
+        alloc: Allocation | None = None
+
+        def ready() -> bool:
+            nonlocal alloc
+            if self._waiting[0] is not me or self._prefilling:
+                return False
+            if self._running >= self.config.max_num_seqs:
+                return False
+            alloc = self.cache.allocate(hashes, prompt_tokens, extra)
+            return alloc is not None
+
+        async with cond:
+            self._waiting.append(me)
+            try:
+                await cond.wait_for(ready)
+            finally:
+                self._waiting.remove(me)
+                cond.notify_all()
+            self._running += 1
+            self._prefilling = True
+        assert alloc is not None
+        return alloc
+
+    @contextlib.asynccontextmanager
+    async def admitted(self, prompt: Prompt, hashes: list[bytes], completion_tokens: int) -> Any:
+        """Wait for a slot and the prefill lane, hold the blocks, prefill; yields `Served`
+        once the first token may be sent, and releases everything on exit."""
+        if self._cond is None:
+            self._cond = asyncio.Condition()
+        cond = self._cond
+        cfg = self.config
+        problem = self.refusal(prompt, hashes, completion_tokens)
+        if problem is not None:
+            raise ValueError(problem)
+        _, extra = self.blocks_for(len(prompt), completion_tokens)
+        t0 = time.monotonic()
+        alloc = await self._admit(cond, hashes, len(prompt), extra)
+        served = Served(len(prompt), alloc.cached_tokens, completion_tokens)
+        self.requests_total += 1
+        self.prefix_queries += len(prompt)
+        self.prefix_hits += alloc.cached_tokens
+        self.prompt_tokens_total += len(prompt)
+        served.queued_s = time.monotonic() - t0
+        try:
+            try:
+                uncached = len(prompt) - alloc.cached_tokens
+                delay = cfg.step_overhead_s + uncached * cfg.prefill_s_per_token
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            finally:
+                async with cond:
+                    self._prefilling = False
+                    cond.notify_all()
+            served.ttft_s = time.monotonic() - t0
+            yield served
+            self.generation_tokens_total += completion_tokens
+        finally:
+            self.cache.release(alloc)
+            async with cond:
+                self._running -= 1
+                cond.notify_all()
+
+
+# --- metrics -----------------------------------------------------------------------------
+
+
+@dataclass
+class VllmMetrics:
+    """The values a vLLM pod reports. As configuration: the model name and cache geometry
+    the stand-in uses; a load field given here (or later through `set`) is pinned,
+    otherwise it is read live from the engine."""
+
+    model_name: str = "test-model"
+    waiting: int | None = None
+    running: int | None = None
+    kv_cache_usage: float | None = None
+    block_size: int = 16
+    num_gpu_blocks: int = 31250
+    prefix_cache_queries: int | None = None
+    prefix_cache_hits: int | None = None
+
+
+def render_metrics(m: VllmMetrics, prompt_tokens: int = 0, cached_tokens: int = 0) -> str:
+    """vLLM's own exposition for the metrics the picker and the operator read."""
+    labels = f'engine="0",model_name="{m.model_name}"'
+    cache_labels = (
+        f'block_size="{m.block_size}",cache_dtype="auto",calculate_kv_scales="False",'
+        f'cpu_offload_gb="0",enable_prefix_caching="True",engine="0",'
+        f'gpu_memory_utilization="0.9",is_attention_free="False",'
+        f'num_cpu_blocks="None",num_gpu_blocks="{m.num_gpu_blocks}",'
+        f'num_gpu_blocks_override="None",prefix_caching_hash_algo="sha256",'
+        f'sliding_window="None",swap_space="4",swap_space_bytes="4294967296"'
+    )
+
+    def series(name: str, kind: str, help_: str, value: float | None) -> str:
+        return (
+            f"# HELP vllm:{name} {help_}\n# TYPE vllm:{name} {kind}\n"
+            f"vllm:{name}{{{labels}}} {float(value or 0)}\n"
+        )
+
+    return (
+        series(
+            "num_requests_running",
+            "gauge",
+            "Number of requests in model execution batches.",
+            m.running,
+        )
+        + series(
+            "num_requests_waiting",
+            "gauge",
+            "Number of requests waiting to be processed.",
+            m.waiting,
+        )
+        + series(
+            "kv_cache_usage_perc",
+            "gauge",
+            "KV-cache usage. 1 means 100 percent usage.",
+            m.kv_cache_usage,
+        )
+        + series(
+            "prefix_cache_queries_total",
+            "counter",
+            "Prefix cache queries, in queried tokens.",
+            m.prefix_cache_queries,
+        )
+        + series(
+            "prefix_cache_hits_total",
+            "counter",
+            "Prefix cache hits, in cached tokens.",
+            m.prefix_cache_hits,
+        )
+        + series(
+            "prompt_tokens_total", "counter", "Number of prefill tokens processed.", prompt_tokens
+        )
+        + series(
+            "prompt_tokens_cached_total",
+            "counter",
+            "Number of cached prompt tokens.",
+            cached_tokens,
+        )
+        + "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+        "# TYPE vllm:cache_config_info gauge\n"
+        f"vllm:cache_config_info{{{cache_labels}}} 1.0\n"
+    )
+
+
+# --- the HTTP server ---------------------------------------------------------------------
 
 
 @dataclass
@@ -47,33 +614,97 @@ class Recorded:
         return json.loads(self.body)
 
 
+VOCAB = [f"w{i:03d}" for i in range(1000)]
+
+
 @dataclass
 class StandinUpstream:
-    """State and knobs of one stand-in server; tests change the knobs between requests."""
+    """State and knobs of one stand-in server; tests change the knobs between requests.
+
+    `prompt_tokens`/`cached_tokens` are the usage reported while `usage_from_engine`
+    is off (`cached_tokens=None` omits `prompt_tokens_details`, as vLLM does without
+    `--enable-prompt-tokens-details`). `running`/`waiting`/`kv_usage` pin metric
+    values when set; None reports the engine's live state.
+    """
 
     requests: list[Recorded] = field(default_factory=list)
     prompt_tokens: int = 42
     cached_tokens: int | None = 16
+    usage_from_engine: bool = False
     chunks: int = 3
+    """Generated tokens (stream chunks) while `usage_from_engine` is off."""
     chunk_delay: float = 0.0
     response_delay: float = 0.0
     healthy: bool = True
     fail_next: tuple[int, bytes] | None = None
     cancelled: int = 0
-    running: int = 0
-    waiting: int = 0
-    kv_usage: float = 0.25
+    running: int | None = None
+    waiting: int | None = None
+    kv_usage: float | None = None
+    pinned: VllmMetrics = field(
+        default_factory=lambda: VllmMetrics(
+            model_name="standin", block_size=16, num_gpu_blocks=4096
+        )
+    )
+    """The metric values reported when pinned (`FakePod.set` writes here)."""
+    config: EngineConfig = field(default_factory=EngineConfig)
+    engine: Engine = field(init=False)
+    served: list[Served] = field(default_factory=list)
+    scrapes: int = 0
     started: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def usage(self) -> dict[str, Any]:
+    def __post_init__(self) -> None:
+        self.engine = Engine(self.config)
+        self.pinned.model_name = self.config.model_name
+        self.pinned.block_size = self.config.block_size
+        self.pinned.num_gpu_blocks = self.config.num_gpu_blocks
+
+    def reconfigure(self, config: EngineConfig) -> None:
+        """A fresh engine (empty cache, zeroed counters) with new settings; between runs only."""
+        self.config = config
+        self.__post_init__()
+
+    def metrics(self) -> VllmMetrics:
+        """The values reported now: pinned where pinned, else the engine's."""
+        e, p = self.engine, self.pinned
+
+        def pick(*values: Any) -> Any:
+            return next((v for v in values if v is not None), None)
+
+        return VllmMetrics(
+            model_name=p.model_name,
+            waiting=pick(self.waiting, p.waiting, e.waiting),
+            running=pick(self.running, p.running, e.running),
+            kv_cache_usage=pick(self.kv_usage, p.kv_cache_usage, e.cache.usage()),
+            block_size=p.block_size,
+            num_gpu_blocks=p.num_gpu_blocks,
+            prefix_cache_queries=pick(p.prefix_cache_queries, e.prefix_queries),
+            prefix_cache_hits=pick(p.prefix_cache_hits, e.prefix_hits),
+        )
+
+    def usage(self, served: Served | None = None) -> dict[str, Any]:
+        if self.usage_from_engine and served is not None:
+            prompt, completion, cached = (
+                served.prompt_tokens,
+                served.completion_tokens,
+                served.cached_tokens,
+            )
+        else:
+            prompt, completion, cached = self.prompt_tokens, self.chunks, self.cached_tokens or 0
         usage: dict[str, Any] = {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.chunks,
-            "total_tokens": self.prompt_tokens + self.chunks,
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
         }
         if self.cached_tokens is not None:
-            usage["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
+            usage["prompt_tokens_details"] = {"cached_tokens": cached}
         return usage
+
+    def _text(self, served: Served, seed: bytes) -> list[str]:
+        if not self.usage_from_engine:
+            return [f"tok{i} " for i in range(served.completion_tokens)]
+        rng = random.Random(seed)  # noqa: S311 - filler text, not secrets
+        return [rng.choice(VOCAB) + " " for _ in range(served.completion_tokens)]
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
@@ -86,43 +717,75 @@ class StandinUpstream:
                 return web.Response(status=status, body=payload, content_type="application/json")
             if self.response_delay:
                 await asyncio.sleep(self.response_delay)
-            req = json.loads(body)
+            try:
+                req = json.loads(body)
+            except ValueError:
+                return _error(400, "the body is not JSON")
+            if not isinstance(req, dict):
+                return _error(400, "the body must be a JSON object")
             chat = request.path.endswith("/chat/completions")
-            if req.get("stream"):
-                return await self._stream(request, req, chat)
-            choice: dict[str, Any] = {"index": 0, "finish_reason": "stop"}
-            if chat:
-                choice["message"] = {"role": "assistant", "content": "ok " * self.chunks}
-            else:
-                choice["text"] = "ok " * self.chunks
-            return web.json_response(
-                {
-                    "id": "cmpl-standin",
-                    "object": "chat.completion" if chat else "text_completion",
-                    "created": int(time.time()),
-                    "model": req.get("model", "standin"),
-                    "choices": [choice],
-                    "usage": self.usage(),
-                }
-            )
+            prompt, hashes = self.engine.prompt(req, chat)
+            completion = self.engine.output_tokens(req) if self.usage_from_engine else self.chunks
+            seed = hashes[-1] if hashes else body[:64]
+            problem = self.engine.refusal(prompt, hashes, completion)
+            if problem is not None:
+                if self.usage_from_engine:
+                    return _error(400, problem)
+                # fixed usage (protocol tests): answer without the engine, as before
+                return await self._respond(request, req, chat, Served(0, 0, completion), seed)
+            async with self.engine.admitted(prompt, hashes, completion) as served:
+                self.served.append(served)
+                return await self._respond(request, req, chat, served, seed)
         except asyncio.CancelledError:
             self.cancelled += 1
             raise
 
+    async def _respond(
+        self, request: web.Request, req: dict[str, Any], chat: bool, served: Served, seed: bytes
+    ) -> web.StreamResponse:
+        if req.get("stream"):
+            return await self._stream(request, req, chat, served, seed)
+        if self.config.decode_s_per_token and served.completion_tokens:
+            await asyncio.sleep(self.config.decode_s_per_token * served.completion_tokens)
+        if self.chunk_delay:
+            await asyncio.sleep(self.chunk_delay * served.completion_tokens)
+        return self._whole(req, chat, served, seed)
+
+    def _whole(self, req: dict[str, Any], chat: bool, served: Served, seed: bytes) -> web.Response:
+        text = "".join(self._text(served, seed)) if self.usage_from_engine else "ok " * self.chunks
+        choice: dict[str, Any] = {"index": 0, "finish_reason": "stop"}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        return web.json_response(
+            {
+                "id": "cmpl-standin",
+                "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()),
+                "model": req.get("model", self.config.model_name),
+                "choices": [choice],
+                "usage": self.usage(served),
+            }
+        )
+
     async def _stream(
-        self, request: web.Request, req: dict[str, Any], chat: bool
+        self, request: web.Request, req: dict[str, Any], chat: bool, served: Served, seed: bytes
     ) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        for i in range(self.chunks):
+        step = self.config.decode_s_per_token + self.chunk_delay
+        for i, piece in enumerate(self._text(served, seed)):
+            if i and self.config.decode_s_per_token:
+                await asyncio.sleep(self.config.decode_s_per_token)
             delta: dict[str, Any] = (
-                {"index": 0, "delta": {"content": f"tok{i} "}, "finish_reason": None}
+                {"index": 0, "delta": {"content": piece}, "finish_reason": None}
                 if chat
-                else {"index": 0, "text": f"tok{i} ", "finish_reason": None}
+                else {"index": 0, "text": piece, "finish_reason": None}
             )
             chunk = {"id": "cmpl-standin", "object": "chunk", "choices": [delta]}
             await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
-            if self.chunk_delay:
+            if self.chunk_delay and step:
                 await asyncio.sleep(self.chunk_delay)
         options = req.get("stream_options") or {}
         if options.get("include_usage"):
@@ -130,7 +793,7 @@ class StandinUpstream:
                 "id": "cmpl-standin",
                 "object": "chunk",
                 "choices": [],
-                "usage": self.usage(),
+                "usage": self.usage(served),
             }
             await response.write(f"data: {json.dumps(final)}\n\n".encode())
         await response.write(b"data: [DONE]\n\n")
@@ -142,11 +805,18 @@ class StandinUpstream:
         self.requests.append(Recorded(request.method, request.path, dict(request.headers), body))
         return web.json_response({"path": request.path, "echo": body.decode("utf-8", "replace")})
 
+    async def _models(self, request: web.Request) -> web.Response:
+        self.requests.append(Recorded(request.method, request.path, dict(request.headers), b""))
+        name = self.pinned.model_name
+        return web.json_response({"object": "list", "data": [{"id": name, "object": "model"}]})
+
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(status=200 if self.healthy else 503)
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        text = VLLM_METRICS.format(running=self.running, waiting=self.waiting, kv=self.kv_usage)
+        self.scrapes += 1
+        e = self.engine
+        text = render_metrics(self.metrics(), e.prompt_tokens_total, e.prefix_hits)
         return web.Response(text=text, content_type="text/plain")
 
     def app(self) -> web.Application:
@@ -155,9 +825,17 @@ class StandinUpstream:
         app.router.add_post("/v1/completions", self._generate)
         app.router.add_post("/v1/chat/completions", self._generate)
         app.router.add_get("/health", self._health)
+        app.router.add_get("/ready", self._health)
+        app.router.add_get("/v1/models", self._models)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_route("*", "/{tail:.*}", self._other)
         return app
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response(
+        {"error": {"message": message, "type": "BadRequestError", "code": status}}, status=status
+    )
 
 
 async def start_standin(
@@ -172,9 +850,170 @@ async def start_standin(
     return runner, f"http://{host}:{bound}"
 
 
-async def _serve_forever(port: int) -> None:
-    standin = StandinUpstream(chunks=1)
-    runner, url = await start_standin(standin, port=port)
+# --- one pod in a thread of its own --------------------------------------------------------
+
+
+@dataclass
+class ServedRequest:
+    """One request the pod answered (what reached it), headers lower-cased, body parsed."""
+
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+
+
+class FakePod:
+    """One model-server pod's stand-in on `ip:port`, served from its own thread and loop.
+
+    `metrics` configures the engine (model name, block size, `num_gpu_blocks`) and
+    pins any load value it sets; `config` overrides the engine settings (latency).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        ip: str,
+        port: int,
+        metrics: VllmMetrics | None = None,
+        *,
+        config: EngineConfig | None = None,
+        usage_from_engine: bool = True,
+    ) -> None:
+        if not ip.startswith("127."):
+            raise ValueError(f"fake pods bind loopback only, got {ip}")
+        self.name = name
+        self.ip = ip
+        self.port = port
+        m = metrics or VllmMetrics()
+        base = config or EngineConfig()
+        cfg = dataclasses.replace(
+            base, model_name=m.model_name, block_size=m.block_size, num_gpu_blocks=m.num_gpu_blocks
+        )
+        self.standin = StandinUpstream(config=cfg, usage_from_engine=usage_from_engine)
+        self.standin.pinned = dataclasses.replace(m)
+        self._loop = asyncio.new_event_loop()
+        self._runner: web.AppRunner | None = None
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name=f"fakepod-{name}", daemon=True
+        )
+
+    @property
+    def address(self) -> str:
+        """`ip:port`, the form the picker writes into x-gateway-destination-endpoint."""
+        return f"{self.ip}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}"
+
+    @property
+    def engine(self) -> Engine:
+        return self.standin.engine
+
+    def _call(self, coro: Any, timeout: float = 30) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def start(self) -> FakePod:
+        self._thread.start()
+
+        async def up() -> web.AppRunner:
+            runner, _ = await start_standin(self.standin, self.ip, self.port)
+            return runner
+
+        self._runner = self._call(up())
+        self.port = int(self._runner.addresses[0][1])  # the kernel's choice when port was 0
+        return self
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            if self._runner is not None:
+                with contextlib.suppress(Exception):
+                    self._call(self._runner.cleanup(), timeout=10)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+        if not self._loop.is_running():
+            self._loop.close()
+
+    def reset(self, config: EngineConfig | None = None) -> None:
+        """An empty cache and zeroed counters (optionally new engine settings), e.g. between
+        benchmark runs; only when no request is in flight."""
+        cfg = config or self.standin.config
+
+        async def do() -> None:
+            self.standin.reconfigure(cfg)
+            self.standin.served.clear()
+            self.standin.requests.clear()
+
+        self._call(do())
+
+    def set(self, **values: Any) -> None:
+        """Pin reported metrics, e.g. `pod.set(waiting=50, kv_cache_usage=0.99)`; a value of
+        None returns a load field to the engine's live value."""
+        pinned = self.standin.pinned
+        for key, value in values.items():
+            if not hasattr(pinned, key):
+                raise AttributeError(f"VllmMetrics has no field {key!r}")
+            setattr(pinned, key, value)
+
+    def snapshot(self) -> VllmMetrics:
+        """A copy of the values currently reported."""
+        return self.standin.metrics()
+
+    @property
+    def scrapes(self) -> int:
+        return self.standin.scrapes
+
+    @property
+    def served(self) -> list[ServedRequest]:
+        out = []
+        for r in list(self.standin.requests):
+            if r.method != "POST":
+                continue
+            try:
+                body = json.loads(r.body or b"{}")
+            except ValueError:
+                continue
+            out.append(ServedRequest(r.path, {k.lower(): v for k, v in r.headers.items()}, body))
+        return out
+
+
+# --- as a process ----------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m promptcache.front.standin",
+        description="A stand-in vLLM: prefix KV cache, latency model, vLLM metrics.",
+    )
+    ap.add_argument("port", nargs="?", type=int, default=0)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--model", default="standin")
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--num-gpu-blocks", type=int, default=4096)
+    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--prefill-s-per-token", type=float, default=0.0)
+    ap.add_argument("--decode-s-per-token", type=float, default=0.0)
+    ap.add_argument("--step-overhead-s", type=float, default=0.0)
+    ap.add_argument(
+        "--usage-from-engine",
+        action="store_true",
+        help="report the cache's real prompt/cached tokens (default: fixed 42/16, for tests)",
+    )
+    return ap
+
+
+async def _serve_forever(args: argparse.Namespace) -> None:
+    cfg = EngineConfig(
+        model_name=args.model,
+        block_size=args.block_size,
+        num_gpu_blocks=args.num_gpu_blocks,
+        max_num_seqs=args.max_num_seqs,
+        prefill_s_per_token=args.prefill_s_per_token,
+        decode_s_per_token=args.decode_s_per_token,
+        step_overhead_s=args.step_overhead_s,
+    )
+    standin = StandinUpstream(chunks=1, config=cfg, usage_from_engine=args.usage_from_engine)
+    runner, url = await start_standin(standin, args.host, args.port)
     print(url, flush=True)
     try:
         await asyncio.Event().wait()
@@ -182,13 +1021,11 @@ async def _serve_forever(port: int) -> None:
         await runner.cleanup()
 
 
-def main() -> None:
-    """`python -m promptcache.front.standin PORT`: a stand-in vLLM for benchmarks."""
-    import sys  # noqa: PLC0415 - only the script entry point needs argv
-
-    port = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+def main(argv: Iterable[str] | None = None) -> None:
+    """`python -m promptcache.front.standin [PORT] [options]`."""
+    args = _parser().parse_args(list(argv) if argv is not None else None)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve_forever(port))
+        asyncio.run(_serve_forever(args))
 
 
 if __name__ == "__main__":

@@ -83,6 +83,14 @@ class FrontEnv:
     """The dtype TurboQuant payloads are decoded to before vLLM sees them."""
     UPSTREAM_TIMEOUT_SECONDS: Final[str] = "PROMPTCACHE_UPSTREAM_TIMEOUT_SECONDS"
     """Longest the front waits for vLLM to start answering a request."""
+    MAX_BODY_READS: Final[str] = "PROMPTCACHE_MAX_BODY_READS"
+    """Request bodies a front process receives at once (separate from MAX_IN_FLIGHT)."""
+    HEADER_TIMEOUT_SECONDS: Final[str] = "PROMPTCACHE_HEADER_TIMEOUT_SECONDS"
+    """Time a connection has to deliver a request's headers (also the keep-alive idle time)."""
+    BODY_TIMEOUT_SECONDS: Final[str] = "PROMPTCACHE_BODY_TIMEOUT_SECONDS"
+    """Time a request has to deliver its whole body (HTTP 408 after)."""
+    MAX_PROMPT_EMBEDS_REFERENCES: Final[str] = "PROMPTCACHE_MAX_PROMPT_EMBEDS_REFERENCES"
+    """Prompt-embeds payloads and references one request may carry."""
 
 
 # --- the Endpoint Picker pod with the session shim (spec/004 `user` field) -------

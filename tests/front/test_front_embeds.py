@@ -40,7 +40,11 @@ def _payload(seed: int) -> EmbedsPayload:
 async def _post(
     http: aiohttp.ClientSession, url: str, body: Any, headers: dict[str, str] | None = None
 ) -> tuple[int, Any]:
-    async with http.post(url, data=json.dumps(body).encode(), headers=headers or {}) as resp:
+    async with http.post(
+        url,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", **(headers or {})},
+    ) as resp:
         return resp.status, await resp.json(content_type=None)
 
 
@@ -392,12 +396,14 @@ async def test_identical_reupload_is_not_loaded_again_but_a_different_one_is() -
     p, q = _payload(100), _payload(101)
     for _ in range(2):
         body = {"prompt_embeds": [p.data]}
-        await resolve(COMPLETIONS, body, cache=cache, scope=None, verifier=verifier, kinds=kinds)
+        await resolve(
+            "completion", body, cache=cache, scope=None, verifier=verifier, kinds=kinds
+        )
         assert body["prompt_embeds"] == [p.data]
     assert calls == [p.data]
     # the same text in another scope is not held there: verified again
     await resolve(
-        COMPLETIONS,
+        "completion",
         {"prompt_embeds": [p.data]},
         cache=cache,
         scope="other",
@@ -405,7 +411,7 @@ async def test_identical_reupload_is_not_loaded_again_but_a_different_one_is() -
         kinds=kinds,
     )
     await resolve(
-        COMPLETIONS,
+        "completion",
         {"prompt_embeds": [q.data]},
         cache=cache,
         scope=None,

@@ -14,6 +14,7 @@ from promptcache.contract import IsolationMode
 from promptcache.front.errors import FrontError
 from promptcache.front.policy import Isolation, apply_policy
 from promptcache.front.references import serialize
+from promptcache.front.routes import find_route
 from promptcache.front.salt import (
     UNCACHEABLE_SALT_PREFIX,
     derive_salt,
@@ -23,6 +24,8 @@ from promptcache.front.salt import (
 from promptcache.front.settings import FrontSettings
 from promptcache.front.usage import SseRelay
 
+CHAT_ROUTE = find_route("/v1/chat/completions")
+assert CHAT_ROUTE is not None
 secrets_ = st.binary(min_size=16, max_size=64)
 keys = st.text(min_size=1, max_size=200)
 
@@ -83,9 +86,9 @@ def test_isolation_never_leaks(
     body.pop("prompt_cache_max_len", None)
     if mode is IsolationMode.REQUIRED and header_key is None:
         with pytest.raises(FrontError, match="requires an isolation key"):
-            apply_policy("/v1/chat/completions", headers, body, cfg, SECRET)
+            apply_policy(CHAT_ROUTE, headers, body, cfg, SECRET)
         return
-    plan = apply_policy("/v1/chat/completions", headers, body, cfg, SECRET)
+    plan = apply_policy(CHAT_ROUTE, headers, body, cfg, SECRET)
     assert cfg.isolation_field not in body
     if mode is IsolationMode.SHARED or header_key is None or header_key == "":
         assert "cache_salt" not in body

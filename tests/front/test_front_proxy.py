@@ -29,7 +29,9 @@ async def _post(
     http: aiohttp.ClientSession, url: str, body: object, headers: dict[str, str] | None = None
 ) -> tuple[int, dict[str, object] | str, aiohttp.typedefs.LooseHeaders]:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    async with http.post(url, data=data, headers=headers or {}) as resp:
+    async with http.post(
+        url, data=data, headers={"Content-Type": "application/json", **(headers or {})}
+    ) as resp:
         text = await resp.text()
         try:
             parsed = json.loads(text)
@@ -576,15 +578,17 @@ async def test_byte_budget_full_answers_503_and_frees_after(
 ) -> None:
     upstream, _ = standin
     upstream.response_delay = 2
-    front = await make_front(max_body_bytes=4096, max_in_flight_bytes=8192)
+    # one request is charged its body, its parse and its forwarded copy: ~10 KB of 16 KB
+    front = await make_front(max_body_bytes=4096, max_in_flight_bytes=16384)
     body = _chat(pad="x" * 1800)
     first = asyncio.create_task(_post(http, front.url + CHAT, body))
     await asyncio.wait_for(upstream.started.wait(), 10)
     status, answer, _ = await _post(http, front.url + CHAT, body)
     assert status == 503
     assert isinstance(answer, dict)
+    assert answer["error"]["code"] == "memory_budget_exhausted"
     assert answer["error"]["message"] == (
-        "the cache front is holding as many request bytes as it may; retry shortly"
+        "the cache front's memory budget for requests in flight is in use; retry shortly"
     )
     assert (await first)[0] == 200
     upstream.response_delay = 0

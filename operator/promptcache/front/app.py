@@ -1,9 +1,12 @@
 """The cache front as an aiohttp application: a thin shell around policy and references.
 
-Every request to the serving port lands here. Requests to the front's own
-paths (`/metrics`, `/healthz`, `/readyz`) are answered here; everything else is
-rewritten by the per-request rules and forwarded to vLLM on localhost, whose
-answer (status and body) is passed back, streamed when vLLM streams.
+Every request to the serving port lands in `handle`: its raw target is
+canonicalised once (`routes.canonical_target`) and classified
+(`routes.check_route`); the front's own paths (`/metrics`, `/healthz`,
+`/readyz`) are answered here, salted routes are rewritten by the per-request
+rules, read-only routes pass, everything else is refused with a JSON error.
+What is forwarded to vLLM on localhost is exactly the target that was checked;
+vLLM's answer (status and body) is passed back, streamed when vLLM streams.
 """
 
 from __future__ import annotations
@@ -11,80 +14,134 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, Final
 
 import aiohttp
 from aiohttp import web
+from multidict import CIMultiDict
 
 from promptcache.contract import FRONT_HEALTH_PATH, FRONT_READY_PATH
 from promptcache.embeds.cache import PromptEmbedsCache
 from promptcache.front import errors
 from promptcache.front.errors import FrontError
 from promptcache.front.metrics import CONTENT_TYPE, FrontMetrics, merge_expositions
-from promptcache.front.policy import SALTED_PATHS, Isolation, apply_policy
-from promptcache.front.references import VerifiedLike, resolve, serialize
+from promptcache.front.policy import Isolation, apply_policy, has_lone_surrogate
+from promptcache.front.references import VerifiedLike, forward_size, resolve, serialize
+from promptcache.front.routes import (
+    METRICS_PATH,
+    Route,
+    RouteClass,
+    Target,
+    canonical_target,
+    check_route,
+)
 from promptcache.front.settings import FrontSettings
-from promptcache.front.state import PARSE_FACTOR, STATE, Charge, FrontState
+from promptcache.front.state import STATE, Charge, FrontState, json_charge
 from promptcache.front.upstream import forward, forward_headers
 
 log = logging.getLogger("promptcache.front")
 
-METRICS_PATH: Final = "/metrics"
 FORWARD_EXPANSION: Final = 4
 """Resolving references and densifying TurboQuant may grow a body up to this factor."""
 PROBE_TIMEOUT: Final = aiohttp.ClientTimeout(total=5)
-DENIED_PATHS: Final[frozenset[str]] = frozenset(
-    {
-        "/reset_prefix_cache",
-        "/reset_mm_cache",
-        "/reset_encoder_cache",
-        "/sleep",
-        "/wake_up",
-        "/collective_rpc",
-        "/start_profile",
-        "/stop_profile",
-        "/scale_elastic_ep",
-        "/pause",
-        "/resume",
-        "/v1/load_lora_adapter",
-        "/v1/unload_lora_adapter",
-    }
-)
-"""vLLM admin endpoints: a client must not flush or stall the shared cache through the front."""
+UPLOAD_FACTOR: Final = 2
+"""Verifying an uploaded payload holds its decoded bytes and the loaded tensor."""
 
 
 def _json_error(exc: FrontError) -> web.Response:
-    headers = {"Retry-After": "1"} if exc.status == 503 else None
+    headers = dict(exc.headers)
+    if exc.status == 503:
+        headers.setdefault("Retry-After", "1")
     return web.Response(
         status=exc.status,
         body=exc.body_bytes(),
         content_type="application/json",
-        headers=headers,
+        headers=headers or None,
     )
 
 
-def _endpoint_label(path: str) -> str:
-    # Bounded label values: only known API paths are named, the rest are "other".
-    if path in SALTED_PATHS:
-        return path
-    return "/v1/models" if path.startswith("/v1/models") else "other"
+def _check_headers(request: web.Request, settings: FrontSettings) -> None:
+    """Refuse header sets vLLM or the front would read differently from what was checked."""
+    for name, value in request.headers.items():
+        if not value.isascii() and has_lone_surrogate(value):
+            raise FrontError(
+                400,
+                errors.INVALID_HEADER,
+                f"the {name} header is not valid UTF-8; send header values as ASCII",
+                param=name,
+            )
+    for name in ("Content-Type", "Content-Encoding", "Content-Length", "Transfer-Encoding"):
+        if len(request.headers.getall(name, ())) > 1:
+            raise FrontError(
+                400, errors.DUPLICATE_HEADER, f"send one {name} header, not several", param=name
+            )
+    encoding = request.headers.get("Content-Encoding", "").strip().lower()
+    if encoding not in ("", "identity"):
+        raise FrontError(
+            415,
+            errors.UNSUPPORTED_CONTENT_ENCODING,
+            f"Content-Encoding {encoding!r} is not accepted: send the body uncompressed "
+            "(vLLM does not decode request bodies either)",
+            param="Content-Encoding",
+        )
 
 
-async def _read_body(request: web.Request, limit: int, charge: Charge) -> bytes:
+def _has_body(request: web.Request) -> bool:
+    return bool(request.content_length) or request.headers.get("Transfer-Encoding") is not None
+
+
+def _check_json_media_type(request: web.Request) -> None:
+    # vLLM: lower-case, cut at ';', must be application/json (validate_json_request)
+    media = request.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
+    if media != "application/json":
+        shown = request.headers.get("Content-Type")
+        raise FrontError(
+            415,
+            errors.UNSUPPORTED_MEDIA_TYPE,
+            f"this endpoint takes a JSON body: send Content-Type: application/json (got {shown!r})"
+            if shown
+            else "this endpoint takes a JSON body: send Content-Type: application/json",
+            param="Content-Type",
+        )
+
+
+async def _read_body(request: web.Request, state: FrontState, charge: Charge) -> bytes:
+    """The whole body, under the size limit, the body-read cap, the timeout and the budget."""
+    settings = state.settings
+    limit = settings.max_body_bytes
     declared = request.content_length
-    if declared is not None:
-        if declared > limit:
-            raise _too_large(declared, limit)
-        charge.take(PARSE_FACTOR * declared)
-    buffer = bytearray()
-    async for chunk in request.content.iter_chunked(1 << 16):
-        buffer += chunk
-        if len(buffer) > limit:
-            raise _too_large(len(buffer), limit)
-        if declared is None:
-            charge.take(PARSE_FACTOR * len(chunk))
+    if declared is not None and declared > limit:
+        raise _too_large(declared, limit)
+    if state.body_reads >= settings.max_body_reads:
+        raise FrontError(
+            503,
+            errors.BODY_READS_SATURATED,
+            f"the cache front is already receiving {settings.max_body_reads} request bodies; "
+            "retry shortly",
+        )
+    state.body_reads += 1
+    try:
+        if declared is not None:
+            charge.take(declared)
+        buffer = bytearray()
+        async with asyncio.timeout(settings.body_timeout_seconds):
+            async for chunk in request.content.iter_chunked(1 << 16):
+                if declared is None:
+                    charge.take(len(chunk))
+                buffer += chunk
+                if len(buffer) > limit:
+                    raise _too_large(len(buffer), limit)
+    except TimeoutError:
+        raise FrontError(
+            408,
+            errors.BODY_TIMEOUT,
+            f"the request body did not arrive within {settings.body_timeout_seconds:g} seconds",
+        ) from None
+    finally:
+        state.body_reads -= 1
     return bytes(buffer)
 
 
@@ -97,9 +154,14 @@ def _too_large(size: int, limit: int) -> FrontError:
     )
 
 
-def _parse_json(raw: bytes) -> dict[str, Any]:
+def _parse_json(raw: bytes, charge: Charge) -> dict[str, Any]:
+    charge.take(json_charge(raw))
     try:
         body = json.loads(raw)
+    except RecursionError:
+        raise FrontError(
+            400, errors.JSON_TOO_DEEP, "the request body nests JSON too deeply"
+        ) from None
     except (UnicodeDecodeError, ValueError) as exc:
         raise FrontError(
             400, errors.INVALID_JSON, f"the request body is not valid JSON: {exc}"
@@ -113,130 +175,176 @@ def _parse_json(raw: bytes) -> dict[str, Any]:
     return body
 
 
-async def _verify(state: FrontState, payload: str) -> VerifiedLike:
+async def _verify(state: FrontState, charge: Charge, payload: str) -> VerifiedLike:
     # torch loads only once a request carries prompt embeds
     from promptcache.front.verify import verify_payload  # noqa: PLC0415
 
+    charge.take(UPLOAD_FACTOR * len(payload))
     loop = asyncio.get_running_loop()
     job = partial(
         verify_payload,
         payload,
         max_bytes=state.settings.max_body_bytes,
         dense_dtype=state.settings.turboquant_dtype,
+        reserve=charge.take,
     )
     return await loop.run_in_executor(state.executor, job)
 
 
-def _count_policy(state: FrontState, path: str, isolation: Isolation) -> None:
-    if path in SALTED_PATHS:
-        state.metrics.isolation.labels(
-            mode=state.settings.isolation_mode.value, decision=isolation.value
-        ).inc()
+def _count_policy(state: FrontState, isolation: Isolation) -> None:
+    state.metrics.isolation.labels(
+        mode=state.settings.isolation_mode.value, decision=isolation.value
+    ).inc()
 
 
-async def proxy(request: web.Request) -> web.StreamResponse:
-    """Apply the per-request rules, forward to vLLM and pass its answer back."""
+async def handle(request: web.Request) -> web.StreamResponse:
+    """Every request: canonical target, classified route, then the front or the proxy."""
     state = request.app[STATE]
-    path = request.path
-    label = _endpoint_label(path)
-    if state.in_flight >= state.settings.max_in_flight:
-        response: web.StreamResponse = _json_error(
-            FrontError(
-                503,
-                errors.FRONT_OVERLOADED,
-                f"the cache front is already working on {state.settings.max_in_flight} requests; "
-                "retry shortly",
-            )
-        )
-    else:
-        state.in_flight += 1
-        state.metrics.in_flight.inc()
-        charge = Charge(state)
-        try:
-            response = await _proxy(request, state, path, label, charge)
-        except FrontError as exc:
-            response = _json_error(exc)
-        except asyncio.CancelledError:
-            state.metrics.client_disconnects.inc()
-            raise
-        finally:
-            charge.release()
-            state.in_flight -= 1
-            state.metrics.in_flight.dec()
+    label = "unknown"
+    try:
+        target = canonical_target(request.raw_path)
+        route = check_route(request.method, target.path)
+        label = route.label
+        if route.kind is RouteClass.FRONT:
+            return await _FRONT_HANDLERS[route.path](request)
+        response = await _proxy(request, state, route, target)
+    except FrontError as exc:
+        state.metrics.refusals.labels(code=exc.code).inc()
+        response = _json_error(exc)
     state.metrics.requests.labels(endpoint=label, code=str(response.status)).inc()
     return response
 
 
 async def _proxy(
-    request: web.Request, state: FrontState, path: str, label: str, charge: Charge
+    request: web.Request, state: FrontState, route: Route, target: Target
 ) -> web.StreamResponse:
     settings = state.settings
-    if path in DENIED_PATHS:
+    _check_headers(request, settings)
+    charge = Charge(state)
+    try:
+        if route.kind is RouteClass.READ_ONLY:
+            if _has_body(request):
+                raise FrontError(
+                    400, errors.BODY_NOT_ALLOWED, f"{route.path} takes no request body"
+                )
+            headers = forward_headers(request.headers, settings, json_body=False)
+            return await _admitted(
+                request, state, route, target, data=b"", headers=headers, strip_usage=False
+            )
+        _check_json_media_type(request)
+        raw = await _read_body(request, state, charge)
+        return await _salted(request, state, route, target, raw=raw, charge=charge)
+    finally:
+        charge.release()
+
+
+async def _admitted(
+    request: web.Request,
+    state: FrontState,
+    route: Route,
+    target: Target,
+    *,
+    data: bytes,
+    headers: CIMultiDict[str],
+    strip_usage: bool,
+) -> web.StreamResponse:
+    """Forward under the concurrency cap (bodies are read before a slot is taken)."""
+    cap = state.settings.max_in_flight
+    if state.in_flight >= cap:
         raise FrontError(
-            403,
-            errors.PATH_FORBIDDEN,
-            f"{path} is an administrative endpoint of the model server and is not served "
-            "through the cache front",
+            503,
+            errors.FRONT_OVERLOADED,
+            f"the cache front is already working on {cap} requests; retry shortly",
         )
-    raw = await _read_body(request, settings.max_body_bytes, charge)
-    content_type = request.headers.get("Content-Type", "")
-    is_json = request.method in ("POST", "PUT", "PATCH") and (
-        path in SALTED_PATHS or (bool(raw) and content_type.startswith("application/json"))
-    )
-    strip_usage = False
-    session_value: str | None = None
-    if is_json:
-        body = _parse_json(raw)
-        try:
-            plan = apply_policy(path, request.headers, body, settings, state.secret)
-        except FrontError:
-            _count_policy(state, path, Isolation.REJECTED)
-            raise
-        _count_policy(state, path, plan.isolation)
-        if plan.client_salt_removed:
-            state.metrics.client_salt_removed.inc()
-        if plan.max_len_not_enforced:
-            state.metrics.max_len_not_enforced.inc()
-        strip_usage, session_value = plan.strip_usage_chunk, plan.session_header_value
-        use_cache = plan.use_embeds_cache and state.cache.enabled
-        scope = plan.salt if plan.isolation is Isolation.KEYED else None
-        try:
-            outcome = await resolve(
-                path,
-                body,
-                cache=state.cache if use_cache else None,
-                scope=scope,
-                verifier=partial(_verify, state),
-                kinds=state.kinds,
-            )
-        except FrontError as exc:
-            missing = exc.extra.get("missing_prompt_embeds_ids")
-            if isinstance(missing, list):
-                state.metrics.id_lookups.labels(endpoint=label, result="miss").inc(len(missing))
-            if exc.code in (errors.INVALID_PROMPT_EMBEDS, errors.PROMPT_EMBEDS_ID_MISMATCH):
-                state.metrics.uploads.labels(result="rejected").inc()
-            raise
-        if outcome.hits:
-            state.metrics.id_lookups.labels(endpoint=label, result="hit").inc(outcome.hits)
-            state.metrics.bytes_saved.inc(max(outcome.bytes_saved, 0))
-        if outcome.uploads_verified:
-            state.metrics.uploads.labels(result="verified").inc(outcome.uploads_verified)
+    state.in_flight += 1
+    state.metrics.in_flight.inc()
+    try:
+        return await forward(
+            request, state, route, target, data=data, headers=headers, strip_usage=strip_usage
+        )
+    except asyncio.CancelledError:
+        state.metrics.client_disconnects.inc()
+        raise
+    finally:
+        state.in_flight -= 1
+        state.metrics.in_flight.dec()
+
+
+async def _salted(
+    request: web.Request,
+    state: FrontState,
+    route: Route,
+    target: Target,
+    *,
+    raw: bytes,
+    charge: Charge,
+) -> web.StreamResponse:
+    settings = state.settings
+    body = _parse_json(raw, charge)
+    try:
+        plan = apply_policy(route, request.headers, body, settings, state.secret)
+    except FrontError:
+        _count_policy(state, Isolation.REJECTED)
+        raise
+    _count_policy(state, plan.isolation)
+    if plan.client_salt_removed:
+        state.metrics.client_salt_removed.inc()
+    if plan.max_len_not_enforced:
+        state.metrics.max_len_not_enforced.inc()
+    use_cache = plan.use_embeds_cache and state.cache.enabled
+    scope = plan.salt if plan.isolation is Isolation.KEYED else None
+    try:
+        outcome = await resolve(
+            route.embeds,
+            body,
+            cache=state.cache if use_cache else None,
+            scope=scope,
+            verifier=partial(_verify, state, charge),
+            kinds=state.kinds,
+            max_slots=settings.max_prompt_embeds_references,
+        )
+    except FrontError as exc:
+        missing = exc.extra.get("missing_prompt_embeds_ids")
+        if isinstance(missing, list):
+            state.metrics.id_lookups.labels(endpoint=route.label, result="miss").inc(len(missing))
+        if exc.code in (errors.INVALID_PROMPT_EMBEDS, errors.PROMPT_EMBEDS_ID_MISMATCH):
+            state.metrics.uploads.labels(result="rejected").inc()
+        raise
+    if outcome.hits:
+        state.metrics.id_lookups.labels(endpoint=route.label, result="hit").inc(outcome.hits)
+        state.metrics.bytes_saved.inc(max(outcome.bytes_saved, 0))
+    if outcome.uploads_verified:
+        state.metrics.uploads.labels(result="verified").inc(outcome.uploads_verified)
+    limit = settings.max_body_bytes * FORWARD_EXPANSION
+    expected = len(raw) + forward_size(outcome.placed)
+    if expected > limit:
+        raise FrontError(
+            413,
+            errors.REQUEST_TOO_LARGE,
+            f"with its prompt embeddings resolved (every reference at its full size) the "
+            f"request would have about {expected} bytes; this server forwards at most {limit}",
+        )
+    charge.take(2 * expected)  # the encoded pieces, then the joined body
+    try:
         data = serialize(body, outcome.placed)
-        limit = settings.max_body_bytes * FORWARD_EXPANSION
-        if len(data) > limit:
-            raise FrontError(
-                413,
-                errors.REQUEST_TOO_LARGE,
-                f"with its prompt embeddings resolved the request has {len(data)} bytes; "
-                f"this server forwards at most {limit}",
-            )
-        charge.take(len(data))
-    else:
-        data = raw
-    headers = forward_headers(request.headers, settings, json_body=is_json)
-    if session_value is not None:
-        headers[settings.session_header] = session_value
-    return await forward(request, state, path, data=data, headers=headers, strip_usage=strip_usage)
+    except UnicodeEncodeError:
+        raise FrontError(
+            400,
+            errors.INVALID_UNICODE,
+            "the request body holds a string that is not valid Unicode (a lone surrogate "
+            "such as \\ud800)",
+        ) from None
+    except RecursionError:
+        raise FrontError(
+            400, errors.JSON_TOO_DEEP, "the request body nests JSON too deeply"
+        ) from None
+    headers = forward_headers(request.headers, settings, json_body=True)
+    if plan.session_header_value is not None:
+        headers[settings.session_header] = plan.session_header_value
+    strip = plan.strip_usage_chunk
+    return await _admitted(
+        request, state, route, target, data=data, headers=headers, strip_usage=strip
+    )
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -298,6 +406,13 @@ async def _on_startup(app: web.Application) -> None:
     )
 
 
+_FRONT_HANDLERS: Final[dict[str, Callable[[web.Request], Awaitable[web.StreamResponse]]]] = {
+    METRICS_PATH: metrics,
+    FRONT_HEALTH_PATH: healthz,
+    FRONT_READY_PATH: readyz,
+}
+
+
 async def _on_cleanup(app: web.Application) -> None:
     state = app[STATE]
     if state.session is not None:
@@ -326,10 +441,9 @@ def create_app(
     # aiohttp's own cap is a backstop; _read_body answers first with a clear message.
     app = web.Application(client_max_size=settings.max_body_bytes + (1 << 20))
     app[STATE] = state
-    app.router.add_get(METRICS_PATH, metrics)
-    app.router.add_get(FRONT_HEALTH_PATH, healthz)
-    app.router.add_get(FRONT_READY_PATH, readyz)
-    app.router.add_route("*", "/{tail:.*}", proxy)
+    # One catch-all: the route table (routes.py), not aiohttp's router, decides, on the
+    # raw target, so no percent-decoded or dot-segment form can reach another handler.
+    app.router.add_route("*", "/{tail:.*}", handle)
     app.on_startup.append(_on_startup)
     app.on_cleanup.append(_on_cleanup)
     return app

@@ -156,6 +156,34 @@ OPTIONS: tuple[EnvFlag, ...] = (
         as_float,
         "longest silence from vLLM before 504",
     ),
+    EnvFlag(
+        "--max-body-reads",
+        FrontEnv.MAX_BODY_READS,
+        "max_body_reads",
+        as_int,
+        "request bodies received at once per process (503 above; apart from --max-in-flight)",
+    ),
+    EnvFlag(
+        "--header-timeout-seconds",
+        FrontEnv.HEADER_TIMEOUT_SECONDS,
+        "header_timeout_seconds",
+        as_float,
+        "time to deliver a request's headers; also the idle keep-alive time",
+    ),
+    EnvFlag(
+        "--body-timeout-seconds",
+        FrontEnv.BODY_TIMEOUT_SECONDS,
+        "body_timeout_seconds",
+        as_float,
+        "time to deliver a whole request body (408 after)",
+    ),
+    EnvFlag(
+        "--max-prompt-embeds-references",
+        FrontEnv.MAX_PROMPT_EMBEDS_REFERENCES,
+        "max_prompt_embeds_references",
+        as_int,
+        "prompt-embeds payloads and references one request may carry (400 above)",
+    ),
 )
 
 

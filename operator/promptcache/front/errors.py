@@ -37,10 +37,29 @@ FRONT_OVERLOADED: Final = "front_overloaded"
 UPSTREAM_UNAVAILABLE: Final = "upstream_unavailable"
 UPSTREAM_TIMEOUT: Final = "upstream_timeout"
 UPSTREAM_FAILED: Final = "upstream_failed"
+INVALID_REQUEST_TARGET: Final = "invalid_request_target"
+ROUTE_NOT_FOUND: Final = "route_not_found"
+ROUTE_NOT_ISOLATED: Final = "route_not_isolated"
+METHOD_NOT_ALLOWED: Final = "method_not_allowed"
+UNSUPPORTED_MEDIA_TYPE: Final = "unsupported_media_type"
+UNSUPPORTED_CONTENT_ENCODING: Final = "unsupported_content_encoding"
+INVALID_HEADER: Final = "invalid_header"
+DUPLICATE_HEADER: Final = "duplicate_header"
+JSON_TOO_DEEP: Final = "json_too_deep"
+INVALID_UNICODE: Final = "invalid_unicode"
+INVALID_FIELD: Final = "invalid_field"
+BODY_TIMEOUT: Final = "body_timeout"
+BODY_READS_SATURATED: Final = "body_reads_saturated"
+MEMORY_BUDGET_EXHAUSTED: Final = "memory_budget_exhausted"
+BODY_NOT_ALLOWED: Final = "body_not_allowed"
 
 _TYPES: Final[dict[int, str]] = {
     400: "invalid_request_error",
     403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    408: "timeout_error",
+    415: "invalid_request_error",
     409: "invalid_request_error",
     413: "invalid_request_error",
     502: "upstream_error",
@@ -60,6 +79,7 @@ class FrontError(Exception):
         *,
         param: str | None = None,
         extra: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -67,6 +87,7 @@ class FrontError(Exception):
         self.message = message
         self.param = param
         self.extra = dict(extra or {})
+        self.headers = dict(headers or {})
 
     def body(self) -> dict[str, Any]:
         """The JSON object the client receives."""

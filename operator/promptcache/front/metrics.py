@@ -59,6 +59,12 @@ class FrontMetrics:
             ["endpoint", "code"],
             registry=r,
         )
+        self.refusals = Counter(
+            f"{PREFIX}_refusals",
+            "Requests the front answered itself with an error, by the error's stable code.",
+            ["code"],
+            registry=r,
+        )
         self.id_lookups = Counter(
             f"{PREFIX}_prompt_embeds_id_lookups",
             "Prompt-embeds identifiers referenced by clients, by endpoint and result.",

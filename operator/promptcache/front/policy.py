@@ -7,10 +7,12 @@ HTTP layer stays a thin shell around it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final
+
+from multidict import MultiMapping
+from pydantic import TypeAdapter, ValidationError
 
 from promptcache.contract import (
     CACHE_SALT_FIELD,
@@ -19,25 +21,57 @@ from promptcache.contract import (
     IsolationMode,
 )
 from promptcache.front.errors import (
+    INVALID_FIELD,
     INVALID_ISOLATION_KEY,
     INVALID_PROMPT_CACHE_MAX_LEN,
     ISOLATION_KEY_REQUIRED,
+    ROUTE_NOT_ISOLATED,
     FrontError,
 )
+from promptcache.front.routes import Route, RouteClass
 from promptcache.front.salt import derive_salt, random_salt
 from promptcache.front.settings import FrontSettings
 
-SALTED_PATHS: Final[frozenset[str]] = frozenset(
-    {"/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages", "/pooling"}
-)
-"""Endpoints where vLLM accepts `cache_salt`, so the isolation policy applies in full."""
-
-STREAMING_USAGE_PATHS: Final[frozenset[str]] = frozenset(
-    {"/v1/completions", "/v1/chat/completions"}
-)
-"""Endpoints whose streams end with a usage chunk when `stream_options.include_usage`."""
-
 MAX_ISOLATION_KEY_CHARS: Final[int] = 4096
+_OPTIONAL_BOOL: Final = TypeAdapter(bool | None)
+"""vLLM's request models type `stream`, `stream_options.include_usage` and
+`continuous_usage_stats` as `bool | None` and validate them in pydantic's lax
+mode ("true", "on", 1 and 1.0 are True): the front coerces with the same
+adapter, so it reads these fields exactly as vLLM will, and forwards the
+coerced value."""
+
+
+def has_lone_surrogate(text: str) -> bool:
+    """Whether `text` holds a UTF-16 surrogate (no valid UTF-8 encodes one)."""
+    if text.isascii():
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _has_control(text: str) -> bool:
+    return any(ord(c) < 0x20 or ord(c) == 0x7F for c in text)
+
+
+def coerce_bool(container: dict[str, Any], name: str, param: str) -> bool | None:
+    """Read one optional boolean field as vLLM does, write the coerced value back."""
+    if name not in container:
+        return None
+    raw = container[name]
+    try:
+        value = _OPTIONAL_BOOL.validate_python(raw)
+    except ValidationError:
+        raise FrontError(
+            400,
+            INVALID_FIELD,
+            f"{param} must be a boolean (true or false), got {str(raw)[:40]!r}",
+            param=param,
+        ) from None
+    container[name] = value
+    return value
 
 
 class Isolation(StrEnum):
@@ -75,10 +109,19 @@ class Plan:
 
 
 def _isolation_key(
-    headers: Mapping[str, str], body: dict[str, Any], settings: FrontSettings
+    headers: MultiMapping[str], body: dict[str, Any], settings: FrontSettings
 ) -> str | None:
     """The key the client sent, from header or body, or None; malformed keys raise."""
-    header_key = headers.get(settings.isolation_header)
+    header_values = set(headers.getall(settings.isolation_header, ()))
+    if len(header_values) > 1:
+        raise FrontError(
+            400,
+            INVALID_ISOLATION_KEY,
+            f"the request carries {len(header_values)} different {settings.isolation_header} "
+            "headers; send exactly one isolation key",
+            param=settings.isolation_header,
+        )
+    header_key = header_values.pop() if header_values else None
     field_present = settings.isolation_field in body
     field_key = body.pop(settings.isolation_field, None)
     if field_present and field_key is not None and not isinstance(field_key, str):
@@ -98,6 +141,14 @@ def _isolation_key(
             param=settings.isolation_field,
         )
     key = keys.pop() if keys else None
+    if key is not None and has_lone_surrogate(key):
+        raise FrontError(
+            400,
+            INVALID_ISOLATION_KEY,
+            "the isolation key is not valid Unicode (it holds a lone surrogate or bytes that "
+            "are not UTF-8)",
+            param=settings.isolation_field,
+        )
     if key is not None and len(key) > MAX_ISOLATION_KEY_CHARS:
         raise FrontError(
             400,
@@ -128,22 +179,35 @@ def _max_len(body: dict[str, Any], settings: FrontSettings) -> int | None:
 
 
 def apply_policy(
-    path: str,
-    headers: Mapping[str, str],
+    route: Route,
+    headers: MultiMapping[str],
     body: dict[str, Any],
     settings: FrontSettings,
     secret: bytes | None,
 ) -> Plan:
     """Rewrite `body` in place for vLLM and say what else the proxy must do.
 
-    `headers` must be case-insensitive (aiohttp's `CIMultiDict` is). Raises
-    `FrontError` for requests the policy refuses.
+    `headers` must be a case-insensitive multidict (aiohttp's `CIMultiDictProxy`).
+    Raises `FrontError` for requests the policy refuses.
     """
     client_salt_removed = body.pop(CACHE_SALT_FIELD, None) is not None
     key = _isolation_key(headers, body, settings)
     max_len = _max_len(body, settings)
     mode = settings.isolation_mode
-    salted_path = path in SALTED_PATHS
+    salted_path = route.kind is RouteClass.SALTED
+    if (
+        salted_path
+        and mode is not IsolationMode.SHARED
+        and route.reaches_kv_cache
+        and not route.salt_field
+    ):
+        raise FrontError(
+            403,
+            ROUTE_NOT_ISOLATED,
+            f"{route.path} fills the shared prefix cache but vLLM's request model for it has "
+            f"no cache_salt, so isolation mode {mode.value} cannot be enforced on it; use "
+            "/v1/chat/completions instead",
+        )
 
     if key is None and mode is IsolationMode.REQUIRED and salted_path:
         raise FrontError(
@@ -166,29 +230,48 @@ def apply_policy(
         if secret is None:  # settings guarantee a secret in salting modes
             raise RuntimeError("a salting isolation mode is running without its secret")
         isolation, salt = Isolation.KEYED, derive_salt(secret, key)
-    if salt is not None and salted_path:
+    if salt is not None and salted_path and route.salt_field:
         body[CACHE_SALT_FIELD] = salt
 
-    stream = body.get("stream") is True
+    stream = coerce_bool(body, "stream", "stream") is True
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise FrontError(
+            400,
+            INVALID_FIELD,
+            'stream_options must be an object, e.g. {"include_usage": true}',
+            param="stream_options",
+        )
+    if options is not None:
+        include = coerce_bool(options, "include_usage", "stream_options.include_usage")
+        coerce_bool(options, "continuous_usage_stats", "stream_options.continuous_usage_stats")
     strip_usage = False
-    if stream and path in STREAMING_USAGE_PATHS and settings.usage_headers_enabled:
-        options = body.get("stream_options")
+    if stream and route.usage_stream and settings.usage_headers_enabled:
         if options is None:
             body["stream_options"] = {"include_usage": True}
             strip_usage = True
-        elif isinstance(options, dict) and not options.get("include_usage"):
+        elif not include:
             options["include_usage"] = True
             strip_usage = True
 
+    user = body.get(SESSION_USER_FIELD)
+    if isinstance(user, str) and (_has_control(user) or has_lone_surrogate(user)):
+        raise FrontError(
+            400,
+            INVALID_FIELD,
+            f"{SESSION_USER_FIELD} must not contain control characters (CR, LF, NUL, ...) or "
+            "invalid Unicode",
+            param=SESSION_USER_FIELD,
+        )
     session_value: str | None = None
     if (
         settings.session_from_user
         and settings.session_header
         and settings.session_header not in headers
+        and isinstance(user, str)
+        and user
     ):
-        user = body.get(SESSION_USER_FIELD)
-        if isinstance(user, str) and user:
-            session_value = user
+        session_value = user
 
     return Plan(
         isolation=isolation,

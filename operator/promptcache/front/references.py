@@ -96,34 +96,48 @@ class KindIndex:
     payload is only taken as verified when it is string-equal to the cached,
     verified payload; forgetting an entry costs one extra decode, never a wrong
     answer.
+
+
+    Both are keyed by the request's cache scope too: what one tenant uploaded
+    must not change what another tenant's request does (not even whether the
+    cache is consulted, which `/metrics` counts), or the index would tell
+    tenants which payloads others have sent.
     """
 
     def __init__(self, capacity: int = 100_000) -> None:
         self._capacity = capacity
-        self._kinds: OrderedDict[str, bool] = OrderedDict()
-        self._by_text: OrderedDict[int, str] = OrderedDict()
+        self._kinds: OrderedDict[tuple[str | None, str], bool] = OrderedDict()
+        self._by_text: OrderedDict[tuple[str | None, int], str] = OrderedDict()
 
-    def get(self, identifier: str) -> bool | None:
-        kind = self._kinds.get(identifier)
+    def get(self, identifier: str, scope: str | None = None) -> bool | None:
+        key = (scope, identifier)
+        kind = self._kinds.get(key)
         if kind is not None:
-            self._kinds.move_to_end(identifier)
+            self._kinds.move_to_end(key)
         return kind
 
-    def set(self, identifier: str, turboquant: bool, payload: str | None = None) -> None:
-        self._kinds[identifier] = turboquant
-        self._kinds.move_to_end(identifier)
+    def set(
+        self,
+        identifier: str,
+        turboquant: bool,
+        payload: str | None = None,
+        scope: str | None = None,
+    ) -> None:
+        key = (scope, identifier)
+        self._kinds[key] = turboquant
+        self._kinds.move_to_end(key)
         while len(self._kinds) > self._capacity:
             self._kinds.popitem(last=False)
         if payload is not None:
-            key = hash(payload)
-            self._by_text[key] = identifier
-            self._by_text.move_to_end(key)
+            text_key = (scope, hash(payload))
+            self._by_text[text_key] = identifier
+            self._by_text.move_to_end(text_key)
             while len(self._by_text) > self._capacity:
                 self._by_text.popitem(last=False)
 
-    def identifier_of(self, payload: str) -> str | None:
+    def identifier_of(self, payload: str, scope: str | None = None) -> str | None:
         """The identifier a payload with this text had when it was verified, if known."""
-        return self._by_text.get(hash(payload))
+        return self._by_text.get((scope, hash(payload)))
 
 
 def _bad_id(param: str, value: object) -> FrontError:
@@ -220,11 +234,17 @@ def _chat_slots(body: dict[str, Any]) -> list[_Slot]:
     return slots
 
 
-def find_slots(path: str, body: dict[str, Any]) -> list[_Slot]:
-    """Every place in the request where a prompt-embeds payload or reference sits."""
-    if path == "/v1/completions":
+def find_slots(shape: str | None, body: dict[str, Any]) -> list[_Slot]:
+    """Every place in the request where a prompt-embeds payload or reference sits.
+
+    `shape` is the route's (`routes.Route.embeds`): `completion`, `chat`, or
+    `by_body` for routes that dispatch on the body (SageMaker `/invocations`).
+    """
+    if shape == "by_body":
+        shape = "chat" if "messages" in body else "completion"
+    if shape == "completion":
         return _completion_slots(body)
-    if path == "/v1/chat/completions":
+    if shape == "chat":
         return _chat_slots(body)
     return []
 
@@ -253,8 +273,8 @@ def _already_verified(
     """
     if cache is None:
         return None
-    identifier = slot.named_id or kinds.identifier_of(slot.value)
-    if identifier is None or kinds.get(identifier) is not False:
+    identifier = slot.named_id or kinds.identifier_of(slot.value, scope)
+    if identifier is None or kinds.get(identifier, scope) is not False:
         return None
     if cache.get(identifier, scope) != slot.value:
         return None
@@ -262,13 +282,14 @@ def _already_verified(
 
 
 async def resolve(
-    path: str,
+    shape: str | None,
     body: dict[str, Any],
     *,
     cache: CacheLike | None,
     scope: str | None,
     verifier: Verifier,
     kinds: KindIndex,
+    max_slots: int = 1024,
 ) -> Outcome:
     """Replace every reference with its payload and verify every upload, in place.
 
@@ -278,10 +299,18 @@ async def resolve(
     Nothing is stored unless the whole request verified.
     """
     outcome = Outcome()
-    slots = find_slots(path, body)
+    slots = find_slots(shape, body)
     outcome.slots = len(slots)
     if not slots:
         return outcome
+    if len(slots) > max_slots:
+        raise FrontError(
+            400,
+            INVALID_PROMPT_EMBEDS,
+            f"the request carries {len(slots)} prompt-embeds payloads or references; this "
+            f"server accepts at most {max_slots} in one request",
+            param=slots[0].param.split("[")[0],
+        )
     hits, uploads = _look_up(slots, cache, scope, outcome)
     verified = await _verify_uploads(
         uploads, cache=cache, scope=scope, verifier=verifier, kinds=kinds, outcome=outcome
@@ -289,16 +318,21 @@ async def resolve(
     outcome.placed = [(slot.container, slot.key) for slot in slots]
     for slot, result in verified:
         slot.container[slot.key] = result.forward
-        kinds.set(result.identifier, result.turboquant, slot.value)
+        kinds.set(result.identifier, result.turboquant, slot.value, scope)
         if cache is not None and cache.put(result.identifier, slot.value, scope):
             outcome.stored += 1
+    densified: dict[str, str] = {}
     for slot, payload in hits:
-        if kinds.get(slot.value) is False:
+        if kinds.get(slot.value, scope) is False:
             slot.container[slot.key] = payload
-        else:  # TurboQuant, or forgotten: derive the dense form again
+            continue
+        # TurboQuant, or forgotten: derive the dense form again, once per identifier
+        dense = densified.get(slot.value)
+        if dense is None:
             result = await verifier(payload)
-            kinds.set(result.identifier, result.turboquant)
-            slot.container[slot.key] = result.forward
+            kinds.set(result.identifier, result.turboquant, None, scope)
+            dense = densified[slot.value] = result.forward
+        slot.container[slot.key] = dense
     return outcome
 
 
@@ -308,6 +342,8 @@ def _look_up(
     """Split slots into cache hits and uploads; any miss raises the 409."""
     hits: list[tuple[_Slot, str]] = []
     uploads: list[_Slot] = []
+    missing: dict[str, None] = {}  # ordered and O(1): thousands of ids stay linear
+    found: dict[str, str | None] = {}
     for slot in slots:
         if not _is_reference(slot.value):
             uploads.append(slot)
@@ -321,16 +357,20 @@ def _look_up(
                 f"{slot.param} references {slot.value} but names {slot.named_id}",
                 param=slot.param,
             )
-        payload = cache.get(slot.value, scope) if cache is not None else None
+        if slot.value in found:
+            payload = found[slot.value]
+        else:
+            payload = cache.get(slot.value, scope) if cache is not None else None
+            found[slot.value] = payload
         if payload is None:
-            if slot.value not in outcome.missing:
-                outcome.missing.append(slot.value)
+            missing[slot.value] = None
             outcome.misses += 1
         else:
             hits.append((slot, payload))
             outcome.hits += 1
             outcome.bytes_saved += len(payload) - len(slot.value)
-    if outcome.missing:
+    if missing:
+        outcome.missing = list(missing)
         raise not_cached(outcome.missing, slots[0].param.split("[")[0])
     return hits, uploads
 
@@ -395,25 +435,40 @@ def serialize(body: dict[str, Any], placed: list[tuple[Any, Any]]) -> bytes:
     """
     payloads: list[bytes] = []
     originals: list[str] = []
+    index: dict[int, int] = {}  # one encoded copy per distinct payload object
     marker = f"promptcache-slot-{secrets.token_hex(8)}-"
     for container, key in placed:
-        raw = _as_plain_json_text(container[key])
-        if raw is not None:
-            originals.append(container[key])
-            container[key] = f"{marker}{len(payloads)}"
+        value = container[key]
+        n = index.get(id(value))
+        if n is None:
+            raw = _as_plain_json_text(value)
+            if raw is None:
+                continue
+            n = index[id(value)] = len(payloads)
             payloads.append(raw)
+        originals.append(value)
+        container[key] = f"{marker}{n}:{len(originals) - 1}"
     try:
         text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
     finally:
         for container, key in placed:
             value = container[key]
             if isinstance(value, str) and value.startswith(marker):
-                container[key] = originals[int(value[len(marker) :])]
+                container[key] = originals[int(value.rpartition(":")[2])]
     if not payloads:
         return text.encode("utf-8")
     pieces = text.split(f'"{marker}')
     out = [pieces[0].encode("utf-8")]
     for piece in pieces[1:]:
-        index, _, rest = piece.partition('"')
-        out.extend((b'"', payloads[int(index)], b'"', rest.encode("utf-8")))
+        slot, _, rest = piece.partition('"')
+        out.extend((b'"', payloads[int(slot.partition(":")[0])], b'"', rest.encode("utf-8")))
     return b"".join(out)
+
+
+def forward_size(placed: list[tuple[Any, Any]]) -> int:
+    """Bytes the payloads will take in the forwarded body, every reference counted in full.
+
+    Known before `serialize` builds anything, so a request whose references
+    expand past the limits is refused before it is materialised.
+    """
+    return sum(len(c[k]) for c, k in placed if isinstance(c[k], str))

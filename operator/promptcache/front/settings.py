@@ -33,7 +33,16 @@ DEFAULT_LISTEN = f"0.0.0.0:{SERVING_PORT}"
 DEFAULT_SALT_KEY_FILE = f"{SALT_KEY_MOUNT_DIR}/{SALT_KEY_SECRET_KEY}"
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 """vLLM's Rust frontend enforces 32 MiB; its Python server enforces nothing."""
-DEFAULT_MAX_IN_FLIGHT = 64
+DEFAULT_MAX_IN_FLIGHT = 256
+"""vLLM's default `--max-num-seqs`: the front must not refuse what vLLM would run or queue."""
+DEFAULT_MAX_BODY_READS = 128
+"""Request bodies being received at once; slow senders wait here, not in the in-flight cap."""
+DEFAULT_HEADER_TIMEOUT_SECONDS = 30.0
+"""A connection must deliver a request's headers within this (also the idle keep-alive)."""
+DEFAULT_BODY_TIMEOUT_SECONDS = 60.0
+"""A request's body must arrive whole within this (a 256 MiB body at 5 MB/s takes ~50 s)."""
+DEFAULT_MAX_PROMPT_EMBEDS_REFERENCES = 1024
+"""Prompt-embeds payloads and references one request may carry."""
 DEFAULT_MAX_IN_FLIGHT_BYTES = 1 << 30
 """Matches the headroom the renderer gives the container above the cache ceiling."""
 DEFAULT_DECODE_WORKERS = 2
@@ -96,6 +105,10 @@ class FrontSettings:
     turboquant_dtype: str = DEFAULT_TURBOQUANT_DTYPE
     upstream_timeout_seconds: float = DEFAULT_UPSTREAM_TIMEOUT_SECONDS
     workers: int = 1
+    max_body_reads: int = DEFAULT_MAX_BODY_READS
+    header_timeout_seconds: float = DEFAULT_HEADER_TIMEOUT_SECONDS
+    body_timeout_seconds: float = DEFAULT_BODY_TIMEOUT_SECONDS
+    max_prompt_embeds_references: int = DEFAULT_MAX_PROMPT_EMBEDS_REFERENCES
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.upstream)
@@ -141,6 +154,15 @@ class FrontSettings:
             raise SettingsError(f"workers {self.workers} must be at least 1")
         if not self.upstream_timeout_seconds > 0:
             raise SettingsError("upstream timeout must be a positive number of seconds")
+        if self.max_body_reads < 1:
+            raise SettingsError(f"max body reads {self.max_body_reads} must be at least 1")
+        if not self.header_timeout_seconds > 0 or not self.body_timeout_seconds > 0:
+            raise SettingsError("header and body timeouts must be positive numbers of seconds")
+        if self.max_prompt_embeds_references < 1:
+            raise SettingsError(
+                f"max prompt-embeds references {self.max_prompt_embeds_references} must be "
+                "at least 1"
+            )
 
     @property
     def usage_headers_enabled(self) -> bool:

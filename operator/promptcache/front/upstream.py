@@ -14,10 +14,11 @@ from typing import Final
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
 
 from promptcache.front import errors
 from promptcache.front.errors import FrontError
-from promptcache.front.policy import STREAMING_USAGE_PATHS
+from promptcache.front.routes import Route, Target
 from promptcache.front.settings import FrontSettings
 from promptcache.front.state import FrontState
 from promptcache.front.usage import SseRelay, relay, usage_from, usage_headers
@@ -73,7 +74,8 @@ def _response_headers(upstream: aiohttp.ClientResponse) -> CIMultiDict[str]:
 async def forward(
     request: web.Request,
     state: FrontState,
-    path: str,
+    route: Route,
+    target: Target,
     *,
     data: bytes,
     headers: CIMultiDict[str],
@@ -81,7 +83,8 @@ async def forward(
 ) -> web.StreamResponse:
     settings = state.settings
     assert state.session is not None
-    url = settings.upstream_base + request.rel_url.path_qs
+    # exactly the target that was checked: encoded=True keeps yarl from re-quoting it
+    url = URL(settings.upstream_base + target.raw, encoded=True)
     try:
         async with state.session.request(
             request.method,
@@ -90,7 +93,7 @@ async def forward(
             headers=headers,
             allow_redirects=False,
         ) as upstream:
-            return await _relay(request, state, path, upstream, strip_usage)
+            return await _relay(request, state, route, upstream, strip_usage)
     except aiohttp.ClientConnectorError as exc:
         state.metrics.upstream_errors.labels(kind="connect").inc()
         log.warning("model server unreachable at %s: %s", settings.upstream_base, exc)
@@ -109,7 +112,7 @@ async def forward(
         ) from None
     except aiohttp.ClientError as exc:
         state.metrics.upstream_errors.labels(kind="failed").inc()
-        log.warning("model server failed on %s: %r", path, exc)
+        log.warning("model server failed on %s: %r", route.path, exc)
         raise FrontError(
             502,
             errors.UPSTREAM_FAILED,
@@ -120,14 +123,14 @@ async def forward(
 async def _relay(
     request: web.Request,
     state: FrontState,
-    path: str,
+    route: Route,
     upstream: aiohttp.ClientResponse,
     strip_usage: bool,
 ) -> web.StreamResponse:
     settings = state.settings
     headers = _response_headers(upstream)
     content_type = upstream.headers.get("Content-Type", "")
-    usage_path = path in STREAMING_USAGE_PATHS
+    usage_path = route.usage_stream
     if content_type.startswith("text/event-stream"):
         response = web.StreamResponse(
             status=upstream.status, reason=upstream.reason, headers=headers

@@ -10,13 +10,24 @@ the event loop.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Final
 
 import torch
 
-from promptcache.embeds.payload import TURBOQUANT_DTYPES
+from promptcache.embeds.payload import TURBOQUANT_DTYPES, validate_turboquant
 from promptcache.embeds.turboquant import decode as turboquant_decode
 from promptcache.embeds.wire import encode_payload, identify_payload
+
+DENSIFY_FACTOR: Final = 6
+"""Densifying a TurboQuant payload holds, at its peak, the dense tensor, its
+`torch.save` bytes (twice: buffer and copy) and its base64 (bytes, then str):
+about 1 + 2 + 4/3 + 4/3 times the dense size; rounded up."""
+
+
+VLLM_MAX_EMBED_DECODE_BYTES: Final = 2 * 1024**3
+"""vLLM's `VLLM_MAX_EMBED_DECODE_BYTES` default: it refuses larger dense embeds anyway."""
 
 
 class PayloadError(ValueError):
@@ -44,8 +55,19 @@ def _check_dense(tensor: torch.Tensor) -> None:
         )
 
 
-def verify_payload(b64: str, *, max_bytes: int, dense_dtype: str) -> Verified:
+def verify_payload(
+    b64: str,
+    *,
+    max_bytes: int,
+    dense_dtype: str,
+    reserve: Callable[[int], None] | None = None,
+) -> Verified:
     """Load, identify and (for TurboQuant) densify one base64 payload.
+
+    `reserve(n)` is called before densifying with the bytes the dense form will
+    take (computed from the payload's header, not by decoding); it raises to
+    refuse. The dense tensor is also capped at `max_bytes * 3` (its base64 must
+    fit the forwarded body) and at vLLM's own 2 GiB densify cap.
 
     Raises:
         PayloadError: or the library's `PayloadDecodeError` (both `ValueError`),
@@ -57,7 +79,19 @@ def verify_payload(b64: str, *, max_bytes: int, dense_dtype: str) -> Verified:
         return Verified(identifier=identifier, turboquant=False, forward=b64)
     try:
         dtype = None if dense_dtype == "auto" else TURBOQUANT_DTYPES[dense_dtype]
-        dense = turboquant_decode(obj, dtype)
+        fields = validate_turboquant(obj)
+        target = TURBOQUANT_DTYPES[fields.dtype] if dtype is None else dtype
+        dense_bytes = fields.rows * fields.dim * target.itemsize
+        limit = min(max_bytes * 3, VLLM_MAX_EMBED_DECODE_BYTES)
+        if dense_bytes > limit:
+            raise PayloadError(
+                f"prompt_embeds TurboQuant payload decodes to {dense_bytes} bytes "
+                f"({fields.rows} x {fields.dim} {str(target).removeprefix('torch.')}); "
+                f"the limit is {limit}"
+            )
+        if reserve is not None:
+            reserve(DENSIFY_FACTOR * dense_bytes)
+        dense = turboquant_decode(obj, dtype, max_dense_bytes=limit)
     except (TypeError, ValueError) as exc:
         raise PayloadError(
             f"prompt_embeds payload could not be decoded from TurboQuant: {exc}"

@@ -396,9 +396,7 @@ async def test_identical_reupload_is_not_loaded_again_but_a_different_one_is() -
     p, q = _payload(100), _payload(101)
     for _ in range(2):
         body = {"prompt_embeds": [p.data]}
-        await resolve(
-            "completion", body, cache=cache, scope=None, verifier=verifier, kinds=kinds
-        )
+        await resolve("completion", body, cache=cache, scope=None, verifier=verifier, kinds=kinds)
         assert body["prompt_embeds"] == [p.data]
     assert calls == [p.data]
     # the same text in another scope is not held there: verified again

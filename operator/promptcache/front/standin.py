@@ -609,9 +609,16 @@ class Recorded:
     path: str
     headers: dict[str, str]
     body: bytes
+    query: str = ""
+    """The query string exactly as received (percent-escapes kept)."""
 
     def json(self) -> Any:
         return json.loads(self.body)
+
+
+def _record(request: web.Request, body: bytes) -> Recorded:
+    query = request.raw_path.partition("?")[2]
+    return Recorded(request.method, request.path, dict(request.headers), body, query)
 
 
 VOCAB = [f"w{i:03d}" for i in range(1000)]
@@ -708,7 +715,7 @@ class StandinUpstream:
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        self.requests.append(Recorded(request.method, request.path, dict(request.headers), body))
+        self.requests.append(_record(request, body))
         self.started.set()
         try:
             if self.fail_next is not None:
@@ -802,11 +809,11 @@ class StandinUpstream:
 
     async def _other(self, request: web.Request) -> web.Response:
         body = await request.read()
-        self.requests.append(Recorded(request.method, request.path, dict(request.headers), body))
+        self.requests.append(_record(request, body))
         return web.json_response({"path": request.path, "echo": body.decode("utf-8", "replace")})
 
     async def _models(self, request: web.Request) -> web.Response:
-        self.requests.append(Recorded(request.method, request.path, dict(request.headers), b""))
+        self.requests.append(_record(request, b""))
         name = self.pinned.model_name
         return web.json_response({"object": "list", "data": [{"id": name, "object": "model"}]})
 

@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from promptcache.embeds.cache import PromptEmbedsCache
-from promptcache.front.app import create_app
+from promptcache.front.app import create_app, runner_options
 from promptcache.front.settings import FrontSettings
 from promptcache.front.standin import StandinUpstream, start_standin
 
@@ -43,7 +43,7 @@ async def _start_front(
     settings: FrontSettings, secret: bytes | None, cache: PromptEmbedsCache
 ) -> tuple[web.AppRunner, str]:
     app = create_app(settings, secret=secret, cache=cache)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(app, **runner_options(settings))
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

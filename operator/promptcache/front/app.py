@@ -47,6 +47,8 @@ log = logging.getLogger("promptcache.front")
 FORWARD_EXPANSION: Final = 4
 """Resolving references and densifying TurboQuant may grow a body up to this factor."""
 PROBE_TIMEOUT: Final = aiohttp.ClientTimeout(total=5)
+LINGER_SECONDS: Final = 2.0
+"""aiohttp drains an unread request body this long before closing (its default: 10 s)."""
 UPLOAD_FACTOR: Final = 2
 """Verifying an uploaded payload holds its decoded bytes and the loaded tensor."""
 
@@ -211,6 +213,9 @@ async def handle(request: web.Request) -> web.StreamResponse:
     except FrontError as exc:
         state.metrics.refusals.labels(code=exc.code).inc()
         response = _json_error(exc)
+        if not request.content.at_eof():
+            # an unread body (too large, too slow, refused unread): no keep-alive
+            response.force_close()
     state.metrics.requests.labels(endpoint=label, code=str(response.status)).inc()
     return response
 
@@ -418,6 +423,25 @@ async def _on_cleanup(app: web.Application) -> None:
     if state.session is not None:
         await state.session.close()
     state.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def runner_options(settings: FrontSettings) -> dict[str, Any]:
+    """How the front's `web.AppRunner` must be built (the server and the tests share it).
+
+    aiohttp's keep-alive timer runs from the moment a connection opens (or its
+    last answer ends) and closes the connection if no complete request head
+    arrived by then, whatever bytes trickled in: that is the header timeout.
+    `handler_cancellation`: a client that leaves cancels its handler, which
+    closes the upstream connection, which makes vLLM abort the request. After
+    refusing a body unread, the front drains it for at most `LINGER_SECONDS`
+    (so the client can read the error) and then closes.
+    """
+    return {
+        "handler_cancellation": True,
+        "access_log": None,
+        "keepalive_timeout": settings.header_timeout_seconds,
+        "lingering_time": LINGER_SECONDS,
+    }
 
 
 def create_app(

@@ -19,7 +19,7 @@ from typing import Final
 from aiohttp import web
 
 from promptcache.embeds.cache import PromptEmbedsCache
-from promptcache.front.app import create_app
+from promptcache.front.app import create_app, runner_options
 from promptcache.front.settings import FrontSettings, SettingsError, parse_listen, read_salt_key
 
 log = logging.getLogger("promptcache.front")
@@ -29,13 +29,8 @@ SHUTDOWN_TIMEOUT_SECONDS: Final = 30.0
 async def _run(settings: FrontSettings, secret: bytes | None, reuse_port: bool) -> None:
     cache = PromptEmbedsCache(settings.cache_capacity_bytes)
     app = create_app(settings, secret=secret, cache=cache)
-    # handler_cancellation: a client that disconnects cancels its handler, which
-    # closes the upstream connection, which makes vLLM abort the request.
     runner = web.AppRunner(
-        app,
-        handler_cancellation=True,
-        access_log=None,
-        shutdown_timeout=SHUTDOWN_TIMEOUT_SECONDS,
+        app, shutdown_timeout=SHUTDOWN_TIMEOUT_SECONDS, **runner_options(settings)
     )
     await runner.setup()
     host, port = parse_listen(settings.listen)

@@ -14,7 +14,7 @@ from promptcache.api import (
     ceiling_of,
     parse_resource,
 )
-from promptcache.api.constants import GIB
+from promptcache.contract.cache_size import GIB
 
 
 def resource(**spec: Any) -> dict[str, Any]:

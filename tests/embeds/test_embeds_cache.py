@@ -402,8 +402,8 @@ def test_env_rejects_bad_sizes_naming_variable_and_value(
 ) -> None:
     monkeypatch.setenv(ENV, value)
     expected = (
-        f"SG_PROMPT_EMBEDS_CACHE_GIB={value!r} is not a valid cache size: expected a non-negative "
-        "number of GiB such as 2 or 0.5 (0 or unset disables the cache)"
+        f"SG_PROMPT_EMBEDS_CACHE_GIB={value!r} is not a valid prompt-embeds cache size: expected "
+        "a number of GiB from 0 to 1024 such as 2 or 0.5 (0 disables the cache)"
     )
     with pytest.raises(ValueError, match=r"^SG_PROMPT_EMBEDS_CACHE_GIB=") as info:
         build_cache_from_env()

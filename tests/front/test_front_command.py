@@ -15,7 +15,8 @@ import aiohttp
 import pytest
 
 from promptcache.contract import FrontEnv, IsolationMode
-from promptcache.front.command import OPTIONS, add_arguments, register, run, settings_from
+from promptcache.contract.front import FRONT_SETTINGS
+from promptcache.front.command import add_arguments, register, run, settings_from
 from promptcache.front.salt import derive_salt
 from promptcache.front.settings import FrontSettings, SettingsError
 from promptcache.front.standin import StandinUpstream
@@ -61,8 +62,8 @@ def test_flag_wins_over_env_and_env_over_default() -> None:
         ),
         (
             {"SG_PROMPT_EMBEDS_CACHE_GIB": "-1"},
-            "SG_PROMPT_EMBEDS_CACHE_GIB=-1.0 must be a non-negative number of GiB (0 disables the "
-            "cache)",
+            "SG_PROMPT_EMBEDS_CACHE_GIB='-1' is not a valid prompt-embeds cache size: expected a "
+            "number of GiB from 0 to 1024 such as 2 or 0.5 (0 disables the cache)",
         ),
         (
             {FrontEnv.UPSTREAM: "127.0.0.1:8001"},
@@ -70,7 +71,7 @@ def test_flag_wins_over_env_and_env_over_default() -> None:
         ),
         (
             {FrontEnv.TURBOQUANT_DTYPE: "int8"},
-            "TurboQuant dtype 'int8' is not one of auto, float32, float16, bfloat16",
+            "PROMPTCACHE_TURBOQUANT_DTYPE='int8' is not one of auto, float32, float16, bfloat16",
         ),
     ],
 )
@@ -218,7 +219,7 @@ async def test_real_process_serves_and_stops_on_sigterm(
 def test_every_front_env_variable_has_a_flag() -> None:
     names = {value for key, value in vars(FrontEnv).items() if key.isupper()}
 
-    assert names <= {opt.env for opt in OPTIONS}
+    assert names <= {opt.env for opt in FRONT_SETTINGS}
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     help_text = parser.format_help()

@@ -63,13 +63,14 @@ def test_environment_then_flags_win() -> None:
 @pytest.mark.parametrize(
     ("argv", "env", "message"),
     [
-        (["--listen", "9002"], {}, "--listen='9002' is not HOST:PORT (e.g. 0.0.0.0:9002)"),
+        (["--listen", "9002"], {}, "--listen='9002' is not HOST:PORT (e.g. 0.0.0.0:8000)"),
         ([], {SessionShimEnv.UPSTREAM: "epp"},
-         "--upstream='epp' is not HOST:PORT (e.g. 0.0.0.0:9002)"),
+         "PROMPTCACHE_SESSION_SHIM_UPSTREAM='epp' is not HOST:PORT (e.g. 0.0.0.0:8000)"),
         (["--upstream", "127.0.0.1:99999"], {},
-         "--upstream='127.0.0.1:99999' is not HOST:PORT (e.g. 0.0.0.0:9002)"),
+         "--upstream='127.0.0.1:99999' is not HOST:PORT (e.g. 0.0.0.0:8000)"),
         (["--session-header", "x session"], {},
-         "--session-header='x session' is not a lower-case HTTP header name"),
+         "--session-header='x session' is not an HTTP header name: use lower-case letters, "
+         "digits and !#$%&'*+-.^_`|~ (at most 256 characters)"),
         (["--max-body-bytes", "lots"], {}, "--max-body-bytes='lots' is not an integer"),
         ([], {SessionShimEnv.MAX_BODY_BYTES: "1e6"},
          "PROMPTCACHE_SESSION_SHIM_MAX_BODY_BYTES='1e6' is not an integer"),
@@ -78,7 +79,8 @@ def test_environment_then_flags_win() -> None:
          "--max-buffered-bytes=10 must be at least --max-body-bytes=100"),
         (["--drain-seconds", "-1"], {}, "--drain-seconds=-1.0 must be in [0, 3600]"),
         (["--drain-seconds", "soon"], {}, "--drain-seconds='soon' is not a number"),
-        (["--user-field", " "], {}, "--user-field must not be empty"),
+        (["--user-field", " "], {}, "--user-field='' is not a body field name: use letters, "
+         "digits and _, not starting with a digit (at most 128 characters)"),
     ],
 )  # fmt: skip
 def test_bad_settings_name_the_setting(argv: list[str], env: dict[str, str], message: str) -> None:
@@ -99,7 +101,7 @@ def test_bad_setting_exits_2_with_one_line() -> None:
     )  # fmt: skip
     assert proc.returncode == 2
     assert proc.stderr == (
-        "promptcache session-shim: --listen='nowhere' is not HOST:PORT (e.g. 0.0.0.0:9002)\n"
+        "promptcache session-shim: --listen='nowhere' is not HOST:PORT (e.g. 0.0.0.0:8000)\n"
     )
 
 

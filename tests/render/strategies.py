@@ -8,12 +8,38 @@ from hypothesis import strategies as st
 
 names = st.from_regex(r"[a-z][a-z0-9-]{0,20}[a-z0-9]", fullmatch=True)
 tier_names = st.from_regex(r"[a-z][a-z0-9]{0,8}", fullmatch=True)
+header_names = st.one_of(
+    st.sampled_from(["x-prompt-cache-isolation-key", "x.tenant", "x_tenant", "x!#$%&'*+.^_`|~-1"]),
+    st.from_regex(r"[a-z0-9!#$%&'*+.^_`|~-]{1,40}", fullmatch=True),
+)
+"""Valid header names, unusual ones included (RFC 9110 tokens, lower case)."""
+body_fields = st.one_of(
+    st.sampled_from(["prompt_cache_isolation_key", "tenant", "_t", "T9"]),
+    st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,30}", fullmatch=True),
+)
+cache_sizes = st.one_of(
+    st.sampled_from([0.0, 0.1, 1.0, 1024.0, 1 / 3, 1e-9]), st.floats(0, 1024, allow_nan=False)
+)
+
+
+@st.composite
+def isolations(draw: st.DrawFn, front: bool) -> dict[str, Any]:
+    """Isolation settings, including empty header or field ("do not read one")."""
+    mode = draw(st.sampled_from(["Shared", "PerKey", "Required"])) if front else "Shared"
+    header = draw(st.one_of(st.just(""), header_names))
+    field = draw(st.one_of(st.just(""), body_fields))
+    if mode == "Required" and not (header or field):
+        header = "x-tenant"
+    isolation: dict[str, Any] = {"mode": mode, "header": header, "bodyField": field}
+    honor = draw(st.sampled_from([None, False] + ([True] if front else [])))
+    if honor is not None:
+        isolation["honorPromptCacheMaxLen"] = honor
+    return isolation
 
 
 @st.composite
 def resources(draw: st.DrawFn) -> dict[str, Any]:
     front = draw(st.booleans())
-    isolation_mode = draw(st.sampled_from(["Shared", "PerKey", "Required"])) if front else "Shared"
     tiers = draw(st.lists(tier_names, max_size=3, unique=True))
     spec: dict[str, Any] = {
         "model": {
@@ -28,11 +54,13 @@ def resources(draw: st.DrawFn) -> dict[str, Any]:
         },
         "promptEmbeds": {
             "enabled": draw(st.booleans()),
-            "cacheGiB": draw(st.floats(0, 64)) if front else 0.0,
+            "cacheGiB": draw(cache_sizes) if front else 0.0,
         },
-        "isolation": {"mode": isolation_mode},
+        "isolation": draw(isolations(front)),
         "sessionAffinity": {
             "enabled": draw(st.booleans()),
+            "header": draw(header_names),
+            "useUserField": draw(st.booleans()),
             "ttlSeconds": draw(st.integers(1, 86400)),
         },
         "prefixCache": {
@@ -48,7 +76,15 @@ def resources(draw: st.DrawFn) -> dict[str, Any]:
                 "parentRefs": draw(st.sampled_from([[], [{"name": "gw", "namespace": "infra"}]]))
             },
         },
-        "front": {"enabled": front, "usageHeaders": {"enabled": front and draw(st.booleans())}},
+        "front": {
+            "enabled": front,
+            "maxRequestBytes": draw(st.integers(1024, 4 * 1024**3)),
+            "usageHeaders": {
+                "enabled": front and draw(st.booleans()),
+                "promptTokensHeader": draw(header_names),
+                "cachedPromptTokensHeader": draw(header_names),
+            },
+        },
     }
     if draw(st.booleans()):
         spec["engine"]["maxModelLen"] = draw(st.integers(256, 131072))

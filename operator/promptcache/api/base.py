@@ -15,6 +15,14 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, PlainValidator, StringConstraints, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
+from promptcache.contract.grammar import (
+    BODY_FIELD_MAX_LENGTH,
+    HEADER_NAME_MAX_LENGTH,
+    HEADER_NAME_PATTERN,
+    OPTIONAL_BODY_FIELD_PATTERN,
+    OPTIONAL_HEADER_NAME_PATTERN,
+)
+
 
 class ApiModel(BaseModel):
     """Base of every model in the resource."""
@@ -31,9 +39,6 @@ class ApiModel(BaseModel):
 
 
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-HEADER_NAME_PATTERN = r"^[a-z0-9!#$%&'*+.^_`|~-]+$"
-"""An HTTP field name (RFC 9110 token), lower-case as HTTP/2 requires."""
-BODY_FIELD_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 QUANTITY_PATTERN = (
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
     r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
@@ -48,12 +53,17 @@ ObjectName = Annotated[
         pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
     ),
 ]
-HeaderName = Annotated[str, StringConstraints(max_length=256, pattern=HEADER_NAME_PATTERN)]
+# The header and body-field grammar is the contract's (the front and the shim check the same).
+HeaderName = Annotated[
+    str, StringConstraints(max_length=HEADER_NAME_MAX_LENGTH, pattern=HEADER_NAME_PATTERN)
+]
 OptionalHeaderName = Annotated[
-    str, StringConstraints(max_length=256, pattern=r"^([a-z0-9!#$%&'*+.^_`|~-]+)?$")
+    str,
+    StringConstraints(max_length=HEADER_NAME_MAX_LENGTH, pattern=OPTIONAL_HEADER_NAME_PATTERN),
 ]
 OptionalBodyField = Annotated[
-    str, StringConstraints(max_length=128, pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$")
+    str,
+    StringConstraints(max_length=BODY_FIELD_MAX_LENGTH, pattern=OPTIONAL_BODY_FIELD_PATTERN),
 ]
 _QUANTITY_RE = re.compile(QUANTITY_PATTERN)
 

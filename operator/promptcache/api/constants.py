@@ -28,5 +28,3 @@ no torch, and one image less to publish and pin."""
 
 EPP_MIN_BLOCK_SIZE_TOKENS: Final[int] = 64
 """The Endpoint Picker raises smaller prefix block sizes to this (llm-d-router #1158)."""
-
-GIB: Final[int] = 1024**3

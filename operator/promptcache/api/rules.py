@@ -11,7 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from promptcache.contract import IsolationMode, needs_salt_key
+
 M = TypeVar("M")
+_REQUIRED = IsolationMode.REQUIRED.value
+_SHARED = IsolationMode.SHARED.value
 
 
 @dataclass(frozen=True)
@@ -38,9 +42,9 @@ def _unique_tier_names(prefix_cache: Any) -> bool:
 RULES: tuple[CrossFieldRule, ...] = (
     CrossFieldRule(
         scope="isolation",
-        cel="self.mode != 'Required' || self.header != '' || self.bodyField != ''",
+        cel=f"self.mode != '{_REQUIRED}' || self.header != '' || self.bodyField != ''",
         message="Required isolation needs a header or a bodyField to carry the key",
-        holds=lambda m: m.mode != "Required" or m.header != "" or m.body_field != "",
+        holds=lambda m: m.mode != _REQUIRED or m.header != "" or m.body_field != "",
         field_path=".mode",
     ),
     CrossFieldRule(
@@ -62,12 +66,12 @@ RULES: tuple[CrossFieldRule, ...] = (
     ),
     CrossFieldRule(
         scope="spec",
-        cel="self.front.enabled || self.isolation.mode == 'Shared'",
+        cel=f"self.front.enabled || self.isolation.mode == '{_SHARED}'",
         message=(
             "isolation by key needs the cache front: set isolation.mode to Shared "
             "or front.enabled to true"
         ),
-        holds=lambda m: m.front.enabled or m.isolation.mode == "Shared",
+        holds=lambda m: m.front.enabled or not needs_salt_key(m.isolation.mode),
         field_path=".front.enabled",
     ),
     CrossFieldRule(
@@ -81,6 +85,17 @@ RULES: tuple[CrossFieldRule, ...] = (
             m.front.enabled or not m.prompt_embeds.enabled or m.prompt_embeds.cache_gib == 0
         ),
         field_path=".front.enabled",
+    ),
+    CrossFieldRule(
+        scope="spec",
+        cel="self.front.enabled || !has(self.isolation.honorPromptCacheMaxLen) "
+        "|| !self.isolation.honorPromptCacheMaxLen",
+        message=(
+            "prompt_cache_max_len is honoured by the cache front: set "
+            "isolation.honorPromptCacheMaxLen to false (or leave it empty) or front.enabled to true"
+        ),
+        holds=lambda m: m.front.enabled or m.isolation.honor_prompt_cache_max_len is not True,
+        field_path=".isolation.honorPromptCacheMaxLen",
     ),
     CrossFieldRule(
         scope="spec",

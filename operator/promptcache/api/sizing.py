@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from promptcache.api.constants import GIB
+from promptcache.contract.cache_size import GIB, cache_gib_to_bytes
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ def prompt_embeds_ceiling(
 
     A disabled feature or a zero size holds nothing, whatever the counts.
     """
-    per_process = int(cache_gib * GIB) if enabled and cache_gib > 0 else 0
+    per_process = cache_gib_to_bytes(cache_gib) if enabled and cache_gib > 0 else 0
     per_pod = per_process * processes_per_pod
     return PromptEmbedsCeiling(
         per_process_bytes=per_process, per_pod_bytes=per_pod, total_bytes=per_pod * replicas

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, Strict, model_validator
 
 from promptcache.api.base import (
     ApiModel,
@@ -33,10 +33,14 @@ from promptcache.contract import (
     DEFAULT_ISOLATION_HEADER,
     DEFAULT_PROMPT_TOKENS_HEADER,
     DEFAULT_SESSION_HEADER,
+    MAX_CACHE_GIB,
     SALT_KEY_SECRET_KEY,
+    IsolationMode,
+    needs_salt_key,
 )
 
-IsolationModeName = Literal["Shared", "PerKey", "Required"]
+IsolationModeName = Annotated[IsolationMode, Strict(False)]
+"""The contract's enum; lax so YAML's plain string `PerKey` is accepted."""
 FailureMode = Literal["FailOpen", "FailClose"]
 PullPolicy = Literal["Always", "IfNotPresent", "Never"]
 
@@ -149,15 +153,20 @@ class PromptEmbedsSpec(ApiModel):
 
     enabled: bool = False
     """Accept prompt embeddings (`--enable-prompt-embeds`)."""
-    cache_gib: Annotated[float, Field(ge=0, le=1024, alias="cacheGiB")] = 1.0
+    cache_gib: Annotated[float, Field(ge=0, le=MAX_CACHE_GIB, alias="cacheGiB")] = 1.0
     """Cache per serving process, in GiB (`SG_PROMPT_EMBEDS_CACHE_GIB`); 0 disables it.
     The real ceiling is `apiServerCount` x this per pod."""
+
+    @property
+    def effective_cache_gib(self) -> float:
+        """What each front process is told: the size, or 0 when prompt embeds are off."""
+        return self.cache_gib if self.enabled else 0.0
 
 
 class IsolationSpec(ApiModel):
     """Tenant isolation of cached prompts by salt (spec/004 and spec/000)."""
 
-    mode: IsolationModeName = "PerKey"
+    mode: IsolationModeName = IsolationMode.PER_KEY
     """`Shared`: one cache for all. `PerKey`: a key, when sent, isolates; requests without one
     share. `Required`: a request without a key is refused with HTTP 400."""
     header: OptionalHeaderName = DEFAULT_ISOLATION_HEADER
@@ -166,8 +175,10 @@ class IsolationSpec(ApiModel):
     """Request body field carrying the isolation key; empty to not read one."""
     salt_secret_ref: SaltSecretRef | None = None
     """Secret holding the salt HMAC key. Empty: the operator generates `<name>-salt` once."""
-    honor_prompt_cache_max_len: bool = True
-    """Honour `prompt_cache_max_len` from requests (0 makes a request uncacheable)."""
+    honor_prompt_cache_max_len: bool | None = None
+    """Honour `prompt_cache_max_len` from requests (0 makes a request uncacheable). The cache
+    front does it, so empty means true with the front and false without; true without the
+    front is refused (nothing would honour it)."""
 
     @model_validator(mode="after")
     def _rules(self) -> IsolationSpec:
@@ -323,3 +334,13 @@ class PromptCacheDeploymentSpec(ApiModel):
     @model_validator(mode="after")
     def _rules(self) -> PromptCacheDeploymentSpec:
         return enforce_rules(self, "spec")
+
+    @property
+    def needs_salt_key(self) -> bool:
+        """The pods derive salts, so need the salt Secret (decided by the contract)."""
+        return self.front.enabled and needs_salt_key(self.isolation.mode)
+
+    @property
+    def honors_prompt_cache_max_len(self) -> bool:
+        """`isolation.honorPromptCacheMaxLen` resolved: only a running cache front honours it."""
+        return self.front.enabled and self.isolation.honor_prompt_cache_max_len is not False

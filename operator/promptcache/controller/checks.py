@@ -32,7 +32,7 @@ def referenced_secrets(pcd: PromptCacheDeployment) -> list[tuple[str, str, str]]
         ref = model.hf_token_secret_ref
         refs.append(("spec.model.hfTokenSecretRef", ref.name, ref.key))
     iso = pcd.spec.isolation
-    if iso.salt_secret_ref is not None and iso.mode != "Shared" and pcd.spec.front.enabled:
+    if iso.salt_secret_ref is not None and pcd.spec.needs_salt_key:
         ref2 = iso.salt_secret_ref
         refs.append(("spec.isolation.saltSecretRef", ref2.name, ref2.key))
     return refs

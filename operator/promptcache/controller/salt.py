@@ -26,9 +26,9 @@ SECRET = by_kind("Secret")
 
 def generated_salt_secret(pcd: PromptCacheDeployment, names: Names) -> tuple[str, str] | None:
     """(name, key) of the Secret the operator must generate, or None when it need not."""
-    if not pcd.spec.front.enabled or pcd.spec.isolation.salt_secret_ref is not None:
+    if pcd.spec.isolation.salt_secret_ref is not None:
         return None
-    return salt_secret(pcd, names)
+    return salt_secret(pcd, names)  # None unless the spec needs a salt key
 
 
 async def ensure_salt_secret(

@@ -18,14 +18,17 @@ isolation into the shared scope.
 from __future__ import annotations
 
 import hashlib
-import math
-import os
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from promptcache.contract import SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR
+from promptcache.contract import (
+    SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR,
+    cache_gib_from_env,
+    cache_gib_to_bytes,
+)
 
 __all__ = [
     "ENTRY_OVERHEAD_BYTES",
@@ -36,8 +39,6 @@ __all__ = [
     "cache_capacity_from_env",
     "shared_cache",
 ]
-
-GIB: Final[int] = 1 << 30
 
 ENTRY_OVERHEAD_BYTES: Final[int] = 256
 """Bytes charged per entry on top of the payload's own characters.
@@ -250,28 +251,16 @@ class PromptEmbedsCache:
         )
 
 
-def cache_capacity_from_env(environ: dict[str, str] | None = None) -> int:
-    """Parse `SG_PROMPT_EMBEDS_CACHE_GIB` into bytes (0 = disabled).
+def cache_capacity_from_env(environ: Mapping[str, str] | None = None) -> int:
+    """Parse `SG_PROMPT_EMBEDS_CACHE_GIB` into bytes (0 = unset or disabled).
+
+    The contract's parser (`promptcache.contract.cache_size`), which the front uses too.
 
     Raises:
         ValueError: naming the variable and the bad value, for anything that is
-            not a finite non-negative number (negative, NaN, inf, text, empty).
+            not a finite number of GiB within the bound (negative, NaN, inf, text, empty).
     """
-    env = os.environ if environ is None else environ
-    raw = env.get(SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR)
-    if raw is None:
-        return 0
-    problem = (
-        f"{SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR}={raw!r} is not a valid cache size: expected "
-        f"a non-negative number of GiB such as 2 or 0.5 (0 or unset disables the cache)"
-    )
-    try:
-        gib = float(raw)
-    except ValueError:
-        raise ValueError(problem) from None
-    if not math.isfinite(gib) or gib < 0:
-        raise ValueError(problem)
-    return int(gib * GIB)
+    return cache_gib_to_bytes(cache_gib_from_env(environ))
 
 
 def build_cache_from_env() -> PromptEmbedsCache:

@@ -111,8 +111,13 @@ class Plan:
 def _isolation_key(
     headers: MultiMapping[str], body: dict[str, Any], settings: FrontSettings
 ) -> str | None:
-    """The key the client sent, from header or body, or None; malformed keys raise."""
-    header_values = set(headers.getall(settings.isolation_header, ()))
+    """The key the client sent, from header or body, or None; malformed keys raise.
+
+    An empty header or field name means "do not read one" (the resource says so).
+    """
+    header_values = (
+        set(headers.getall(settings.isolation_header, ())) if settings.isolation_header else set()
+    )
     if len(header_values) > 1:
         raise FrontError(
             400,
@@ -122,8 +127,8 @@ def _isolation_key(
             param=settings.isolation_header,
         )
     header_key = header_values.pop() if header_values else None
-    field_present = settings.isolation_field in body
-    field_key = body.pop(settings.isolation_field, None)
+    field_present = bool(settings.isolation_field) and settings.isolation_field in body
+    field_key = body.pop(settings.isolation_field, None) if field_present else None
     if field_present and field_key is not None and not isinstance(field_key, str):
         raise FrontError(
             400,
@@ -138,7 +143,7 @@ def _isolation_key(
             INVALID_ISOLATION_KEY,
             f"the {settings.isolation_header} header and the {settings.isolation_field} "
             "field carry different isolation keys; send one, or the same value in both",
-            param=settings.isolation_field,
+            param=settings.isolation_field or settings.isolation_header,
         )
     key = keys.pop() if keys else None
     if key is not None and has_lone_surrogate(key):
@@ -155,9 +160,19 @@ def _isolation_key(
             INVALID_ISOLATION_KEY,
             f"the isolation key has {len(key)} characters; at most "
             f"{MAX_ISOLATION_KEY_CHARS} are allowed",
-            param=settings.isolation_field,
+            param=settings.isolation_field or settings.isolation_header,
         )
     return key
+
+
+def _key_carriers(settings: FrontSettings) -> str:
+    """Where a client may put the key, as a phrase ("the x header or the y field")."""
+    carriers = []
+    if settings.isolation_header:
+        carriers.append(f"the {settings.isolation_header} header")
+    if settings.isolation_field:
+        carriers.append(f"the {settings.isolation_field} field")
+    return " or ".join(carriers)
 
 
 def _max_len(body: dict[str, Any], settings: FrontSettings) -> int | None:
@@ -213,10 +228,9 @@ def apply_policy(
         raise FrontError(
             400,
             ISOLATION_KEY_REQUIRED,
-            "this deployment requires an isolation key: send the "
-            f"{settings.isolation_header} header or the {settings.isolation_field} "
-            "field with a string that names who may share cached prompts",
-            param=settings.isolation_field,
+            f"this deployment requires an isolation key: send {_key_carriers(settings)} "
+            "with a string that names who may share cached prompts",
+            param=settings.isolation_field or settings.isolation_header,
         )
     salt: str | None = None
     use_cache = True

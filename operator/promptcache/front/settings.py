@@ -3,13 +3,13 @@
 The renderer sets environment variables (`contract.FrontEnv`); a person at a
 shell passes flags. Both routes end in `FrontSettings`, validated once at start
 so a mistyped value stops the front with a message instead of quietly serving
-every request with a feature switched off.
+every request with a feature switched off. Every name, grammar, parser and
+default comes from `promptcache.contract.front`: the renderer writes with the
+same definitions.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -20,66 +20,53 @@ from promptcache.contract import (
     DEFAULT_ISOLATION_HEADER,
     DEFAULT_PROMPT_TOKENS_HEADER,
     DEFAULT_SESSION_HEADER,
-    SALT_KEY_MOUNT_DIR,
-    SALT_KEY_SECRET_KEY,
-    SERVING_PORT,
+    SALT_KEY_FILE,
     SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR,
-    VLLM_LOCAL_PORT,
+    GrammarError,
     IsolationMode,
+    SettingInputError,
+    cache_gib_to_bytes,
+    check_body_field,
+    check_header_name,
+    needs_salt_key,
 )
+from promptcache.contract.cache_size import check_cache_gib
+from promptcache.contract.front import (
+    DEFAULT_BODY_TIMEOUT_SECONDS,
+    DEFAULT_CACHE_GIB,
+    DEFAULT_DECODE_WORKERS,
+    DEFAULT_HEADER_TIMEOUT_SECONDS,
+    DEFAULT_HONOR_MAX_LEN,
+    DEFAULT_ISOLATION_MODE,
+    DEFAULT_LISTEN,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_BODY_READS,
+    DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_MAX_IN_FLIGHT_BYTES,
+    DEFAULT_MAX_PROMPT_EMBEDS_REFERENCES,
+    DEFAULT_SESSION_FROM_USER,
+    DEFAULT_TURBOQUANT_DTYPE,
+    DEFAULT_UPSTREAM,
+    DEFAULT_UPSTREAM_TIMEOUT_SECONDS,
+    DEFAULT_WORKERS,
+    TURBOQUANT_DTYPES,
+)
+from promptcache.contract.settings import split_host_port
 
-DEFAULT_UPSTREAM = f"http://127.0.0.1:{VLLM_LOCAL_PORT}"
-DEFAULT_LISTEN = f"0.0.0.0:{SERVING_PORT}"
-DEFAULT_SALT_KEY_FILE = f"{SALT_KEY_MOUNT_DIR}/{SALT_KEY_SECRET_KEY}"
-DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
-"""vLLM's Rust frontend enforces 32 MiB; its Python server enforces nothing."""
-DEFAULT_MAX_IN_FLIGHT = 256
-"""vLLM's default `--max-num-seqs`: the front must not refuse what vLLM would run or queue."""
-DEFAULT_MAX_BODY_READS = 128
-"""Request bodies being received at once; slow senders wait here, not in the in-flight cap."""
-DEFAULT_HEADER_TIMEOUT_SECONDS = 30.0
-"""A connection must deliver a request's headers within this (also the idle keep-alive)."""
-DEFAULT_BODY_TIMEOUT_SECONDS = 60.0
-"""A request's body must arrive whole within this (a 256 MiB body at 5 MB/s takes ~50 s)."""
-DEFAULT_MAX_PROMPT_EMBEDS_REFERENCES = 1024
-"""Prompt-embeds payloads and references one request may carry."""
-DEFAULT_MAX_IN_FLIGHT_BYTES = 1 << 30
-"""Matches the headroom the renderer gives the container above the cache ceiling."""
-DEFAULT_DECODE_WORKERS = 2
-DEFAULT_TURBOQUANT_DTYPE = "auto"
-"""auto: decode to the dtype the client compressed from (vLLM casts to the model dtype)."""
-DEFAULT_UPSTREAM_TIMEOUT_SECONDS = 600.0
-TURBOQUANT_DTYPES = ("auto", "float32", "float16", "bfloat16")
 MIN_SALT_KEY_BYTES = 16
 """A shorter HMAC key would make per-tenant salts guessable."""
-
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off"})
 
 
 class SettingsError(ValueError):
     """A setting that can never work; the message names the setting and the fix."""
 
 
-def parse_bool(name: str, raw: str) -> bool:
-    """Read a boolean the way people write them in YAML and shells."""
-    value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise SettingsError(f"{name}={raw!r} is not a boolean; use true or false")
-
-
 def parse_listen(raw: str) -> tuple[str, int]:
     """Split `host:port` (IPv6 hosts in brackets) into its parts."""
-    host, sep, port_text = raw.rpartition(":")
-    if not sep or not port_text.isdigit() or not host:
-        raise SettingsError(f"listen address {raw!r} must look like HOST:PORT, e.g. 0.0.0.0:8000")
-    port = int(port_text)
-    if not 0 <= port <= 65535:
-        raise SettingsError(f"listen port {port} is outside 0..65535")
-    return host.strip("[]"), port
+    try:
+        return split_host_port("listen address", raw)
+    except SettingInputError as exc:
+        raise SettingsError(str(exc)) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,23 +75,25 @@ class FrontSettings:
 
     upstream: str = DEFAULT_UPSTREAM
     listen: str = DEFAULT_LISTEN
-    isolation_mode: IsolationMode = IsolationMode.SHARED
+    isolation_mode: IsolationMode = DEFAULT_ISOLATION_MODE
     isolation_header: str = DEFAULT_ISOLATION_HEADER
+    """Empty: the key is not read from any header."""
     isolation_field: str = DEFAULT_ISOLATION_FIELD
-    salt_key_file: str = DEFAULT_SALT_KEY_FILE
-    honor_prompt_cache_max_len: bool = True
+    """Empty: the key is not read from the body."""
+    salt_key_file: str = SALT_KEY_FILE
+    honor_prompt_cache_max_len: bool = DEFAULT_HONOR_MAX_LEN
     session_header: str = DEFAULT_SESSION_HEADER
-    session_from_user: bool = True
+    session_from_user: bool = DEFAULT_SESSION_FROM_USER
     prompt_tokens_header: str = DEFAULT_PROMPT_TOKENS_HEADER
     cached_prompt_tokens_header: str = DEFAULT_CACHED_PROMPT_TOKENS_HEADER
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    prompt_embeds_cache_gib: float = 0.0
+    prompt_embeds_cache_gib: float = DEFAULT_CACHE_GIB
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     max_in_flight_bytes: int = DEFAULT_MAX_IN_FLIGHT_BYTES
     decode_workers: int = DEFAULT_DECODE_WORKERS
     turboquant_dtype: str = DEFAULT_TURBOQUANT_DTYPE
     upstream_timeout_seconds: float = DEFAULT_UPSTREAM_TIMEOUT_SECONDS
-    workers: int = 1
+    workers: int = DEFAULT_WORKERS
     max_body_reads: int = DEFAULT_MAX_BODY_READS
     header_timeout_seconds: float = DEFAULT_HEADER_TIMEOUT_SECONDS
     body_timeout_seconds: float = DEFAULT_BODY_TIMEOUT_SECONDS
@@ -117,25 +106,28 @@ class FrontSettings:
                 f"upstream {self.upstream!r} must be an http URL, e.g. {DEFAULT_UPSTREAM}"
             )
         parse_listen(self.listen)
-        for label, header, optional in (
-            ("isolation header", self.isolation_header, False),
-            ("session header", self.session_header, True),
-            ("prompt-tokens header", self.prompt_tokens_header, True),
-            ("cached-prompt-tokens header", self.cached_prompt_tokens_header, True),
+        try:
+            # the grammar the API checks; empty switches the feature off
+            for label, header in (
+                ("isolation header", self.isolation_header),
+                ("session header", self.session_header),
+                ("prompt-tokens header", self.prompt_tokens_header),
+                ("cached-prompt-tokens header", self.cached_prompt_tokens_header),
+            ):
+                check_header_name(label, header, optional=True)
+            check_body_field("isolation field", self.isolation_field, optional=True)
+            check_cache_gib(SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR, self.prompt_embeds_cache_gib)
+        except (GrammarError, SettingInputError) as exc:
+            raise SettingsError(str(exc)) from None
+        if self.isolation_mode is IsolationMode.REQUIRED and not (
+            self.isolation_header or self.isolation_field
         ):
-            if not header and optional:
-                continue  # empty switches the feature off (how the renderer says "disabled")
-            if not header or not all(c.isalnum() or c in "-_" for c in header):
-                raise SettingsError(f"{label} {header!r} is not a valid HTTP header name")
-        if not self.isolation_field:
-            raise SettingsError("isolation field must not be empty")
+            raise SettingsError(
+                "isolation mode Required needs an isolation header or an isolation field "
+                "to carry the key; both are empty"
+            )
         if self.max_body_bytes < 1024:
             raise SettingsError(f"max body bytes {self.max_body_bytes} is below 1024")
-        if not self.prompt_embeds_cache_gib >= 0:
-            raise SettingsError(
-                f"{SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR}={self.prompt_embeds_cache_gib} "
-                "must be a non-negative number of GiB (0 disables the cache)"
-            )
         if self.max_in_flight < 1:
             raise SettingsError(f"max in-flight {self.max_in_flight} must be at least 1")
         if self.max_in_flight_bytes < self.max_body_bytes:
@@ -177,12 +169,12 @@ class FrontSettings:
     @property
     def cache_capacity_bytes(self) -> int:
         """The prompt-embeds cache size in bytes (0 = disabled)."""
-        return int(self.prompt_embeds_cache_gib * (1 << 30))
+        return cache_gib_to_bytes(self.prompt_embeds_cache_gib)
 
     @property
     def needs_salt_key(self) -> bool:
         """Only salting modes read the secret; Shared never derives a salt."""
-        return self.isolation_mode is not IsolationMode.SHARED
+        return needs_salt_key(self.isolation_mode)
 
 
 def read_salt_key(settings: FrontSettings) -> bytes | None:
@@ -213,22 +205,3 @@ def read_salt_key(settings: FrontSettings) -> bytes | None:
             f"at least {MIN_SALT_KEY_BYTES} random bytes"
         )
     return secret
-
-
-def env_value(environ: Mapping[str, str], name: str) -> str | None:
-    """An env var's value, treating empty as unset (how Kubernetes renders `value: ""`)."""
-    raw = environ.get(name)
-    return raw if raw else None
-
-
-def default_cache_gib(environ: Mapping[str, str] = os.environ) -> float:
-    """The cache size the spec's variable asks for (0 when unset)."""
-    raw = env_value(environ, SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR)
-    if raw is None:
-        return 0.0
-    try:
-        return float(raw)
-    except ValueError:
-        raise SettingsError(
-            f"{SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR}={raw!r} is not a number of GiB"
-        ) from None

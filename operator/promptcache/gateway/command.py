@@ -12,45 +12,18 @@ import argparse
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import fields
 
-from promptcache.contract import SessionShimEnv
-from promptcache.envflags import EnvFlag, add_flags, as_float, as_int, collect
+from promptcache.contract.settings import add_flags, collect
+from promptcache.contract.shim import SHIM_SETTINGS
 from promptcache.gateway.settings import ShimSettings, ShimSettingsError
 
 EXIT_BAD_SETTINGS = 2
 EXIT_MISSING_EXTRA = 3
 
 
-def _str(_name: str, raw: str) -> str:
-    return raw.strip()
-
-
-def _header(_name: str, raw: str) -> str:
-    return raw.strip().lower()  # HTTP/2 carries header names in lower case
-
-
-OPTIONS: tuple[EnvFlag, ...] = (
-    EnvFlag("--listen", SessionShimEnv.LISTEN, "listen", _str,
-            "HOST:PORT to serve ext_proc on (what the gateway dials)"),
-    EnvFlag("--upstream", SessionShimEnv.UPSTREAM, "upstream", _str,
-            "HOST:PORT of the Endpoint Picker's own ext_proc port"),
-    EnvFlag("--session-header", SessionShimEnv.SESSION_HEADER, "session_header", _header,
-            "header the EPP's session filter reads; added from the body when absent"),
-    EnvFlag("--user-field", SessionShimEnv.USER_FIELD, "user_field", _str,
-            "body field naming the session"),
-    EnvFlag("--max-body-bytes", SessionShimEnv.MAX_BODY_BYTES, "max_body_bytes", as_int,
-            "largest body read per request; larger ones pass through unread"),
-    EnvFlag("--max-buffered-bytes", SessionShimEnv.MAX_BUFFERED_BYTES, "max_buffered_bytes",
-            as_int, "body bytes all requests together may hold; beyond, pass through unread"),
-    EnvFlag("--drain-seconds", SessionShimEnv.DRAIN_SECONDS, "drain_seconds", as_float,
-            "how long open streams may finish after SIGTERM"),
-)  # fmt: skip
-
-
 def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> ShimSettings:
     """Flags over environment over built-in defaults, validated."""
-    return ShimSettings(**collect(OPTIONS, args, environ, error=ShimSettingsError))
+    return ShimSettings(**collect(SHIM_SETTINGS, args, environ, error=ShimSettingsError))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,5 +56,5 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "before the EPP routes. Every flag can also be set by its environment variable; "
         "the flag wins.",
     )
-    add_flags(parser, OPTIONS, {f.name: f.default for f in fields(ShimSettings)})
+    add_flags(parser, SHIM_SETTINGS)
     parser.set_defaults(func=run)

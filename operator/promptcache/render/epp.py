@@ -11,7 +11,12 @@ from promptcache.contract import (
     SESSION_USER_FIELD,
     SessionShimEnv,
 )
-from promptcache.gateway.settings import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_BUFFERED_BYTES
+from promptcache.contract.shim import (
+    DEFAULT_SHIM_LISTEN,
+    DEFAULT_SHIM_MAX_BODY_BYTES,
+    DEFAULT_SHIM_MAX_BUFFERED_BYTES,
+    DEFAULT_SHIM_UPSTREAM,
+)
 from promptcache.render.epp_config import (
     endpoint_picker_config,
     endpoint_picker_config_text,
@@ -76,12 +81,12 @@ def session_shim_container(pcd: PromptCacheDeployment) -> dict[str, Any]:
     It owns the `grpc` port the Service targets and relays to the EPP on localhost; its
     memory limit covers the bodies it may hold (`MAX_BUFFERED_BYTES`) plus the runtime."""
     env = {
-        SessionShimEnv.LISTEN: f"0.0.0.0:{GRPC_PORT}",
-        SessionShimEnv.UPSTREAM: f"127.0.0.1:{EPP_LOCAL_GRPC_PORT}",
+        SessionShimEnv.LISTEN: DEFAULT_SHIM_LISTEN,
+        SessionShimEnv.UPSTREAM: DEFAULT_SHIM_UPSTREAM,
         SessionShimEnv.SESSION_HEADER: pcd.spec.session_affinity.header,
         SessionShimEnv.USER_FIELD: SESSION_USER_FIELD,
-        SessionShimEnv.MAX_BODY_BYTES: str(DEFAULT_MAX_BODY_BYTES),
-        SessionShimEnv.MAX_BUFFERED_BYTES: str(DEFAULT_MAX_BUFFERED_BYTES),
+        SessionShimEnv.MAX_BODY_BYTES: str(DEFAULT_SHIM_MAX_BODY_BYTES),
+        SessionShimEnv.MAX_BUFFERED_BYTES: str(DEFAULT_SHIM_MAX_BUFFERED_BYTES),
         SessionShimEnv.DRAIN_SECONDS: str(SHIM_DRAIN_SECONDS),
     }
     tcp = {"tcpSocket": {"port": "grpc"}}

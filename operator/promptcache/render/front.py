@@ -12,34 +12,36 @@ from promptcache.api import PromptCacheDeployment, ceiling_of
 from promptcache.contract import (
     FRONT_HEALTH_PATH,
     FRONT_READY_PATH,
+    SALT_KEY_FILE,
     SALT_KEY_MOUNT_DIR,
     SALT_KEY_SECRET_KEY,
     SERVING_PORT,
     SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR,
-    VLLM_LOCAL_PORT,
     FrontEnv,
+    format_bool,
+    format_cache_gib,
 )
+from promptcache.contract.front import DEFAULT_LISTEN, DEFAULT_MAX_IN_FLIGHT_BYTES, DEFAULT_UPSTREAM
 from promptcache.render.names import Names
 from promptcache.render.quantities import mebibytes
 from promptcache.render.security import container_security_context
 
 FRONT_CONTAINER = "cache-front"
 SALT_VOLUME = "salt-key"
-_MIN_IN_FLIGHT_BYTES = 1024**3
-"""Request bytes one front process may hold at once (it refuses more with 503)."""
 _BASE_MEMORY_BYTES = 256 * 1024**2
 """Interpreter, torch and aiohttp of one front process, before any request."""
 
 
 def in_flight_bytes(pcd: PromptCacheDeployment) -> int:
-    """At least one maximal request must fit, or the front would refuse to start."""
-    return max(_MIN_IN_FLIGHT_BYTES, pcd.spec.front.max_request_bytes)
+    """Request bytes one front process may hold at once (it refuses more with 503): the
+    front's default, raised so one maximal request fits (else it would refuse to start)."""
+    return max(DEFAULT_MAX_IN_FLIGHT_BYTES, pcd.spec.front.max_request_bytes)
 
 
 def salt_secret(pcd: PromptCacheDeployment, names: Names) -> tuple[str, str] | None:
     """(Secret name, key) the front reads its HMAC key from, or None when no salts are derived."""
     isolation = pcd.spec.isolation
-    if isolation.mode == "Shared":
+    if not pcd.spec.needs_salt_key:
         return None
     if isolation.salt_secret_ref is not None:
         return isolation.salt_secret_ref.name, isolation.salt_secret_ref.key
@@ -49,16 +51,16 @@ def salt_secret(pcd: PromptCacheDeployment, names: Names) -> tuple[str, str] | N
 def _env(pcd: PromptCacheDeployment, has_salt: bool) -> list[dict[str, str]]:
     spec = pcd.spec
     iso, usage, session = spec.isolation, spec.front.usage_headers, spec.session_affinity
-    cache_gib = spec.prompt_embeds.cache_gib if spec.prompt_embeds.enabled else 0.0
+    cache_gib = spec.prompt_embeds.effective_cache_gib
     values: list[tuple[str, str]] = [
-        (FrontEnv.LISTEN, f"0.0.0.0:{SERVING_PORT}"),
-        (FrontEnv.UPSTREAM, f"http://127.0.0.1:{VLLM_LOCAL_PORT}"),
+        (FrontEnv.LISTEN, DEFAULT_LISTEN),
+        (FrontEnv.UPSTREAM, DEFAULT_UPSTREAM),
         (FrontEnv.WORKERS, str(spec.engine.api_server_count)),
-        (SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR, f"{cache_gib:g}"),
-        (FrontEnv.ISOLATION_MODE, iso.mode),
+        (SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR, format_cache_gib(cache_gib)),
+        (FrontEnv.ISOLATION_MODE, iso.mode.value),
         (FrontEnv.ISOLATION_HEADER, iso.header),
         (FrontEnv.ISOLATION_FIELD, iso.body_field),
-        (FrontEnv.HONOR_MAX_LEN, str(iso.honor_prompt_cache_max_len).lower()),
+        (FrontEnv.HONOR_MAX_LEN, format_bool(spec.honors_prompt_cache_max_len)),
         (FrontEnv.MAX_BODY_BYTES, str(spec.front.max_request_bytes)),
         (FrontEnv.MAX_IN_FLIGHT_BYTES, str(in_flight_bytes(pcd))),
         (FrontEnv.PROMPT_TOKENS_HEADER, usage.prompt_tokens_header if usage.enabled else ""),
@@ -69,11 +71,11 @@ def _env(pcd: PromptCacheDeployment, has_salt: bool) -> list[dict[str, str]]:
         (FrontEnv.SESSION_HEADER, session.header if session.enabled else ""),
         (
             FrontEnv.SESSION_FROM_USER,
-            str(session.enabled and session.use_user_field).lower(),
+            format_bool(session.enabled and session.use_user_field),
         ),
     ]
     if has_salt:
-        values.append((FrontEnv.SALT_KEY_FILE, f"{SALT_KEY_MOUNT_DIR}/{SALT_KEY_SECRET_KEY}"))
+        values.append((FrontEnv.SALT_KEY_FILE, SALT_KEY_FILE))
     return [{"name": name, "value": value} for name, value in values]
 
 

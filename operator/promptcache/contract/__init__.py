@@ -1,0 +1,111 @@
+"""The contract between the planes: everything that crosses from the resource to a process.
+
+The renderer writes, and the cache front and the session shim read, the same
+names with the same grammar, parsers and defaults; the API model checks the
+same grammar and bounds. None of them defines its own copy.
+
+- `names`: spec constants (headers, body fields, env names of spec/000), ports,
+  the isolation modes and whether a mode needs the salt key.
+- `grammar`: what a header name and a body-field name may be.
+- `settings`: the `Setting` declaration (flag, variable, parser, default) and
+  the parsers; `front` and `shim` declare each process' settings with it.
+- `cache_size`: `SG_PROMPT_EMBEDS_CACHE_GIB`, its bound, parser and format.
+
+This package imports nothing of this project but itself and nothing heavy (no
+torch, no Kubernetes client): every plane loads it. The layering is enforced by
+the import contracts in pyproject.toml (`lint-imports`).
+"""
+
+from __future__ import annotations
+
+from promptcache.contract.cache_size import (
+    MAX_CACHE_GIB,
+    cache_gib_from_env,
+    cache_gib_to_bytes,
+    format_cache_gib,
+    parse_cache_gib,
+)
+from promptcache.contract.front import FRONT_SETTINGS, FrontEnv
+from promptcache.contract.grammar import (
+    BODY_FIELD_PATTERN,
+    HEADER_NAME_PATTERN,
+    OPTIONAL_BODY_FIELD_PATTERN,
+    OPTIONAL_HEADER_NAME_PATTERN,
+    GrammarError,
+    check_body_field,
+    check_header_name,
+    is_body_field,
+    is_header_name,
+)
+from promptcache.contract.names import (
+    CACHE_SALT_FIELD,
+    DEFAULT_CACHED_PROMPT_TOKENS_HEADER,
+    DEFAULT_ISOLATION_FIELD,
+    DEFAULT_ISOLATION_HEADER,
+    DEFAULT_PROMPT_TOKENS_HEADER,
+    DEFAULT_SESSION_HEADER,
+    EPP_EXT_PROC_PORT,
+    EPP_LOCAL_GRPC_PORT,
+    FRONT_HEALTH_PATH,
+    FRONT_READY_PATH,
+    MISSING_PROMPT_EMBEDS_IDS_FIELD,
+    PROMPT_CACHE_MAX_LEN_FIELD,
+    PROMPT_EMBEDS_NOT_CACHED_ERROR_CODE,
+    SALT_KEY_FILE,
+    SALT_KEY_MOUNT_DIR,
+    SALT_KEY_SECRET_KEY,
+    SERVING_PORT,
+    SESSION_USER_FIELD,
+    SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR,
+    VLLM_LOCAL_PORT,
+    IsolationMode,
+    needs_salt_key,
+)
+from promptcache.contract.settings import Setting, SettingInputError, format_bool
+from promptcache.contract.shim import SHIM_SETTINGS, SessionShimEnv
+
+__all__ = [
+    "BODY_FIELD_PATTERN",
+    "CACHE_SALT_FIELD",
+    "DEFAULT_CACHED_PROMPT_TOKENS_HEADER",
+    "DEFAULT_ISOLATION_FIELD",
+    "DEFAULT_ISOLATION_HEADER",
+    "DEFAULT_PROMPT_TOKENS_HEADER",
+    "DEFAULT_SESSION_HEADER",
+    "EPP_EXT_PROC_PORT",
+    "EPP_LOCAL_GRPC_PORT",
+    "FRONT_HEALTH_PATH",
+    "FRONT_READY_PATH",
+    "FRONT_SETTINGS",
+    "HEADER_NAME_PATTERN",
+    "MAX_CACHE_GIB",
+    "MISSING_PROMPT_EMBEDS_IDS_FIELD",
+    "OPTIONAL_BODY_FIELD_PATTERN",
+    "OPTIONAL_HEADER_NAME_PATTERN",
+    "PROMPT_CACHE_MAX_LEN_FIELD",
+    "PROMPT_EMBEDS_NOT_CACHED_ERROR_CODE",
+    "SALT_KEY_FILE",
+    "SALT_KEY_MOUNT_DIR",
+    "SALT_KEY_SECRET_KEY",
+    "SERVING_PORT",
+    "SESSION_USER_FIELD",
+    "SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR",
+    "SHIM_SETTINGS",
+    "VLLM_LOCAL_PORT",
+    "FrontEnv",
+    "GrammarError",
+    "IsolationMode",
+    "SessionShimEnv",
+    "Setting",
+    "SettingInputError",
+    "cache_gib_from_env",
+    "cache_gib_to_bytes",
+    "check_body_field",
+    "check_header_name",
+    "format_bool",
+    "format_cache_gib",
+    "is_body_field",
+    "is_header_name",
+    "needs_salt_key",
+    "parse_cache_gib",
+]

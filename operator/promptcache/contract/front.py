@@ -1,0 +1,185 @@
+"""The cache front's settings: each variable, flag, parser and default, declared once.
+
+The renderer writes these variables into the `cache-front` container; `promptcache
+front` reads them (flags winning) with the parsers named here into `FrontSettings`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from promptcache.contract.cache_size import parse_cache_gib
+from promptcache.contract.names import (
+    DEFAULT_CACHED_PROMPT_TOKENS_HEADER,
+    DEFAULT_ISOLATION_FIELD,
+    DEFAULT_ISOLATION_HEADER,
+    DEFAULT_PROMPT_TOKENS_HEADER,
+    DEFAULT_SESSION_HEADER,
+    SALT_KEY_FILE,
+    SERVING_PORT,
+    SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR,
+    VLLM_LOCAL_PORT,
+    IsolationMode,
+)
+from promptcache.contract.settings import (
+    Setting,
+    SettingInputError,
+    as_float,
+    as_int,
+    as_str,
+    parse_bool,
+    parse_host_port,
+    parse_isolation_mode,
+    parse_optional_body_field,
+    parse_optional_header_name,
+)
+
+
+class FrontEnv:
+    """Environment variables the renderer sets on the cache-front container.
+
+    Each has a matching `promptcache front` flag; the flag wins when both are given.
+    """
+
+    UPSTREAM: Final[str] = "PROMPTCACHE_UPSTREAM"
+    LISTEN: Final[str] = "PROMPTCACHE_LISTEN"
+    ISOLATION_MODE: Final[str] = "PROMPTCACHE_ISOLATION_MODE"
+    ISOLATION_HEADER: Final[str] = "PROMPTCACHE_ISOLATION_HEADER"
+    ISOLATION_FIELD: Final[str] = "PROMPTCACHE_ISOLATION_FIELD"
+    SALT_KEY_FILE: Final[str] = "PROMPTCACHE_SALT_KEY_FILE"
+    HONOR_MAX_LEN: Final[str] = "PROMPTCACHE_HONOR_PROMPT_CACHE_MAX_LEN"
+    SESSION_HEADER: Final[str] = "PROMPTCACHE_SESSION_HEADER"
+    SESSION_FROM_USER: Final[str] = "PROMPTCACHE_SESSION_FROM_USER"
+    PROMPT_TOKENS_HEADER: Final[str] = "PROMPTCACHE_PROMPT_TOKENS_HEADER"
+    CACHED_PROMPT_TOKENS_HEADER: Final[str] = "PROMPTCACHE_CACHED_PROMPT_TOKENS_HEADER"
+    MAX_BODY_BYTES: Final[str] = "PROMPTCACHE_MAX_BODY_BYTES"
+    WORKERS: Final[str] = "PROMPTCACHE_WORKERS"
+    """Front processes sharing the serving port (SO_REUSEPORT), one per vLLM API server, each
+    with its own prompt-embeds cache: the renderer sets it to `engine.apiServerCount`, which
+    is why the per-pod ceiling is apiServerCount x SG_PROMPT_EMBEDS_CACHE_GIB (spec/000)."""
+    MAX_IN_FLIGHT: Final[str] = "PROMPTCACHE_MAX_IN_FLIGHT"
+    """Requests the front works on at once; more get HTTP 503 (bounds its memory)."""
+    MAX_IN_FLIGHT_BYTES: Final[str] = "PROMPTCACHE_MAX_IN_FLIGHT_BYTES"
+    """Bytes of request bodies (as read, parsed and forwarded) a front process holds at
+    once; a request that would exceed it gets 503. Set it to the memory the container
+    has beyond the cache ceiling."""
+    DECODE_WORKERS: Final[str] = "PROMPTCACHE_DECODE_WORKERS"
+    """Threads for base64/torch.load/hashing, kept off the event loop."""
+    TURBOQUANT_DTYPE: Final[str] = "PROMPTCACHE_TURBOQUANT_DTYPE"
+    """The dtype TurboQuant payloads are decoded to before vLLM sees them."""
+    UPSTREAM_TIMEOUT_SECONDS: Final[str] = "PROMPTCACHE_UPSTREAM_TIMEOUT_SECONDS"
+    """Longest the front waits for vLLM to start answering a request."""
+    MAX_BODY_READS: Final[str] = "PROMPTCACHE_MAX_BODY_READS"
+    """Request bodies a front process receives at once (separate from MAX_IN_FLIGHT)."""
+    HEADER_TIMEOUT_SECONDS: Final[str] = "PROMPTCACHE_HEADER_TIMEOUT_SECONDS"
+    """Time a connection has to deliver a request's headers (also the keep-alive idle time)."""
+    BODY_TIMEOUT_SECONDS: Final[str] = "PROMPTCACHE_BODY_TIMEOUT_SECONDS"
+    """Time a request has to deliver its whole body (HTTP 408 after)."""
+    MAX_PROMPT_EMBEDS_REFERENCES: Final[str] = "PROMPTCACHE_MAX_PROMPT_EMBEDS_REFERENCES"
+    """Prompt-embeds payloads and references one request may carry."""
+
+
+# --- defaults: a process started with no flags and no variables fits the rendered pod ----
+DEFAULT_UPSTREAM: Final[str] = f"http://127.0.0.1:{VLLM_LOCAL_PORT}"
+DEFAULT_LISTEN: Final[str] = f"0.0.0.0:{SERVING_PORT}"
+DEFAULT_ISOLATION_MODE: Final[IsolationMode] = IsolationMode.SHARED
+"""The process default (no salt key needed); the resource's default is PerKey."""
+DEFAULT_HONOR_MAX_LEN: Final[bool] = True
+DEFAULT_SESSION_FROM_USER: Final[bool] = True
+DEFAULT_MAX_BODY_BYTES: Final[int] = 32 * 1024 * 1024
+"""vLLM's Rust frontend enforces 32 MiB; its Python server enforces nothing."""
+DEFAULT_CACHE_GIB: Final[float] = 0.0
+DEFAULT_WORKERS: Final[int] = 1
+DEFAULT_MAX_IN_FLIGHT: Final[int] = 256
+"""vLLM's default `--max-num-seqs`: the front must not refuse what vLLM would run or queue."""
+DEFAULT_MAX_BODY_READS: Final[int] = 128
+"""Request bodies being received at once; slow senders wait here, not in the in-flight cap."""
+DEFAULT_HEADER_TIMEOUT_SECONDS: Final[float] = 30.0
+"""A connection must deliver a request's headers within this (also the idle keep-alive)."""
+DEFAULT_BODY_TIMEOUT_SECONDS: Final[float] = 60.0
+"""A request's body must arrive whole within this (a 256 MiB body at 5 MB/s takes ~50 s)."""
+DEFAULT_MAX_PROMPT_EMBEDS_REFERENCES: Final[int] = 1024
+"""Prompt-embeds payloads and references one request may carry."""
+DEFAULT_MAX_IN_FLIGHT_BYTES: Final[int] = 1 << 30
+"""The renderer never sets less (it raises it to fit one maximal request) and gives the
+container this much memory per process above the cache ceiling."""
+DEFAULT_DECODE_WORKERS: Final[int] = 2
+TURBOQUANT_DTYPES: Final[tuple[str, ...]] = ("auto", "float32", "float16", "bfloat16")
+DEFAULT_TURBOQUANT_DTYPE: Final[str] = "auto"
+"""auto: decode to the dtype the client compressed from (vLLM casts to the model dtype)."""
+DEFAULT_UPSTREAM_TIMEOUT_SECONDS: Final[float] = 600.0
+
+
+def _dtype(name: str, raw: str) -> str:
+    value = raw.strip()
+    if value not in TURBOQUANT_DTYPES:
+        raise SettingInputError(f"{name}={raw!r} is not one of {', '.join(TURBOQUANT_DTYPES)}")
+    return value
+
+
+FRONT_SETTINGS: Final[tuple[Setting[Any], ...]] = (
+    Setting("upstream", "--upstream", FrontEnv.UPSTREAM, as_str, DEFAULT_UPSTREAM,
+            "vLLM's base URL (localhost)"),
+    Setting("listen", "--listen", FrontEnv.LISTEN, parse_host_port, DEFAULT_LISTEN,
+            "HOST:PORT to serve on"),
+    Setting("isolation_mode", "--isolation-mode", FrontEnv.ISOLATION_MODE,
+            parse_isolation_mode, DEFAULT_ISOLATION_MODE, "Shared, PerKey or Required"),
+    Setting("isolation_header", "--isolation-header", FrontEnv.ISOLATION_HEADER,
+            parse_optional_header_name, DEFAULT_ISOLATION_HEADER,
+            "request header carrying the isolation key; empty: do not read one",
+            empty_is_unset=False),
+    Setting("isolation_field", "--isolation-field", FrontEnv.ISOLATION_FIELD,
+            parse_optional_body_field, DEFAULT_ISOLATION_FIELD,
+            "body field carrying the isolation key; empty: do not read one",
+            empty_is_unset=False),
+    Setting("salt_key_file", "--salt-key-file", FrontEnv.SALT_KEY_FILE, as_str, SALT_KEY_FILE,
+            "file holding the HMAC secret for salts (PerKey/Required)"),
+    Setting("honor_prompt_cache_max_len", "--honor-prompt-cache-max-len",
+            FrontEnv.HONOR_MAX_LEN, parse_bool, DEFAULT_HONOR_MAX_LEN,
+            "true: prompt_cache_max_len 0 makes a request uncacheable"),
+    Setting("session_header", "--session-header", FrontEnv.SESSION_HEADER,
+            parse_optional_header_name, DEFAULT_SESSION_HEADER,
+            "session-affinity header; empty: never set it", empty_is_unset=False),
+    Setting("session_from_user", "--session-from-user", FrontEnv.SESSION_FROM_USER,
+            parse_bool, DEFAULT_SESSION_FROM_USER,
+            "copy the body's `user` into the session header when it is absent"),
+    Setting("prompt_tokens_header", "--prompt-tokens-header", FrontEnv.PROMPT_TOKENS_HEADER,
+            parse_optional_header_name, DEFAULT_PROMPT_TOKENS_HEADER,
+            "response header with the prompt token count; empty: off", empty_is_unset=False),
+    Setting("cached_prompt_tokens_header", "--cached-prompt-tokens-header",
+            FrontEnv.CACHED_PROMPT_TOKENS_HEADER, parse_optional_header_name,
+            DEFAULT_CACHED_PROMPT_TOKENS_HEADER,
+            "response header with the cached prompt token count; empty: off",
+            empty_is_unset=False),
+    Setting("max_body_bytes", "--max-body-bytes", FrontEnv.MAX_BODY_BYTES, as_int,
+            DEFAULT_MAX_BODY_BYTES, "largest request body accepted (413 above)"),
+    Setting("prompt_embeds_cache_gib", "--prompt-embeds-cache-gib",
+            SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR, parse_cache_gib, DEFAULT_CACHE_GIB,
+            "prompt-embeds cache size per process in GiB; 0 = off", empty_is_unset=False),
+    Setting("workers", "--workers", FrontEnv.WORKERS, as_int, DEFAULT_WORKERS,
+            "front processes on the port (SO_REUSEPORT), one per vLLM API server"),
+    Setting("max_in_flight", "--max-in-flight", FrontEnv.MAX_IN_FLIGHT, as_int,
+            DEFAULT_MAX_IN_FLIGHT, "requests worked on at once per process (503 above)"),
+    Setting("max_in_flight_bytes", "--max-in-flight-bytes", FrontEnv.MAX_IN_FLIGHT_BYTES,
+            as_int, DEFAULT_MAX_IN_FLIGHT_BYTES,
+            "request bytes held at once per process (503 above)"),
+    Setting("decode_workers", "--decode-workers", FrontEnv.DECODE_WORKERS, as_int,
+            DEFAULT_DECODE_WORKERS, "threads for payload decoding and hashing"),
+    Setting("turboquant_dtype", "--turboquant-dtype", FrontEnv.TURBOQUANT_DTYPE, _dtype,
+            DEFAULT_TURBOQUANT_DTYPE, "dtype TurboQuant payloads are decoded to"),
+    Setting("upstream_timeout_seconds", "--upstream-timeout-seconds",
+            FrontEnv.UPSTREAM_TIMEOUT_SECONDS, as_float, DEFAULT_UPSTREAM_TIMEOUT_SECONDS,
+            "longest silence from vLLM before 504"),
+    Setting("max_body_reads", "--max-body-reads", FrontEnv.MAX_BODY_READS, as_int,
+            DEFAULT_MAX_BODY_READS,
+            "request bodies received at once per process (503 above; apart from --max-in-flight)"),
+    Setting("header_timeout_seconds", "--header-timeout-seconds",
+            FrontEnv.HEADER_TIMEOUT_SECONDS, as_float, DEFAULT_HEADER_TIMEOUT_SECONDS,
+            "time to deliver a request's headers; also the idle keep-alive time"),
+    Setting("body_timeout_seconds", "--body-timeout-seconds", FrontEnv.BODY_TIMEOUT_SECONDS,
+            as_float, DEFAULT_BODY_TIMEOUT_SECONDS,
+            "time to deliver a whole request body (408 after)"),
+    Setting("max_prompt_embeds_references", "--max-prompt-embeds-references",
+            FrontEnv.MAX_PROMPT_EMBEDS_REFERENCES, as_int, DEFAULT_MAX_PROMPT_EMBEDS_REFERENCES,
+            "prompt-embeds payloads and references one request may carry (400 above)"),
+)  # fmt: skip

@@ -1,0 +1,77 @@
+"""Names shared by the control plane and the data plane, written down once.
+
+The renderer writes these into pods and the cache front reads them back, so a
+typo on either side would silently switch a feature off. Both sides import them
+from here (through `promptcache.contract`).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Final
+
+# --- spec/000: the prompt-embeds cache size, per API-server process -----------
+SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR: Final[str] = "SG_PROMPT_EMBEDS_CACHE_GIB"
+
+# --- spec/004: what clients send ----------------------------------------------
+DEFAULT_ISOLATION_HEADER: Final[str] = "x-prompt-cache-isolation-key"
+DEFAULT_ISOLATION_FIELD: Final[str] = "prompt_cache_isolation_key"
+PROMPT_CACHE_MAX_LEN_FIELD: Final[str] = "prompt_cache_max_len"
+DEFAULT_SESSION_HEADER: Final[str] = "x-session-affinity"
+SESSION_USER_FIELD: Final[str] = "user"
+# --- spec/004: what clients get back --------------------------------------------
+DEFAULT_PROMPT_TOKENS_HEADER: Final[str] = "dashflow-prompt-tokens"
+DEFAULT_CACHED_PROMPT_TOKENS_HEADER: Final[str] = "dashflow-cached-prompt-tokens"
+
+# --- vLLM request field the isolation policy controls -------------------------
+CACHE_SALT_FIELD: Final[str] = "cache_salt"
+
+
+class IsolationMode(StrEnum):
+    """How the cache front turns an isolation key into vLLM's `cache_salt`."""
+
+    SHARED = "Shared"
+    """No salt: every request shares one cache (spec/004's dedicated default)."""
+    PER_KEY = "PerKey"
+    """A key, when sent, becomes an HMAC-derived salt; requests without one share."""
+    REQUIRED = "Required"
+    """Every request must carry a key; one without gets HTTP 400."""
+
+
+def needs_salt_key(mode: IsolationMode | str) -> bool:
+    """Whether a deployment in `mode` derives salts, so needs the HMAC salt key.
+
+    The one place this is decided: the API model, the renderer (mount the Secret), the
+    operator (generate or check the Secret) and the front (read it at start) all ask here.
+    """
+    return IsolationMode(mode) is not IsolationMode.SHARED
+
+
+# --- the model-server pod's shape ---------------------------------------------
+SERVING_PORT: Final[int] = 8000
+"""The port the InferencePool targets: the cache front's, or vLLM's without a front."""
+VLLM_LOCAL_PORT: Final[int] = 8001
+"""vLLM's port when a cache front stands in front of it; bound to 127.0.0.1 only."""
+SALT_KEY_SECRET_KEY: Final[str] = "salt-key"  # noqa: S105 - a key name, not a secret
+"""The key inside the salt Secret that holds the HMAC secret."""
+SALT_KEY_MOUNT_DIR: Final[str] = "/etc/promptcache/salt"
+SALT_KEY_FILE: Final[str] = f"{SALT_KEY_MOUNT_DIR}/{SALT_KEY_SECRET_KEY}"
+"""Where the front reads the salt key in a rendered pod (and its default)."""
+
+
+# --- the Endpoint Picker pod with the session shim (spec/004 `user` field) -------
+EPP_EXT_PROC_PORT: Final[int] = 9002
+"""The ext_proc port the gateway dials through the EPP Service (the shim's, when present)."""
+EPP_LOCAL_GRPC_PORT: Final[int] = 9012
+"""The EPP's own ext_proc port behind the session shim (`--grpc-port`), inside the pod."""
+
+
+# --- the cache front's answers a client program must recognise ----------------
+PROMPT_EMBEDS_NOT_CACHED_ERROR_CODE: Final[str] = "prompt_embeds_not_cached"
+"""`error.code` of the HTTP 409 a request gets when it references identifiers the
+front does not hold; `error.missing_prompt_embeds_ids` lists exactly those."""
+MISSING_PROMPT_EMBEDS_IDS_FIELD: Final[str] = "missing_prompt_embeds_ids"
+FRONT_HEALTH_PATH: Final[str] = "/healthz"
+"""Liveness of the cache front itself (the renderer's livenessProbe)."""
+FRONT_READY_PATH: Final[str] = "/readyz"
+"""Readiness: 200 only while vLLM behind the front answers its /health."""

@@ -1,0 +1,196 @@
+"""Settings that come from a flag or an environment variable, the flag winning.
+
+The data-plane processes (the cache front, the session shim) are configured by
+the renderer through environment variables and by people through flags. Each
+setting is declared once, as a `Setting` (flag, variable, parser, default),
+in `contract.front` or `contract.shim`; the renderer writes the variable with
+the matching `format_*` function and the process reads it back with the
+setting's parser. Env is read when the command runs, not when the parser is
+built, and every flag's help names its variable and default.
+
+An empty variable is "unset" (Kubernetes renders `value: ""` for a blank) unless
+the setting says otherwise: for an optional name (`empty_is_unset=False`) the
+empty string is a value meaning "do not read one", and for the prompt-embeds
+cache size it is an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Final, Generic, TypeVar
+
+from promptcache.contract.grammar import (
+    GrammarError,
+    canonical_header_name,
+    check_body_field,
+    check_header_name,
+)
+from promptcache.contract.names import IsolationMode
+
+T = TypeVar("T")
+
+
+class SettingInputError(ValueError):
+    """A flag or variable whose text does not parse; the message names it and the value."""
+
+
+@dataclass(frozen=True, slots=True)
+class Setting(Generic[T]):
+    """One setting: its settings field, flag, environment variable, parser and default."""
+
+    field: str
+    flag: str
+    env: str
+    parse: Callable[[str, str], T]
+    """`(name, raw) -> value`, raising SettingInputError with `name` in the message."""
+    default: T
+    help: str
+    empty_is_unset: bool = True
+    """False: an empty variable is passed to `parse` (a value, e.g. "do not read one")."""
+
+
+# --- parsers: (name, raw) -> value; `name` is the flag or variable, for the message --------
+
+
+def as_str(_name: str, raw: str) -> str:
+    return raw
+
+
+def as_int(name: str, raw: str) -> int:
+    try:
+        return int(raw.strip())
+    except ValueError:
+        raise SettingInputError(f"{name}={raw!r} is not an integer") from None
+
+
+def as_float(name: str, raw: str) -> float:
+    """A finite number (`inf`, `nan` and `1e400` are refused, never a traceback)."""
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingInputError(f"{name}={raw!r} is not a number") from None
+    if not math.isfinite(value):
+        raise SettingInputError(f"{name}={raw!r} is not a finite number")
+    return value
+
+
+_TRUE: Final = frozenset({"1", "true", "yes", "on"})
+_FALSE: Final = frozenset({"0", "false", "no", "off"})
+
+
+def parse_bool(name: str, raw: str) -> bool:
+    """Read a boolean the way people write them in YAML and shells."""
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise SettingInputError(f"{name}={raw!r} is not a boolean; use true or false")
+
+
+def format_bool(value: bool) -> str:
+    """How the renderer writes a boolean `parse_bool` reads back."""
+    return "true" if value else "false"
+
+
+def parse_isolation_mode(name: str, raw: str) -> IsolationMode:
+    try:
+        return IsolationMode(raw.strip())
+    except ValueError:
+        choices = ", ".join(m.value for m in IsolationMode)
+        raise SettingInputError(f"{name}={raw!r} is not one of {choices}") from None
+
+
+def _name(check: Callable[..., str], name: str, value: str, *, optional: bool) -> str:
+    try:
+        return check(name, value, optional=optional)
+    except GrammarError as exc:
+        raise SettingInputError(str(exc)) from None
+
+
+def parse_header_name(name: str, raw: str) -> str:
+    """A header name (folded to lower case); empty is refused."""
+    return _name(check_header_name, name, canonical_header_name(raw), optional=False)
+
+
+def parse_optional_header_name(name: str, raw: str) -> str:
+    """A header name (folded to lower case), or empty: "do not read/send one"."""
+    return _name(check_header_name, name, canonical_header_name(raw), optional=True)
+
+
+def parse_body_field(name: str, raw: str) -> str:
+    """A body-field name; empty is refused."""
+    return _name(check_body_field, name, raw.strip(), optional=False)
+
+
+def parse_optional_body_field(name: str, raw: str) -> str:
+    """A body-field name, or empty: "do not read one"."""
+    return _name(check_body_field, name, raw.strip(), optional=True)
+
+
+_HOST_PORT: Final = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})$")
+
+
+def split_host_port(name: str, raw: str) -> tuple[str, int]:
+    """`HOST:PORT` (IPv6 hosts in brackets) into its parts, or SettingInputError."""
+    match = _HOST_PORT.match(raw)
+    if match is None or int(match.group(2)) > 65535:
+        raise SettingInputError(f"{name}={raw!r} is not HOST:PORT (e.g. 0.0.0.0:8000)")
+    return match.group(1).strip("[]"), int(match.group(2))
+
+
+def parse_host_port(name: str, raw: str) -> str:
+    """A `HOST:PORT` setting, checked and kept as text."""
+    split_host_port(name, raw.strip())
+    return raw.strip()
+
+
+# --- reading them -------------------------------------------------------------------------
+
+
+def defaults(settings: Iterable[Setting[Any]]) -> dict[str, Any]:
+    return {s.field: s.default for s in settings}
+
+
+def collect(
+    settings: Iterable[Setting[Any]],
+    args: argparse.Namespace,
+    environ: Mapping[str, str],
+    *,
+    error: type[ValueError] = SettingInputError,
+) -> dict[str, Any]:
+    """The given values, flags over environment; unset ones are left to the defaults.
+
+    Conversion failures are raised as `error`, the caller's own settings error.
+    """
+    values: dict[str, Any] = {}
+    try:
+        for opt in settings:
+            flag_value: str | None = getattr(args, opt.field, None)
+            if flag_value is not None:
+                values[opt.field] = opt.parse(opt.flag, flag_value)
+                continue
+            raw = environ.get(opt.env)
+            if raw is None or (not raw.strip() and opt.empty_is_unset):
+                continue
+            values[opt.field] = opt.parse(opt.env, raw)
+    except SettingInputError as exc:
+        raise error(str(exc)) from None
+    return values
+
+
+def add_flags(parser: argparse.ArgumentParser, settings: Iterable[Setting[Any]]) -> None:
+    """Add each flag (default None, so "not given" is visible), documented with its env var."""
+    for opt in settings:
+        shown = opt.default.value if isinstance(opt.default, Enum) else opt.default
+        parser.add_argument(
+            opt.flag,
+            dest=opt.field,
+            default=None,
+            help=f"{opt.help} (env {opt.env}; default {shown!r})",
+        )

@@ -252,7 +252,8 @@ def test_prefix_cache_settings_come_from_the_pods_metrics(
 
         st = wait_for(scraped, f"prefixCache scraped\n{op.log_tail()}", timeout=TIMEOUT_S)
         assert st == {"scrapedPods": 2, "blockSize": 16, "effectiveBlockSizeTokens": 64,
-                      "numGpuBlocks": 2047, "hitRatio": 0.375}  # fmt: skip
+                      "numGpuBlocks": 2047, "indexCapacityPerPod": 2047,
+                      "hitRatio": 0.375}  # fmt: skip
         table = cluster.kubectl("get", "pcd", "scraped", "-n", ns).stdout
         assert "HIT-RATIO" in table
         assert "0.375" in table

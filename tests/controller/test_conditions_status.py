@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-from promptcache.api import prompt_embeds_ceiling
+from promptcache.api import PromptCacheDeployment, prompt_embeds_ceiling
+from promptcache.api.status import PromptCacheDeploymentStatus
 from promptcache.controller.conditions import Desired, set_condition, transitions
+from promptcache.controller.scrape import ScrapedPrefixCache
 from promptcache.controller.status import (
     Observation,
     Problem,
     compute_status,
     format_bytes,
+    prefix_cache_status,
     status_differs,
 )
+from promptcache.render.epp_config import PREFIX_PRODUCER, endpoint_picker_config
+from promptcache.render.picker import LLM_D_ROUTER, PickerTarget
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
 
@@ -109,3 +114,65 @@ def test_format_bytes() -> None:
     assert format_bytes(8 * 2**30) == "8Gi"
     assert format_bytes(1536 * 2**20) == "1536Mi"
     assert format_bytes(1000) == "1000"
+
+
+# --- the prefix-cache status says what the Endpoint Picker does ------------------------------
+
+
+def _pcd(**prefix: object) -> PromptCacheDeployment:
+    return PromptCacheDeployment.model_validate(
+        {
+            "apiVersion": "serving.promptcache.io/v1alpha1",
+            "kind": "PromptCacheDeployment",
+            "metadata": {"name": "t", "namespace": "ns"},
+            "spec": {"model": {"name": "m"}, "prefixCache": prefix},
+        }
+    )
+
+
+def _producer(pcd: PromptCacheDeployment) -> dict[str, object]:
+    config = endpoint_picker_config(pcd)
+    return next(p for p in config["plugins"] if p["type"] == PREFIX_PRODUCER)["parameters"]
+
+
+SCRAPED = ScrapedPrefixCache(scraped_pods=2, block_size=16, num_gpu_blocks=2048, hit_ratio=0.5)
+
+
+def test_without_auto_tune_the_status_shows_the_configured_block_size() -> None:
+    """Regression: autoTune off with 128-token blocks: the picker used 128, status said 64."""
+    pcd = _pcd(autoTune=False, blockSizeTokens=128, lruCapacityPerServer=5000)
+    st = prefix_cache_status(pcd, SCRAPED)
+    assert st.effective_block_size_tokens == 128 == _producer(pcd)["blockSizeTokens"]
+    assert st.index_capacity_per_pod == 5000 == _producer(pcd)["lruCapacityPerServer"]
+    assert (st.block_size, st.num_gpu_blocks, st.hit_ratio) == (16, 2048, 0.5)  # what pods say
+
+
+def test_with_auto_tune_the_status_shows_the_scraped_values_after_the_floor() -> None:
+    st = prefix_cache_status(_pcd(autoTune=True, blockSizeTokens=128), SCRAPED)
+    assert st.effective_block_size_tokens == 64  # 16 from the pods, raised by llm-d-router
+    assert st.index_capacity_per_pod == 2048
+    unscraped = prefix_cache_status(_pcd(autoTune=True, blockSizeTokens=128), ScrapedPrefixCache())
+    assert unscraped.effective_block_size_tokens == 128  # the fallback until a pod is seen
+    assert unscraped.index_capacity_per_pod == 31250
+
+
+def test_a_small_configured_block_size_is_shown_raised_as_the_config_says() -> None:
+    pcd = _pcd(autoTune=False, blockSizeTokens=16)
+    st = prefix_cache_status(pcd, ScrapedPrefixCache())
+    assert st.effective_block_size_tokens == 64 == _producer(pcd)["blockSizeTokens"]
+
+
+def test_the_floor_is_the_picker_targets() -> None:
+    """A picker without a floor (upstream GIE v1.5) uses what it is given."""
+    no_floor = PickerTarget("gie-v1.5", min_block_size_tokens=1, honours_lru_capacity=False)
+    assert no_floor.block_size(auto_tune=True, configured=64, scraped=16) == 16
+    assert no_floor.index_capacity(auto_tune=False, configured=5000, gpu_blocks=None) == 31250
+    assert LLM_D_ROUTER.block_size(auto_tune=True, configured=64, scraped=16) == 64
+
+
+def test_status_is_written_through_the_typed_model() -> None:
+    obs = _obs(2, prefix_cache=prefix_cache_status(_pcd(autoTune=False), SCRAPED))
+    status = compute_status(obs, None, now=T0)
+    assert PromptCacheDeploymentStatus.model_validate(status).prefix_cache.scraped_pods == 2
+    assert status["prefixCache"]["effectiveBlockSizeTokens"] == 64
+    assert status["prefixCache"]["indexCapacityPerPod"] == 31250

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from promptcache.controller.checks import gpu_shortfall
 from promptcache.controller.kube import RequestCounter, by_kind
-from promptcache.controller.scrape import aggregate, parse_metrics, ready_pod_ips
+from promptcache.controller.scrape import (
+    ScrapedPrefixCache,
+    aggregate,
+    parse_metrics,
+    ready_pod_ips,
+)
 
 VLLM_TEXT = """\
 # HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
@@ -30,18 +35,14 @@ def test_aggregate_over_pods() -> None:
     a = parse_metrics(VLLM_TEXT)
     b = parse_metrics(VLLM_TEXT.replace('num_gpu_blocks="2048"', 'num_gpu_blocks="1024"'))
     out = aggregate([a, b])
-    assert out == {
-        "scrapedPods": 2,
-        "blockSize": 16,
-        "effectiveBlockSizeTokens": 64,
-        "numGpuBlocks": 1024,
-        "hitRatio": 0.375,
-    }
+    assert out == ScrapedPrefixCache(
+        scraped_pods=2, block_size=16, num_gpu_blocks=1024, hit_ratio=0.375
+    )
 
 
 def test_no_queries_means_no_ratio() -> None:
-    assert aggregate([parse_metrics("")]) == {"scrapedPods": 1}
-    assert aggregate([]) == {"scrapedPods": 0}
+    assert aggregate([parse_metrics("")]) == ScrapedPrefixCache(scraped_pods=1)
+    assert aggregate([]) == ScrapedPrefixCache(scraped_pods=0)
 
 
 def test_only_ready_running_pods_are_scraped() -> None:

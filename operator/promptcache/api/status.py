@@ -63,14 +63,20 @@ class PromptEmbedsStatus(ApiModel):
 
 
 class PrefixCacheStatus(ApiModel):
-    """What the pods report about their prefix caches (from `vllm:*` metrics)."""
+    """What the pods report about their prefix caches (from `vllm:*` metrics), and what the
+    Endpoint Picker makes of the spec and those reports."""
 
     block_size: int | None = None
-    """`block_size` of `vllm:cache_config_info`: what the Endpoint Picker auto-tunes to."""
+    """`block_size` of `vllm:cache_config_info` (the most common across ready pods)."""
     num_gpu_blocks: int | None = None
     """`num_gpu_blocks` of `vllm:cache_config_info` (smallest across ready pods)."""
     effective_block_size_tokens: int | None = None
-    """The block size the Endpoint Picker really uses (floored at 64)."""
+    """The block size the Endpoint Picker uses: `prefixCache.blockSizeTokens` without autoTune;
+    with it the pods' `blockSize` once scraped; either raised to the picker's floor (64 for
+    llm-d-router)."""
+    index_capacity_per_pod: int | None = None
+    """Blocks the Endpoint Picker's prefix index keeps per pod: `numGpuBlocks` under autoTune
+    once scraped, else `prefixCache.lruCapacityPerServer`."""
     hit_ratio: Annotated[float, Field(ge=0, le=1)] | None = None
     """`vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total` over ready pods."""
     scraped_pods: int = 0

@@ -35,11 +35,12 @@ from promptcache.controller.conditions import Desired, now_rfc3339, transitions
 from promptcache.controller.kube import ApiError, Kube, by_kind, kind_of
 from promptcache.controller.metrics import OperatorMetrics
 from promptcache.controller.salt import ensure_salt_secret
-from promptcache.controller.scrape import aggregate, ready_pod_ips, scrape
+from promptcache.controller.scrape import ScrapedPrefixCache, aggregate, ready_pod_ips, scrape
 from promptcache.controller.status import (
     Observation,
     Problem,
     compute_status,
+    prefix_cache_status,
     selector_string,
     status_differs,
 )
@@ -196,7 +197,7 @@ class Reconciler:
         obs.model_server = by_kind_name.get(f"Deployment/{names.model_server}")
         obs.endpoint_picker = by_kind_name.get(f"Deployment/{names.epp}")
         obs.gateway = self._gateway_condition(pcd, names, desired, served, obs)
-        obs.prefix_cache = await self._observe_prefix_cache(names)
+        obs.prefix_cache = prefix_cache_status(pcd, await self._observe_prefix_cache(names))
 
     async def _apply(
         self,
@@ -309,12 +310,12 @@ class Reconciler:
             "is empty)",
         )
 
-    async def _observe_prefix_cache(self, names: Names) -> dict[str, Any]:
+    async def _observe_prefix_cache(self, names: Names) -> ScrapedPrefixCache:
         selector = selector_string(selector_labels(names, Component.MODEL_SERVER))
         pods = await self.kube.list(POD, names.namespace, label_selector=selector)
         ips = ready_pod_ips(pods)
         if not ips:
-            return {"scrapedPods": 0}
+            return ScrapedPrefixCache()
         results = await scrape(
             self.http,
             ips,

@@ -20,7 +20,6 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from promptcache.contract import SERVING_PORT
-from promptcache.render.epp_config import effective_block_size
 
 CACHE_CONFIG = "vllm:cache_config_info"
 HITS = "vllm:prefix_cache_hits_total"
@@ -61,21 +60,31 @@ def parse_metrics(text: str) -> PodMetrics:
     return PodMetrics(block_size, num_blocks, hits, queries)
 
 
-def aggregate(pods: Sequence[PodMetrics]) -> dict[str, Any]:
-    """The status' `prefixCache` block from the pods that answered."""
-    out: dict[str, Any] = {"scrapedPods": len(pods)}
+@dataclass(frozen=True)
+class ScrapedPrefixCache:
+    """What the ready pods that answered say, before the spec is taken into account."""
+
+    scraped_pods: int = 0
+    block_size: int | None = None
+    """The most common `block_size` across pods."""
+    num_gpu_blocks: int | None = None
+    """The smallest `num_gpu_blocks` across pods."""
+    hit_ratio: float | None = None
+
+
+def aggregate(pods: Sequence[PodMetrics]) -> ScrapedPrefixCache:
+    """Combine the pods that answered."""
     sizes = Counter(p.block_size for p in pods if p.block_size is not None)
-    if sizes:
-        block_size = sizes.most_common(1)[0][0]
-        out["blockSize"] = block_size
-        out["effectiveBlockSizeTokens"] = effective_block_size(block_size)
     blocks = [p.num_gpu_blocks for p in pods if p.num_gpu_blocks is not None]
-    if blocks:
-        out["numGpuBlocks"] = min(blocks)
     queries = sum(p.queries for p in pods)
-    if queries > 0:
-        out["hitRatio"] = round(min(1.0, sum(p.hits for p in pods) / queries), 4)
-    return out
+    return ScrapedPrefixCache(
+        scraped_pods=len(pods),
+        block_size=sizes.most_common(1)[0][0] if sizes else None,
+        num_gpu_blocks=min(blocks) if blocks else None,
+        hit_ratio=(
+            round(min(1.0, sum(p.hits for p in pods) / queries), 4) if queries > 0 else None
+        ),
+    )
 
 
 def ready_pod_ips(pods: Iterable[Mapping[str, Any]]) -> list[str]:

@@ -11,9 +11,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from promptcache.api import PromptEmbedsCeiling
-from promptcache.api.status import ConditionType, Reason
+from promptcache.api import PromptCacheDeployment, PromptEmbedsCeiling
+from promptcache.api.status import (
+    Condition,
+    ConditionType,
+    PrefixCacheStatus,
+    PromptCacheDeploymentStatus,
+    PromptEmbedsStatus,
+    Reason,
+)
 from promptcache.controller.conditions import Desired, set_condition
+from promptcache.controller.scrape import ScrapedPrefixCache
+from promptcache.render.picker import picker_target
 
 _UNITS = (("Ei", 2**60), ("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10))
 
@@ -49,7 +58,31 @@ class Observation:
     gateway: Desired | None = None
     selector: str = ""
     ceiling: PromptEmbedsCeiling | None = None
-    prefix_cache: dict[str, Any] = field(default_factory=lambda: {"scrapedPods": 0})
+    prefix_cache: PrefixCacheStatus = field(default_factory=PrefixCacheStatus)
+
+
+def prefix_cache_status(
+    pcd: PromptCacheDeployment, scraped: ScrapedPrefixCache
+) -> PrefixCacheStatus:
+    """The pods' reports, and what the Endpoint Picker makes of them and of the spec.
+
+    Only the main producer is described: tiers are configured values the config shows."""
+    spec = pcd.spec.prefix_cache
+    picker = picker_target(pcd)
+    return PrefixCacheStatus(
+        scraped_pods=scraped.scraped_pods,
+        block_size=scraped.block_size,
+        num_gpu_blocks=scraped.num_gpu_blocks,
+        hit_ratio=scraped.hit_ratio,
+        effective_block_size_tokens=picker.block_size(
+            auto_tune=spec.auto_tune, configured=spec.block_size_tokens, scraped=scraped.block_size
+        ),
+        index_capacity_per_pod=picker.index_capacity(
+            auto_tune=spec.auto_tune,
+            configured=spec.lru_capacity_per_server,
+            gpu_blocks=scraped.num_gpu_blocks,
+        ),
+    )
 
 
 def _deploy_status(deployment: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -115,21 +148,21 @@ def compute_status(
         conditions, _ = set_condition(conditions, desired, generation=obs.generation, now=now)
     st = _deploy_status(obs.model_server)
     ceiling = obs.ceiling
-    status: dict[str, Any] = {
-        "conditions": conditions,
-        "replicas": int(st.get("replicas") or 0),
-        "readyReplicas": int(st.get("readyReplicas") or 0),
-        "selector": obs.selector,
-        "promptEmbeds": {
-            "perPodBytes": ceiling.per_pod_bytes if ceiling else 0,
-            "totalBytes": ceiling.total_bytes if ceiling else 0,
-            "perPod": format_bytes(ceiling.per_pod_bytes) if ceiling else "0",
-        },
-        "prefixCache": dict(obs.prefix_cache),
-    }
-    if obs.generation is not None:
-        status["observedGeneration"] = obs.generation
-    return status
+    status = PromptCacheDeploymentStatus(
+        observed_generation=obs.generation,
+        conditions=[Condition.model_validate(c) for c in conditions],
+        replicas=int(st.get("replicas") or 0),
+        ready_replicas=int(st.get("readyReplicas") or 0),
+        selector=obs.selector,
+        prompt_embeds=PromptEmbedsStatus(
+            per_pod_bytes=ceiling.per_pod_bytes if ceiling else 0,
+            total_bytes=ceiling.total_bytes if ceiling else 0,
+            per_pod=format_bytes(ceiling.per_pod_bytes) if ceiling else "0",
+        ),
+        prefix_cache=obs.prefix_cache,
+    )
+    written: dict[str, Any] = status.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return written
 
 
 def _drop_none(value: Any) -> Any:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from promptcache.api import PromptCacheDeployment
-from promptcache.api.constants import EPP_MIN_BLOCK_SIZE_TOKENS
+from promptcache.render.picker import PickerTarget, picker_target
 from promptcache.yamlio import dump
 
 EPP_CONFIG_API_VERSION: Final[str] = "llm-d.ai/v1alpha1"
@@ -28,17 +28,18 @@ ALPHA_PLUGINS: Final[frozenset[str]] = frozenset({SESSION_FILTER})
 """Plugins the EPP loads only with `--allow-experimental-plugins`."""
 
 
-def effective_block_size(requested: int) -> int:
-    """The block size the EPP really uses: anything below 64 is raised (llm-d-router #1158)."""
-    return max(requested, EPP_MIN_BLOCK_SIZE_TOKENS)
-
-
 def _producer_parameters(
-    *, auto_tune: bool, block_size_tokens: int, lru_capacity: int, max_tokens: int, max_blocks: int
+    picker: PickerTarget,
+    *,
+    auto_tune: bool,
+    block_size_tokens: int,
+    lru_capacity: int,
+    max_tokens: int,
+    max_blocks: int,
 ) -> dict[str, Any]:
     return {
         "autoTune": auto_tune,
-        "blockSizeTokens": effective_block_size(block_size_tokens),
+        "blockSizeTokens": picker.effective_block_size(block_size_tokens),
         "maxPrefixTokensToMatch": max_tokens,
         "maxPrefixBlocksToMatch": max_blocks,
         "lruCapacityPerServer": lru_capacity,
@@ -50,10 +51,12 @@ def endpoint_picker_config(pcd: PromptCacheDeployment) -> dict[str, Any]:
     prefix = pcd.spec.prefix_cache
     session = pcd.spec.session_affinity
     weights = prefix.weights
+    picker = picker_target(pcd)
     plugins: list[dict[str, Any]] = [
         {
             "type": PREFIX_PRODUCER,
             "parameters": _producer_parameters(
+                picker,
                 auto_tune=prefix.auto_tune,
                 block_size_tokens=prefix.block_size_tokens,
                 lru_capacity=prefix.lru_capacity_per_server,
@@ -93,6 +96,7 @@ def endpoint_picker_config(pcd: PromptCacheDeployment) -> dict[str, Any]:
                 "name": producer,
                 "type": PREFIX_PRODUCER,
                 "parameters": _producer_parameters(
+                    picker,
                     auto_tune=tier.auto_tune,
                     block_size_tokens=tier.block_size_tokens,
                     lru_capacity=tier.lru_capacity_per_server,
@@ -138,15 +142,18 @@ def _notes(pcd: PromptCacheDeployment) -> list[str]:
         (f"prefixCache.tiers[{i}].blockSizeTokens", t.block_size_tokens)
         for i, t in enumerate(prefix.tiers)
     ]
+    floor = picker_target(pcd).min_block_size_tokens
+    if floor <= 1:
+        return notes
     for path, value in requested:
-        if value < EPP_MIN_BLOCK_SIZE_TOKENS:
+        if value < floor:
             notes.append(
-                f"{path}={value} was raised to {EPP_MIN_BLOCK_SIZE_TOKENS}: the Endpoint Picker "
-                f"uses at least {EPP_MIN_BLOCK_SIZE_TOKENS}-token blocks."
+                f"{path}={value} was raised to {floor}: the Endpoint Picker "
+                f"uses at least {floor}-token blocks."
             )
     notes.append(
-        f"Block sizes below {EPP_MIN_BLOCK_SIZE_TOKENS} tokens, configured or auto-tuned "
-        f"(vLLM's default is 16), are raised to {EPP_MIN_BLOCK_SIZE_TOKENS} by the Endpoint Picker."
+        f"Block sizes below {floor} tokens, configured or auto-tuned "
+        f"(vLLM's default is 16), are raised to {floor} by the Endpoint Picker."
     )
     return notes
 

@@ -1,0 +1,63 @@
+"""The architecture's "never" rules are import contracts (pyproject.toml, [tool.importlinter]):
+the tree keeps them, and a deliberate violation breaks the check, so it can fail the build."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LINT_IMPORTS = shutil.which("lint-imports") or str(Path(sys.executable).parent / "lint-imports")
+
+
+def _lint(tree: Path, workdir: Path) -> subprocess.CompletedProcess[str]:
+    """Run the contracts of pyproject.toml over the package in `tree`."""
+    return subprocess.run(
+        [LINT_IMPORTS, "--config", str(ROOT / "pyproject.toml"), "--no-cache"],
+        cwd=workdir,
+        env={"PYTHONPATH": str(tree), "PATH": str(Path(sys.executable).parent)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def _copy(tmp_path: Path) -> Path:
+    tree = tmp_path / "operator"
+    shutil.copytree(ROOT / "operator" / "promptcache", tree / "promptcache")
+    return tree
+
+
+def test_the_tree_keeps_every_contract(tmp_path: Path) -> None:
+    result = _lint(ROOT / "operator", tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "bad_import", "contract"),
+    [
+        ("render/names.py", "import promptcache.controller.kube", "render is pure"),
+        ("render/names.py", "import socket", "render is pure"),
+        ("front/policy.py", "import promptcache.controller.status", "the data plane never"),
+        ("embeds/cache.py", "import lightkube", "the data plane never"),
+        ("api/spec.py", "import promptcache.render", "api imports nothing of ours"),
+        ("controller/status.py", "import torch", "the operator never imports torch"),
+        ("contract/names.py", "import promptcache.api", "the contract imports nothing"),
+    ],
+)
+def test_a_deliberate_violation_breaks_its_contract(
+    tmp_path: Path, module: str, bad_import: str, contract: str
+) -> None:
+    tree = _copy(tmp_path)
+    target = tree / "promptcache" / module
+    target.write_text(target.read_text() + f"\n{bad_import}  # injected by the test\n")
+    result = _lint(tree, tmp_path)
+    assert result.returncode != 0, result.stdout
+    broken = [line for line in result.stdout.splitlines() if line.endswith("BROKEN")]
+    assert any(line.startswith(contract) for line in broken), result.stdout

@@ -5,12 +5,14 @@ token from `kubectl create token` in a kubeconfig of its own), then with one rul
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from lightkube.config.kubeconfig import KubeConfig
 
 from operator_harness import (
     RULES_FILE,
@@ -22,6 +24,8 @@ from operator_harness import (
     resource,
     wait_for,
 )
+from promptcache.controller.kube import ApiError, Kube
+from promptcache.controller.reconcile import apply_in_order
 from pytest_cluster import Cluster
 
 pytestmark = pytest.mark.cluster
@@ -134,3 +138,48 @@ def test_removing_one_rule_breaks_it(cluster: Cluster, rbac_ns: str, tmp_path: P
         assert get_json(cluster.kubectl, "pdb", "unguarded", "-n", rbac_ns) is None
     finally:
         op.stop()
+
+
+def _role_and_binding(ns: str, name: str, sa: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": name, "namespace": ns},
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": name, "namespace": ns},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}],
+    }
+    return role, binding  # fmt: skip
+
+
+def test_a_rolebinding_is_applied_after_its_role(
+    cluster: Cluster, rbac_ns: str, tmp_path: Path
+) -> None:
+    """The cause of a flake: Degraded said `RoleBinding/...: ... not found` under load.
+
+    Without `bind`, the API server checks a new RoleBinding against the Role it names; the
+    operator applied both at once, and when the binding arrived first it got 404. Shown
+    here deterministically, then the operator's apply order, binding listed first."""
+    sa = f"pco-order-{rbac_ns}"
+    bind(cluster, sa, rbac_ns, yaml.safe_load(RULES_FILE.read_text()))
+    config = KubeConfig.from_file(token_kubeconfig(cluster, rbac_ns, sa, tmp_path / "kc")).get()
+
+    async def run() -> None:
+        kube = Kube(config)
+        try:
+            role, binding = _role_and_binding(rbac_ns, "early", sa)
+            with pytest.raises(ApiError) as refused:
+                await kube.apply(binding)
+            assert refused.value.code == 404, refused.value
+            role, binding = _role_and_binding(rbac_ns, "ordered", sa)
+            results = await apply_in_order(kube, [binding, role])
+            assert [r["kind"] for r in results if isinstance(r, dict)] == ["RoleBinding", "Role"]
+        finally:
+            await kube.close()
+
+    asyncio.run(run())

@@ -49,6 +49,9 @@ from promptcache.render.names import Component, selector_labels
 
 log = logging.getLogger(__name__)
 
+_APPLIED_LAST: frozenset[str] = frozenset({"RoleBinding"})
+"""Kinds applied after the others: they name another child that must exist first."""
+
 POD = by_kind("Pod")
 POOL = by_kind("InferencePool")
 ROUTE = by_kind("HTTPRoute")
@@ -70,6 +73,26 @@ class Outcome:
     status_written: bool = False
     transitions: list[dict[str, Any]] = field(default_factory=list)
     problem: Problem | None = None
+
+
+async def apply_in_order(
+    kube: Kube, manifests: list[dict[str, Any]]
+) -> list[dict[str, Any] | BaseException]:
+    """Apply concurrently, except that a RoleBinding waits for the rest (its Role).
+
+    The operator holds no `bind` verb, so the API server checks a new RoleBinding against
+    the Role it names, which must exist: applied at the same moment, the binding can
+    arrive first and be refused with 404 NotFound (seen under load). Results are in the
+    order of `manifests`; failures are returned, not raised.
+    """
+    results: dict[int, dict[str, Any] | BaseException] = {}
+    for last in (False, True):
+        indices = [i for i, m in enumerate(manifests) if (m["kind"] in _APPLIED_LAST) is last]
+        done = await asyncio.gather(
+            *(kube.apply(manifests[i]) for i in indices), return_exceptions=True
+        )
+        results.update(zip(indices, done, strict=True))
+    return [results[i] for i in range(len(manifests))]
 
 
 class Reconciler:
@@ -230,10 +253,7 @@ class Reconciler:
                 pending.append((label, manifest))
             elif live is not None:
                 by_kind_name[label] = live
-        # Children do not depend on each other at apply time: apply them concurrently.
-        results = await asyncio.gather(
-            *(self.kube.apply(m) for _, m in pending), return_exceptions=True
-        )
+        results = await apply_in_order(self.kube, [m for _, m in pending])
         for (label, manifest), result in zip(pending, results, strict=True):
             if isinstance(result, ApiError) and not result.transient:
                 if result.code == 404 and manifest["kind"] in GATEWAY_KINDS:

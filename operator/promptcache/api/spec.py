@@ -290,7 +290,8 @@ class GatewaySpec(ApiModel):
 
 
 class UsageHeadersSpec(ApiModel):
-    """Prompt and cached-prompt token counts on every response (spec/004)."""
+    """Prompt and cached-prompt token counts on completion and chat answers (spec/004): response
+    headers, or SSE comment lines before `data: [DONE]` when streaming."""
 
     enabled: bool = True
     prompt_tokens_header: HeaderName = DEFAULT_PROMPT_TOKENS_HEADER

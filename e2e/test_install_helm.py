@@ -9,8 +9,10 @@ the chart forgot, it cannot.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -237,9 +239,8 @@ def ops_namespace(cluster: Cluster) -> Iterator[str]:
 def test_install_and_the_operator_reconciles_with_the_chart_credentials(
     cluster: Cluster, ops_namespace: str, namespace: str, tmp_path: Path
 ) -> None:
-    # The shared cluster may hold the CRD already (other tests apply crds/). Helm 4 applies
-    # the chart's CRD with server-side apply too, which is no conflict when it is the same
-    # CRD: make sure it is, as a user upgrading the CRD first would.
+    # The shared cluster holds the CRD already (other tests apply crds/), as a cluster
+    # whose CRD a GitOps tool manages does: the chart then leaves it alone (crds.install).
     cluster.kubectl(
         "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds" / CRD_FILE)
     )
@@ -251,6 +252,13 @@ def test_install_and_the_operator_reconciles_with_the_chart_credentials(
         str(CHART),
         "-n",
         ops_namespace,
+        "--set",
+        "crds.install=false",
+        # Operator-wide default images: the example names none, so its pods get these.
+        "--set",
+        "image.registry=mirror.example/pc",
+        "--set",
+        "defaultImages.front.tag=9.9.9",
         "--set",
         f"watch.namespaces={{{namespace}}}",
         "--set",
@@ -308,6 +316,14 @@ def test_install_and_the_operator_reconciles_with_the_chart_credentials(
                     operator,
                 )
             pcd = resources[0]["metadata"]["name"]
+            # The example names no image of this project: the chart's defaults fill them in.
+            assert "front" not in resources[0]["spec"]
+            model_server = cluster.get_json("deployment", pcd, "-n", namespace)
+            images = {
+                c["name"]: c["image"]
+                for c in model_server["spec"]["template"]["spec"]["containers"]
+            }
+            assert images["cache-front"] == "mirror.example/pc/promptcache-front:9.9.9"
             wait_for(
                 "status.observedGeneration",
                 lambda: (
@@ -370,7 +386,7 @@ def test_upgrade_and_uninstall_keep_the_crd_and_user_resources(
     fresh.helm("install", release, str(CHART), "-n", ops, "--wait", "--timeout", "3m")
     fresh.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
     crd = fresh.get_json("crd", CRD_NAME)
-    shipped = yaml.safe_load((CHART / "crds" / CRD_FILE).read_text())
+    shipped = yaml.safe_load((ROOT / "crds" / CRD_FILE).read_text())
     assert crd["spec"]["versions"][0]["schema"] == shipped["spec"]["versions"][0]["schema"]
     assert fresh.get_json("clusterrolebinding", release)["subjects"][0]["namespace"] == ops
     dep = fresh.get_json("deployment", release, "-n", ops)
@@ -466,3 +482,102 @@ def test_upgrade_and_uninstall_keep_the_crd_and_user_resources(
     assert fresh.kubectl("get", "crd", CRD_NAME, check=False).returncode == 0
     kept = fresh.get_json("pcd", resources[0]["metadata"]["name"], "-n", team)
     assert kept["spec"]["model"]["name"] == resources[0]["spec"]["model"]["name"]
+
+
+def _chart_with_a_new_crd_field(tmp_path: Path, field: str) -> Path:
+    """Chart N+1: this chart, its CRD generated with one more spec field, version bumped."""
+    spec = importlib.util.spec_from_file_location(
+        "install_assets_n1", ROOT / "tools" / "install_assets.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    assets = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(assets)
+    crd = yaml.safe_load((ROOT / "crds" / CRD_FILE).read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    schema["properties"]["spec"]["properties"][field] = {
+        "type": "string",
+        "description": "A field chart N does not know.",
+    }
+    crds = tmp_path / "crds-n1"
+    crds.mkdir()
+    (crds / CRD_FILE).write_text("---\n" + yaml.safe_dump(crd, sort_keys=False))
+    newer = tmp_path / "chart-n1"
+    shutil.copytree(CHART, newer)
+    assets.CRDS = crds
+    ((_, template),) = assets.chart_crds().items()
+    (newer / "templates" / "crds.yaml").write_text(template)
+    chart = yaml.safe_load((newer / "Chart.yaml").read_text())
+    chart["version"] = chart["version"] + "-next"
+    (newer / "Chart.yaml").write_text(yaml.safe_dump(chart, sort_keys=False))
+    return newer
+
+
+def test_the_crd_upgrades_with_the_chart_and_uninstall_keeps_it_unless_asked(
+    cluster_factory: Any, tmp_path: Path
+) -> None:
+    fresh: Cluster = cluster_factory(gateway_crds=False)
+    ops = fresh.create_namespace("ops")
+    team = fresh.create_namespace("team")
+    release = "pco"
+    fresh.helm("install", release, str(CHART), "-n", ops, "--wait", "--timeout", "3m")
+    fresh.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    crd = fresh.get_json("crd", CRD_NAME)
+    assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    spec_fields = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert "canary" not in spec_fields["properties"]
+
+    existing = example_in(team)
+    fresh.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(existing))
+    name = existing[0]["metadata"]["name"]
+    before = fresh.get_json("pcd", name, "-n", team)
+    # Chart N refuses the field (strict decoding names it).
+    new = example_in(team)[0]
+    new["metadata"]["name"] = "uses-canary"
+    new["spec"]["canary"] = "yes"
+    refused = fresh.kubectl(
+        "apply", "--server-side", "-f", "-", input=yaml.safe_dump(new), check=False
+    )
+    assert refused.returncode != 0
+    assert 'unknown field "spec.canary"' in refused.stderr
+
+    newer = _chart_with_a_new_crd_field(tmp_path, "canary")
+    upgrade = fresh.helm(
+        "upgrade", release, str(newer), "-n", ops, "--reuse-values", "--wait", "--timeout", "3m"
+    )
+    assert "REVISION: 2" in upgrade.stdout
+    fresh.wait_for(
+        lambda: (
+            "canary"
+            in fresh.get_json("crd", CRD_NAME)["spec"]["versions"][0]["schema"]["openAPIV3Schema"][
+                "properties"
+            ]["spec"]["properties"]
+        ),
+        "the upgraded CRD",
+    )
+    fresh.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump(new))
+    assert fresh.get_json("pcd", "uses-canary", "-n", team)["spec"]["canary"] == "yes"
+    after = fresh.get_json("pcd", name, "-n", team)
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    assert after["spec"] == before["spec"]
+
+    # Uninstall keeps the CRD and every resource (helm.sh/resource-policy: keep).
+    fresh.helm("uninstall", release, "-n", ops, "--wait", "--timeout", "2m")
+    assert fresh.kubectl("get", "crd", CRD_NAME, check=False).returncode == 0
+    assert fresh.get_json("pcd", name, "-n", team)["spec"] == before["spec"]
+    assert fresh.get_json("pcd", "uses-canary", "-n", team)["spec"]["canary"] == "yes"
+
+    # Unless asked: a release that owns the kept CRD with crds.keep=false deletes it, and the
+    # resources with it, on uninstall.
+    fresh.helm(
+        "install", release, str(newer), "-n", ops, "--set", "crds.keep=false", "--wait",
+        "--timeout", "3m",
+    )  # fmt: skip
+    annotations = fresh.get_json("crd", CRD_NAME)["metadata"].get("annotations", {})
+    assert "helm.sh/resource-policy" not in annotations
+    fresh.helm("uninstall", release, "-n", ops, "--wait", "--timeout", "3m")
+    fresh.wait_for(
+        lambda: fresh.kubectl("get", "crd", CRD_NAME, check=False).returncode != 0,
+        "the CRD to be deleted",
+        120,
+    )

@@ -15,6 +15,7 @@ from typing import Any
 
 from promptcache._version import __version__
 from promptcache.api import InvalidResourceError
+from promptcache.api.defaults import add_default_flags, defaults_from_args
 from promptcache.yamlio import dump_all
 
 EXIT_BAD_INPUT = 2
@@ -43,8 +44,12 @@ def cmd_render(args: argparse.Namespace) -> int:
     from promptcache.render.front import salt_secret
 
     try:
+        defaults = defaults_from_args(args)
+    except ValueError as error:
+        return _fail([str(error)])
+    try:
         resources = load_resources(read_text(args.file), source=args.file)
-        rendered = [(pcd, render(pcd)) for pcd in resources]
+        rendered = [(pcd, render(pcd, defaults)) for pcd in resources]
     except InvalidResourceError as error:
         return _fail([str(p) for p in error.problems])
     except RenderError as error:
@@ -111,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
         "-f", "--file", required=True, help="YAML file with one or more resources, or - for stdin"
     )
     render.add_argument("-o", "--output-dir", help="write one file per manifest under this folder")
+    add_default_flags(render)
     render.set_defaults(func=cmd_render)
     crd = sub.add_parser("crd", help="print the CustomResourceDefinition")
     crd.set_defaults(func=cmd_crd)

@@ -75,9 +75,16 @@ def test_no_generated_file_is_stale() -> None:
 def test_default_install_is_cluster_wide_and_hardened() -> None:
     docs = render()
     assert sorted(d["kind"] for d in docs) == [
-        "ClusterRole",
+        "ClusterRole",  # the operator's
+        "ClusterRole",  # the Endpoint Picker's, bound per namespace by the operator
+        "ClusterRole",  # aggregated into admin
+        "ClusterRole",  # ... edit
+        "ClusterRole",  # ... view
         "ClusterRoleBinding",
+        "CustomResourceDefinition",
         "Deployment",
+        "Role",  # the leader Lease, in the release namespace
+        "RoleBinding",
         "Service",
         "ServiceAccount",
     ]
@@ -92,6 +99,19 @@ def test_default_install_is_cluster_wide_and_hardened() -> None:
     # Leader election is always on: a rolling update briefly runs two pods.
     assert "--lease-name=promptcache-operator" in container["args"]
     assert not any(a.startswith("--no-leader-election") for a in container["args"])
+    # Operator-wide defaults for the resources: this release's images, the picker's role.
+    assert "--front-image=ghcr.io/promptcache/promptcache-front:0.1.0" in container["args"]
+    assert (
+        "--session-shim-image=ghcr.io/promptcache/promptcache-operator:0.1.0" in container["args"]
+    )
+    assert (
+        "--endpoint-picker-cluster-role=promptcache-operator-endpoint-picker" in container["args"]
+    )
+    assert "--model-server-user=1000" in container["args"]
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }  # no UID: the image's, or the platform's
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert container["securityContext"] == {
@@ -112,7 +132,7 @@ def test_default_install_is_cluster_wide_and_hardened() -> None:
     assert pod["serviceAccountName"] == one(docs, "ServiceAccount")["metadata"]["name"]
     assert "affinity" not in pod
     binding = one(docs, "ClusterRoleBinding")
-    assert binding["roleRef"]["name"] == one(docs, "ClusterRole")["metadata"]["name"]
+    assert binding["roleRef"]["name"] == "promptcache-operator"
     assert binding["subjects"] == [
         {
             "kind": "ServiceAccount",
@@ -128,7 +148,12 @@ def test_default_install_is_cluster_wide_and_hardened() -> None:
 
 
 def rules_file() -> list[dict[str, Any]]:
-    rules = yaml.safe_load((CHART / "files" / "clusterrole-rules.yaml").read_text())
+    from promptcache.controller.rbac import load_rules
+
+    rules = load_rules(
+        CHART / "files" / "clusterrole-rules.yaml",
+        picker_role="promptcache-operator-endpoint-picker",
+    )
     assert isinstance(rules, list)
     assert rules, "the rules file holds no rule"
     return rules
@@ -163,13 +188,11 @@ def test_watched_namespaces_get_rolebindings_and_only_cluster_scoped_rules_clust
             and rule["verbs"] == r["verbs"]
             for r in rules_file()
         ), f"{rule} is not from the rules file"
-    # The leader Lease lives in the release namespace: the file's Lease rules as a Role there.
+    # The leader Lease lives in the release namespace: the Lease rules as a Role there.
     lease_role = by_name[("Role", "promptcache-operator-leader-election", "promptcache-system")]
     (lease_rule,) = lease_role["rules"]
     assert lease_rule["resources"] == ["leases"]
-    assert lease_rule["verbs"] == next(
-        r["verbs"] for r in rules_file() if "leases" in r.get("resources", [])
-    )
+    assert lease_rule["verbs"] == ["get", "create", "update"]
     lease_binding = by_name[
         ("RoleBinding", "promptcache-operator-leader-election", "promptcache-system")
     ]
@@ -192,8 +215,76 @@ def test_replicas_above_one_spread_peers_unless_affinity_is_given() -> None:
     assert custom == {"nodeAffinity": {"x": "y"}}
 
 
-def test_clusterrole_rules_are_the_rules_file() -> None:
-    assert one(render(), "ClusterRole")["rules"] == rules_file()
+def test_clusterrole_rules_are_the_rules_files() -> None:
+    from promptcache.controller.rbac import leader_election_role, picker_cluster_role
+    from promptcache.render.epp import picker_rules
+
+    docs = render()
+    roles = {d["metadata"]["name"]: d for d in docs if d["kind"] in ("ClusterRole", "Role")}
+    assert roles["promptcache-operator"]["rules"] == rules_file()
+    picker = roles["promptcache-operator-endpoint-picker"]["rules"]
+    assert picker == picker_rules() == picker_cluster_role()["rules"]
+    leader = roles["promptcache-operator-leader-election"]
+    assert leader["rules"] == leader_election_role()["rules"]
+    # Least privilege: no Lease, no Secret read, and bind on the picker role only.
+    for rule in rules_file():
+        assert "leases" not in rule["resources"], rule
+        if "secrets" in rule["resources"]:
+            assert rule["verbs"] == ["create"]
+        if "bind" in rule["verbs"]:
+            assert rule["resourceNames"] == ["promptcache-operator-endpoint-picker"]
+    for role in ("admin", "edit", "view"):
+        aggregated = roles[f"promptcache-operator-{role}"]
+        assert (
+            aggregated["metadata"]["labels"][f"rbac.authorization.k8s.io/aggregate-to-{role}"]
+            == "true"
+        )
+    assert "promptcache-operator-view" not in {
+        d["metadata"]["name"] for d in render("--set", "rbac.aggregateToUserRoles=false")
+    }
+
+
+def test_default_images_follow_the_registry_and_may_be_pinned() -> None:
+    def args(*values: str) -> list[str]:
+        (container,) = one(render(*values), "Deployment")["spec"]["template"]["spec"]["containers"]
+        return [a for a in container["args"] if a.startswith(("--front-", "--session-"))] + [
+            container["image"]
+        ]
+
+    digest = "sha256:" + "ab" * 32
+    assert args("--set", "image.registry=reg.example:5000/mirror") == [
+        "--front-image=reg.example:5000/mirror/promptcache-front:0.1.0",
+        "--session-shim-image=reg.example:5000/mirror/promptcache-operator:0.1.0",
+        "reg.example:5000/mirror/promptcache-operator:0.1.0",
+    ]
+    assert args(
+        "--set", f"defaultImages.front.digest={digest}",
+        "--set", "defaultImages.sessionShim.repository=shim",
+        "--set", "defaultImages.sessionShim.registry=other.example",
+        "--set", "defaultImages.sessionShim.tag=7",
+    ) == [
+        f"--front-image=ghcr.io/promptcache/promptcache-front@{digest}",
+        "--session-shim-image=other.example/shim:7",
+        "ghcr.io/promptcache/promptcache-operator:0.1.0",
+    ]  # fmt: skip
+    (container,) = one(render("--set", "modelServerUser=null"), "Deployment")["spec"]["template"][
+        "spec"
+    ]["containers"]
+    assert "--model-server-user=none" in container["args"]
+
+
+def test_the_crd_is_a_template_kept_on_uninstall_unless_asked() -> None:
+    crd = one(render(), "CustomResourceDefinition")
+    assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    generated = yaml.safe_load(
+        (ROOT / "crds" / "serving.promptcache.io_promptcachedeployments.yaml").read_text()
+    )
+    del crd["metadata"]["annotations"]
+    assert crd == generated
+    unkept = one(render("--set", "crds.keep=false"), "CustomResourceDefinition")
+    assert "annotations" not in unkept["metadata"]
+    kinds = [d["kind"] for d in render("--set", "crds.install=false")]
+    assert "CustomResourceDefinition" not in kinds
 
 
 def test_servicemonitor_only_when_asked() -> None:
@@ -238,6 +329,12 @@ BAD_VALUES = [
         ("image.digest=sha256:abc",),
         "- at '/image/digest': 'sha256:abc' does not match pattern '^(sha256:[a-f0-9]{64})?$'",
     ),
+    (
+        ("defaultImages.front.tag=has space",),
+        "- at '/defaultImages/front/tag': 'has space' does not match pattern "
+        "'^([A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?$'",
+    ),
+    (("modelServerUser=0",), "- at '/modelServerUser': minimum: got 0, want 1"),
     (
         ("metrics.serviceMonitor.interval=soon",),
         "- at '/metrics/serviceMonitor/interval': 'soon' does not match pattern '^([0-9]+(ms|s|m|h))+$'",

@@ -18,7 +18,12 @@ import pytest
 import yaml
 
 from promptcache._version import __version__
-from promptcache.api.constants import DEFAULT_FRONT_IMAGE
+from promptcache.api.constants import (
+    DEFAULT_FRONT_IMAGE,
+    DEFAULT_IMAGE_REGISTRY,
+    FRONT_IMAGE_REPOSITORY,
+    OPERATOR_IMAGE_REPOSITORY,
+)
 
 from .assets import ROOT, install_assets
 
@@ -34,15 +39,17 @@ def values() -> dict[str, Any]:
     return yaml.safe_load((CHART / "values.yaml").read_text())
 
 
-def test_chart_crds_are_the_generated_crds_byte_for_byte() -> None:
-    source = {p.name: p.read_bytes() for p in (ROOT / "crds").glob("*.yaml")}
-    shipped = {p.name: p.read_bytes() for p in (CHART / "crds").glob("*.yaml")}
-    assert "serving.promptcache.io_promptcachedeployments.yaml" in source
-    assert shipped.keys() == source.keys(), "run tools/install_assets.py"
-    for name, text in source.items():
-        assert shipped[name] == text, (
-            f"charts/.../crds/{name} is stale: run tools/install_assets.py"
-        )
+def test_chart_crd_template_is_the_generated_crd() -> None:
+    """The chart's CRD is a template (so `helm upgrade` upgrades it) holding crds/ as is."""
+    assert not (CHART / "crds").exists(), "Helm never upgrades crds/: the CRD is a template"
+    template = (CHART / "templates" / "crds.yaml").read_text()
+    plain = "\n".join(line for line in template.splitlines() if "{{" not in line)
+    plain = plain.replace("  annotations:\n    helm.sh/resource-policy: keep\n", "")
+    body = plain[plain.index("---") :]
+    (generated,) = [p.read_text() for p in (ROOT / "crds").glob("*.yaml")]
+    assert yaml.safe_load(body) == yaml.safe_load(generated), "run tools/install_assets.py"
+    assert "{{- if .Values.crds.install }}" in template
+    assert "{{- if .Values.crds.keep }}" in template
 
 
 def test_chart_version_is_the_operator_version() -> None:
@@ -58,14 +65,26 @@ def test_default_images_are_what_the_dockerfile_publishes() -> None:
         "operator": f"{OPERATOR_IMAGE}:{__version__}",
         "front": f"ghcr.io/promptcache/promptcache-front:{__version__}",
     }
-    # The chart's default (tag empty = appVersion) and the renderer's front default agree.
-    assert values()["image"] == {
-        "repository": OPERATOR_IMAGE,
+    # The chart's defaults (tag empty = appVersion) and the renderer's built-in ones agree.
+    image = values()["image"]
+    assert image == {
+        "registry": DEFAULT_IMAGE_REGISTRY,
+        "repository": OPERATOR_IMAGE_REPOSITORY,
         "tag": "",
         "digest": "",
         "pullPolicy": "IfNotPresent",
     }
+    assert f"{image['registry']}/{image['repository']}" == OPERATOR_IMAGE
+    front = values()["defaultImages"]["front"]
+    assert front == {
+        "registry": "",
+        "repository": FRONT_IMAGE_REPOSITORY,
+        "tag": "",
+        "digest": "",
+    }
     assert published["front"] == DEFAULT_FRONT_IMAGE
+    # The session shim runs from the operator image unless a repository is named.
+    assert values()["defaultImages"]["sessionShim"]["repository"] == ""
 
 
 def _stages(dockerfile: str) -> dict[str, str]:
@@ -110,7 +129,8 @@ def test_session_shim_runs_from_the_operator_image() -> None:
     assert not any("torch" in dep for dep in extras["gateway"])
 
 
-def test_image_user_is_the_chart_user_and_not_root() -> None:
+def test_images_declare_a_numeric_non_root_user_so_pods_fix_no_uid() -> None:
+    """runAsNonRoot needs a numeric USER in the image; then no pod spec needs a UID."""
     stages = _stages((ROOT / "Dockerfile").read_text())
     user = re.search(r"^USER (\d+):(\d+)$", stages["runtime"], re.MULTILINE)
     assert user is not None, "the runtime stage must set a numeric non-root USER"
@@ -118,8 +138,8 @@ def test_image_user_is_the_chart_user_and_not_root() -> None:
     assert uid != 0
     assert gid != 0
     deployment = (CHART / "templates" / "deployment.yaml").read_text()
-    assert f"runAsUser: {uid}" in deployment
-    assert f"runAsGroup: {gid}" in deployment
+    assert "runAsNonRoot: true" in deployment
+    assert "runAsUser" not in deployment
 
 
 def test_dockerignore_sends_only_the_package_sources() -> None:
@@ -210,3 +230,36 @@ def test_rendered_front_container_runs_on_the_front_images_entrypoint() -> None:
     stages = _stages((ROOT / "Dockerfile").read_text())
     assert 'ENTRYPOINT ["promptcache"]' in stages["runtime"]
     assert build_parser().parse_args(front["args"]).command == "front"
+
+
+def test_one_version_everywhere() -> None:
+    """The package version is the one source: chart, default image tags, release tag."""
+    from promptcache.api.constants import DEFAULT_SESSION_SHIM_IMAGE
+
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["version"] == chart["appVersion"] == __version__
+    # Empty tags mean appVersion in the chart; the renderer's built-ins carry the version.
+    assert values()["image"]["tag"] == ""
+    assert {v["tag"] for v in values()["defaultImages"].values()} == {""}
+    assert DEFAULT_FRONT_IMAGE.endswith(f":{__version__}")
+    assert DEFAULT_SESSION_SHIM_IMAGE.endswith(f":{__version__}")
+    # The release workflow refuses a tag other than v<package version>, and publishes the
+    # Dockerfile's two targets under the names the chart and the renderer default to.
+    release = yaml.safe_load((ROOT / ".github" / "workflows" / "release.yaml").read_text())
+    steps = release["jobs"]["version"]["steps"]
+    script = next(s["run"] for s in steps if s.get("id") == "v")
+    assert "operator/promptcache/_version.py" in script
+    assert 'if [ "$TAG" != "v$version" ]' in script
+    images = release["jobs"]["images"]
+    assert (
+        set(images["strategy"]["matrix"]["target"])
+        == {"operator", "front"}
+        <= set(_stages((ROOT / "Dockerfile").read_text()))
+    )
+    assert images["env"]["IMAGE"].endswith(
+        "/promptcache-${{ matrix.target }}:${{ needs.version.outputs.version }}"
+    )
+    assert {OPERATOR_IMAGE_REPOSITORY, FRONT_IMAGE_REPOSITORY} == {
+        "promptcache-operator",
+        "promptcache-front",
+    }

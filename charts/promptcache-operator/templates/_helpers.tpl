@@ -44,12 +44,40 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
-{{/* The image reference: a digest pins it; otherwise the tag, defaulting to appVersion. */}}
-{{- define "promptcache-operator.image" -}}
-{{- if .Values.image.digest }}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{/*
+An image reference from {registry, repository, tag, digest} (called with
+(dict "image" ... "root" $)): the registry defaults to image.registry, a digest pins the
+image, otherwise the tag, defaulting to appVersion. A repository that starts with a
+registry host (a first segment with "." or ":", or localhost) is used as it is.
+*/}}
+{{- define "promptcache-operator.imageRef" -}}
+{{- $registry := default .root.Values.image.registry .image.registry | trimSuffix "/" }}
+{{- $host := first (splitList "/" .image.repository) }}
+{{- $name := printf "%s/%s" $registry .image.repository }}
+{{- if and (contains "/" .image.repository) (or (contains "." $host) (contains ":" $host) (eq $host "localhost")) }}
+{{- $name = .image.repository }}
+{{- end }}
+{{- if .image.digest }}
+{{- printf "%s@%s" $name .image.digest }}
 {{- else }}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- printf "%s:%s" $name (default .root.Chart.AppVersion .image.tag) }}
+{{- end }}
+{{- end }}
+
+{{- define "promptcache-operator.image" -}}
+{{- include "promptcache-operator.imageRef" (dict "image" .Values.image "root" .) }}
+{{- end }}
+
+{{/* Default images of the resources: the front's, and the session shim's (the operator image unless set). */}}
+{{- define "promptcache-operator.frontImage" -}}
+{{- include "promptcache-operator.imageRef" (dict "image" .Values.defaultImages.front "root" .) }}
+{{- end }}
+
+{{- define "promptcache-operator.sessionShimImage" -}}
+{{- if .Values.defaultImages.sessionShim.repository }}
+{{- include "promptcache-operator.imageRef" (dict "image" .Values.defaultImages.sessionShim "root" .) }}
+{{- else }}
+{{- include "promptcache-operator.image" . }}
 {{- end }}
 {{- end }}
 
@@ -62,7 +90,21 @@ this chart is this list or a subset of it selected by resource, never a rule of 
 {{- if not $rules }}
 {{- fail "files/clusterrole-rules.yaml is missing from the chart: it holds the operator's RBAC rules" }}
 {{- end }}
-{{- $rules }}
+{{- $rules | replace "ENDPOINT_PICKER_CLUSTER_ROLE" (include "promptcache-operator.pickerRole" .) }}
+{{- end }}
+
+{{/* The static ClusterRole every Endpoint Picker is bound to, per namespace, by the operator. */}}
+{{- define "promptcache-operator.pickerRole" -}}
+{{- printf "%s-endpoint-picker" (include "promptcache-operator.fullname" .) }}
+{{- end }}
+
+{{/* A rules file of the chart by name; failing names the missing file. */}}
+{{- define "promptcache-operator.file" -}}
+{{- $text := .root.Files.Get (printf "files/%s" .name) }}
+{{- if not $text }}
+{{- fail (printf "files/%s is missing from the chart" .name) }}
+{{- end }}
+{{- $text }}
 {{- end }}
 
 {{/*
@@ -87,18 +129,4 @@ cluster-scoped built-in resources; it holds no verbs and grants nothing by itsel
 {{- end }}
 {{- end }}
 {{- if $out }}{{ toYaml $out }}{{ end }}
-{{- end }}
-
-{{/* Rules from the file on coordination.k8s.io Leases: the leader Lease in the release namespace. */}}
-{{- define "promptcache-operator.leaseRules" -}}
-{{- $out := list }}
-{{- range (include "promptcache-operator.rules" . | fromYamlArray) }}
-{{- if and (has "coordination.k8s.io" (.apiGroups | default list)) (has "leases" (.resources | default list)) }}
-{{- $out = append $out (dict "apiGroups" (list "coordination.k8s.io") "resources" (list "leases") "verbs" .verbs) }}
-{{- end }}
-{{- end }}
-{{- if not $out }}
-{{- fail "files/clusterrole-rules.yaml grants nothing on coordination.k8s.io leases: the operator's leader election needs them" }}
-{{- end }}
-{{- toYaml $out }}
 {{- end }}

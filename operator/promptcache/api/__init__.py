@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from promptcache.api.constants import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from promptcache.api.defaults import BUILT_IN_DEFAULTS, OperatorDefaults
 from promptcache.api.errors import InvalidResourceError, Problem, problems_from
 from promptcache.api.resource import ObjectMeta, PromptCacheDeployment
 from promptcache.api.sizing import PromptEmbedsCeiling, prompt_embeds_ceiling
@@ -29,6 +30,7 @@ from promptcache.api.status import (
 
 __all__ = [
     "API_VERSION",
+    "BUILT_IN_DEFAULTS",
     "GROUP",
     "KIND",
     "PLURAL",
@@ -37,6 +39,7 @@ __all__ = [
     "ConditionType",
     "InvalidResourceError",
     "ObjectMeta",
+    "OperatorDefaults",
     "Problem",
     "PromptCacheDeployment",
     "PromptCacheDeploymentSpec",

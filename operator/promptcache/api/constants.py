@@ -20,11 +20,20 @@ DEFAULT_VLLM_IMAGE: Final[str] = "vllm/vllm-openai:v0.33.0"
 """Pinned, never `latest`: a model server that changes under a rollout is an outage."""
 DEFAULT_EPP_IMAGE: Final[str] = "ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.10.0"
 """The Endpoint Picker release the generated EndpointPickerConfig is verified against."""
-DEFAULT_FRONT_IMAGE: Final[str] = "ghcr.io/promptcache/promptcache-front:0.1.0"
-"""The cache-front image the Dockerfile's `front` target publishes."""
-DEFAULT_SESSION_SHIM_IMAGE: Final[str] = f"ghcr.io/promptcache/promptcache-operator:{__version__}"
+DEFAULT_IMAGE_REGISTRY: Final[str] = "ghcr.io/promptcache"
+"""Where the release pipeline publishes this project's images (and the chart defaults to)."""
+OPERATOR_IMAGE_REPOSITORY: Final[str] = "promptcache-operator"
+FRONT_IMAGE_REPOSITORY: Final[str] = "promptcache-front"
+DEFAULT_FRONT_IMAGE: Final[str] = f"{DEFAULT_IMAGE_REGISTRY}/{FRONT_IMAGE_REPOSITORY}:{__version__}"
+"""The cache-front image the Dockerfile's `front` target publishes, tagged with this version."""
+DEFAULT_SESSION_SHIM_IMAGE: Final[str] = (
+    f"{DEFAULT_IMAGE_REGISTRY}/{OPERATOR_IMAGE_REPOSITORY}:{__version__}"
+)
 """The Endpoint Picker's session shim runs from the operator image (its `gateway` extra):
 no torch, and one image less to publish and pin."""
+
+DEFAULT_MODEL_SERVER_USER: Final[int] = 1000
+"""UID the vLLM container runs as unless configured: the upstream image declares no user."""
 
 EPP_MIN_BLOCK_SIZE_TOKENS: Final[int] = 64
 """The Endpoint Picker raises smaller prefix block sizes to this (llm-d-router #1158)."""

@@ -20,12 +20,7 @@ from promptcache.api.base import (
     OptionalHeaderName,
     Quantity,
 )
-from promptcache.api.constants import (
-    DEFAULT_EPP_IMAGE,
-    DEFAULT_FRONT_IMAGE,
-    DEFAULT_SESSION_SHIM_IMAGE,
-    DEFAULT_VLLM_IMAGE,
-)
+from promptcache.api.constants import DEFAULT_EPP_IMAGE, DEFAULT_VLLM_IMAGE
 from promptcache.api.rules import enforce_rules
 from promptcache.contract import (
     DEFAULT_CACHED_PROMPT_TOKENS_HEADER,
@@ -282,10 +277,12 @@ class GatewaySpec(ApiModel):
     """What the gateway does when the Endpoint Picker is unreachable."""
     extra_flags: Annotated[list[str], Field(max_length=32)] = Field(default_factory=list)
     """Extra Endpoint Picker flags, appended last (e.g. `-v=4`)."""
-    session_shim_image: ImageRef = DEFAULT_SESSION_SHIM_IMAGE
+    session_shim_image: ImageRef | None = None
     """Image of the session shim, the Endpoint Picker pod's second container when
     `sessionAffinity.useUserField` is on (it copies the body's `user` into the session header
-    before the Endpoint Picker routes); the operator image runs it."""
+    before the Endpoint Picker routes); the operator image runs it. Empty: the operator's
+    default (the chart's `defaultImages.sessionShim`, else the operator image of this
+    release)."""
     route: RouteSpec = Field(default_factory=RouteSpec)
 
 
@@ -307,8 +304,9 @@ class FrontSpec(ApiModel):
     enabled: bool = True
     """Run the cache front; off serves vLLM directly (needs Shared isolation, no embeds cache,
     no usage headers)."""
-    image: ImageRef = DEFAULT_FRONT_IMAGE
-    """Cache-front image (the Dockerfile's `front` target)."""
+    image: ImageRef | None = None
+    """Cache-front image (the Dockerfile's `front` target). Empty: the operator's default
+    (the chart's `defaultImages.front`, else the front image of this release)."""
     max_request_bytes: Annotated[int, Field(ge=1024, le=4 * 1024**3)] = 256 * 1024**2
     """Largest request body accepted (vLLM itself has no limit); larger gets HTTP 413."""
     usage_headers: UsageHeadersSpec = Field(default_factory=UsageHeadersSpec)

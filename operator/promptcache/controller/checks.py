@@ -39,10 +39,21 @@ def referenced_secrets(pcd: PromptCacheDeployment) -> list[tuple[str, str, str]]
 
 
 async def missing_secret(kube: Kube, pcd: PromptCacheDeployment) -> str | None:
-    """A message naming the first referenced Secret (or key) that is not there."""
+    """A message naming the first referenced Secret (or key) that is not there.
+
+    The chart's RBAC does not let the operator read Secrets it did not create (a
+    `secrets: get` cluster-wide would read every Secret of the cluster): then this check
+    says nothing, and a missing Secret shows on the pods (`CreateContainerConfigError`).
+    An operator granted `get` on Secrets (`promptcache run` as admin, a namespace-scoped
+    Role of your own) reports it here."""
     namespace = pcd.metadata.namespace
     for path, name, key in referenced_secrets(pcd):
-        secret = await kube.get(SECRET, namespace, name)
+        try:
+            secret = await kube.get(SECRET, namespace, name)
+        except ApiError as error:
+            if error.code == 403:
+                return None
+            raise
         if secret is None:
             return (
                 f"{path}: Secret {name!r} not found in namespace {namespace!r}; create it "

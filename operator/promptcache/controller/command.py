@@ -14,6 +14,8 @@ import socket
 import sys
 from typing import Any
 
+from promptcache.api.defaults import add_default_flags, defaults_from_args
+
 # ruff: noqa: PLC0415 - the CLI builds its parser from this module; heavy imports wait for `run`
 
 
@@ -68,20 +70,28 @@ def register(sub: Any) -> None:
     run.add_argument("--lease-name", default="promptcache-operator")
     run.add_argument("--lease-seconds", type=int, default=15)
     run.add_argument("--identity", default=None, help="this replica's name in the Lease")
+    add_default_flags(run)
     run.set_defaults(func=cmd_run)
 
     rbac = sub.add_parser(
-        "rbac", help="print the operator's ClusterRole (from the chart's rules file)"
+        "rbac",
+        help="print the operator's ClusterRole, its leader-election Role and the Endpoint "
+        "Picker's ClusterRole (from the chart's rules files)",
     )
     rbac.add_argument("--name", default="promptcache-operator")
     rbac.set_defaults(func=cmd_rbac)
 
 
 def cmd_rbac(args: argparse.Namespace) -> int:
-    from promptcache.controller.rbac import cluster_role
+    from promptcache.controller.rbac import cluster_role, leader_election_role, picker_cluster_role
     from promptcache.yamlio import dump_all
 
-    sys.stdout.write(dump_all([cluster_role(args.name)]))
+    roles = [
+        cluster_role(args.name),
+        leader_election_role(args.name),
+        picker_cluster_role(args.name),
+    ]
+    sys.stdout.write(dump_all(roles))
     return 0
 
 
@@ -92,6 +102,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from promptcache.controller.main import OperatorOptions, serve
 
+    try:
+        defaults = defaults_from_args(args)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=getattr(logging, args.log_level),
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
@@ -123,5 +138,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         identity=args.identity
         or os.environ.get("POD_NAME")
         or f"{socket.gethostname()}-{os.getpid()}",
+        defaults=defaults,
     )
     return asyncio.run(serve(options))

@@ -12,11 +12,12 @@ import asyncio
 import contextlib
 import logging
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 import kopf
 
+from promptcache.api import BUILT_IN_DEFAULTS, OperatorDefaults
 from promptcache.contract import SERVING_PORT
 from promptcache.controller.handlers import HandlerSettings, build_registry
 from promptcache.controller.kube import Kube, load_config
@@ -46,6 +47,7 @@ class OperatorOptions:
     lease_name: str = "promptcache-operator"
     lease_s: int = 15
     identity: str = "promptcache-operator"
+    defaults: OperatorDefaults = field(default_factory=lambda: BUILT_IN_DEFAULTS)
 
 
 async def _wait_or_stop(coro: asyncio.Future[None], stop: asyncio.Event) -> bool:
@@ -78,6 +80,7 @@ async def serve(options: OperatorOptions) -> int:
         ReconcileSettings(
             scrape_port=options.scrape_port or SERVING_PORT,
             scrape_timeout_s=options.scrape_timeout_s,
+            defaults=options.defaults,
         ),
     )
     state = HealthState()

@@ -20,8 +20,10 @@ import aiohttp
 
 from promptcache.api import (
     API_VERSION,
+    BUILT_IN_DEFAULTS,
     KIND,
     InvalidResourceError,
+    OperatorDefaults,
     PromptCacheDeployment,
     ceiling_of,
     parse_resource,
@@ -63,6 +65,8 @@ STATUS_ECHO_S = 10.0
 class ReconcileSettings:
     scrape_port: int = SERVING_PORT
     scrape_timeout_s: float = 2.0
+    defaults: OperatorDefaults = BUILT_IN_DEFAULTS
+    """Operator-wide defaults for what a resource leaves empty (`promptcache run` flags)."""
 
 
 @dataclass
@@ -114,11 +118,14 @@ class Reconciler:
         self.scrape_gate = asyncio.Semaphore(16)
         self._locks: dict[str, asyncio.Lock] = {}
         self._written: dict[str, tuple[dict[str, Any], float]] = {}
+        self._salts: set[str] = set()
+        """Salt Secrets known to exist (created, or a create answered 409)."""
 
     def forget(self, uid: str) -> None:
         """Drop per-resource state once a resource is gone."""
         self._locks.pop(uid, None)
         self._written.pop(uid, None)
+        self._salts = {s for s in self._salts if not s.startswith(f"{uid}/")}
 
     async def reconcile(self, body: Mapping[str, Any], *, trigger: str) -> Outcome:
         raw = copy.deepcopy(dict(body))
@@ -178,9 +185,9 @@ class Reconciler:
         obs.desired_replicas = spec.model.replicas
         obs.selector = selector_string(selector_labels(names, Component.MODEL_SERVER))
         obs.ceiling = ceiling_of(pcd)
-        desired = [owned(m, raw) for m in render(pcd)]
+        desired = [owned(m, raw) for m in render(pcd, self.settings.defaults)]
 
-        if await ensure_salt_secret(self.kube, pcd, names, raw):
+        if await ensure_salt_secret(self.kube, pcd, names, raw, self._salts):
             log.info("created salt-key Secret for %s/%s", names.namespace, names.instance)
         message = await missing_secret(self.kube, pcd)
         if message:

@@ -32,15 +32,25 @@ def generated_salt_secret(pcd: PromptCacheDeployment, names: Names) -> tuple[str
 
 
 async def ensure_salt_secret(
-    kube: Kube, pcd: PromptCacheDeployment, names: Names, owner: Mapping[str, Any]
+    kube: Kube,
+    pcd: PromptCacheDeployment,
+    names: Names,
+    owner: Mapping[str, Any],
+    ensured: set[str] | None = None,
 ) -> bool:
-    """Create the generated Secret if absent; True when this call created it."""
+    """Create the generated Secret if absent; True when this call created it.
+
+    Create-only, never a read: the operator holds `secrets: create` and no `get`, so it
+    cannot read any Secret of the cluster. A 409 means the Secret is there already (keep
+    it, whoever made it). `ensured` remembers which Secrets this process has seen exist,
+    so an idle resync sends nothing."""
     wanted = generated_salt_secret(pcd, names)
     if wanted is None:
         return False
     name, key = wanted
-    if await kube.get(SECRET, names.namespace, name) is not None:
-        return False  # there already: keep it, whoever made it (a POST would be a write)
+    seen = f"{owner['metadata']['uid']}/{name}"
+    if ensured is not None and seen in ensured:
+        return False
     value = base64.b64encode(secrets.token_hex(32).encode()).decode()
     manifest = {
         "apiVersion": "v1",
@@ -55,4 +65,8 @@ async def ensure_salt_secret(
         "data": {key: value},
     }
     del value
-    return await kube.create(manifest) is not None
+    created = await kube.create(manifest) is not None
+    del manifest
+    if ensured is not None:
+        ensured.add(seen)
+    return created

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from promptcache.api import PromptCacheDeployment
+from promptcache.api import BUILT_IN_DEFAULTS, OperatorDefaults, PromptCacheDeployment
 from promptcache.render.epp import (
+    epp_cluster_role_binding,
     epp_config_map,
     epp_deployment,
     epp_role,
@@ -37,18 +38,27 @@ GATEWAY_KINDS = frozenset({"InferencePool", "HTTPRoute"})
 """Kinds whose CRDs come from Gateway API / GIE and may be missing from a cluster."""
 
 
-def render(pcd: PromptCacheDeployment) -> list[dict[str, Any]]:
-    """Every child of the resource, in an order that applies cleanly (RBAC and config first)."""
+def render(
+    pcd: PromptCacheDeployment, defaults: OperatorDefaults = BUILT_IN_DEFAULTS
+) -> list[dict[str, Any]]:
+    """Every child of the resource, in an order that applies cleanly (RBAC and config first).
+
+    `defaults` fills what the resource leaves empty (the operator's, or `render`'s flags)."""
     names = names_of(pcd)
+    picker_role = defaults.endpoint_picker_cluster_role
+    rbac: list[dict[str, Any] | None] = (
+        [epp_cluster_role_binding(names, picker_role)]
+        if picker_role
+        else [epp_role(pcd, names), epp_role_binding(names)]
+    )
     manifests: list[dict[str, Any] | None] = [
         epp_service_account(names),
-        epp_role(pcd, names),
-        epp_role_binding(names),
+        *rbac,
         epp_config_map(pcd, names),
         model_server_service(names),
         epp_service(names),
-        model_server_deployment(pcd, names),
-        epp_deployment(pcd, names),
+        model_server_deployment(pcd, names, defaults),
+        epp_deployment(pcd, names, defaults),
         model_server_pdb(names),
         inference_pool(pcd, names),
         http_route(pcd, names),

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Final
 
-from promptcache.api import PromptCacheDeployment
+from promptcache.api import BUILT_IN_DEFAULTS, OperatorDefaults, PromptCacheDeployment
 from promptcache.contract import (
     EPP_EXT_PROC_PORT,
     EPP_LOCAL_GRPC_PORT,
@@ -75,7 +76,14 @@ def _probe(service: str, period: int) -> dict[str, Any]:
     return {"grpc": {"port": GRPC_HEALTH_PORT, "service": service}, "periodSeconds": period}
 
 
-def session_shim_container(pcd: PromptCacheDeployment) -> dict[str, Any]:
+def session_shim_image(pcd: PromptCacheDeployment, defaults: OperatorDefaults) -> str:
+    """The resource's `gateway.sessionShimImage`, else the operator's default."""
+    return pcd.spec.gateway.session_shim_image or defaults.session_shim_image
+
+
+def session_shim_container(
+    pcd: PromptCacheDeployment, defaults: OperatorDefaults = BUILT_IN_DEFAULTS
+) -> dict[str, Any]:
     """The ext_proc proxy that copies the body's `user` into the session header.
 
     It owns the `grpc` port the Service targets and relays to the EPP on localhost; its
@@ -92,7 +100,7 @@ def session_shim_container(pcd: PromptCacheDeployment) -> dict[str, Any]:
     tcp = {"tcpSocket": {"port": "grpc"}}
     return {
         "name": SESSION_SHIM_CONTAINER,
-        "image": pcd.spec.gateway.session_shim_image,
+        "image": session_shim_image(pcd, defaults),
         "imagePullPolicy": "IfNotPresent",
         "args": ["session-shim"],
         "env": [{"name": k, "value": v} for k, v in env.items()],
@@ -103,11 +111,13 @@ def session_shim_container(pcd: PromptCacheDeployment) -> dict[str, Any]:
             "requests": {"cpu": "100m", "memory": "128Mi"},
             "limits": {"memory": "256Mi"},
         },
-        "securityContext": container_security_context(read_only_root=True),
+        "securityContext": container_security_context(),
     }
 
 
-def epp_deployment(pcd: PromptCacheDeployment, names: Names) -> dict[str, Any]:
+def epp_deployment(
+    pcd: PromptCacheDeployment, names: Names, defaults: OperatorDefaults = BUILT_IN_DEFAULTS
+) -> dict[str, Any]:
     replicas = pcd.spec.gateway.replicas
     shim = uses_session_shim(pcd)
     # With leader election only the leader serves; probes then name the role they check.
@@ -133,7 +143,7 @@ def epp_deployment(pcd: PromptCacheDeployment, names: Names) -> dict[str, Any]:
         "livenessProbe": {**_probe(liveness, 10), "initialDelaySeconds": 5},
         "readinessProbe": _probe(readiness, 2),
         "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
-        "securityContext": container_security_context(read_only_root=True),
+        "securityContext": container_security_context(),
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
     }
     return {
@@ -154,7 +164,10 @@ def epp_deployment(pcd: PromptCacheDeployment, names: Names) -> dict[str, Any]:
                     "serviceAccountName": names.epp,
                     "securityContext": pod_security_context(),
                     "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
-                    "containers": [container, *([session_shim_container(pcd)] if shim else [])],
+                    "containers": [
+                        container,
+                        *([session_shim_container(pcd, defaults)] if shim else []),
+                    ],
                     "volumes": [{"name": "config", "configMap": {"name": names.epp}}],
                 },
             },
@@ -207,31 +220,78 @@ def epp_service_account(names: Names) -> dict[str, Any]:
     }
 
 
+PICKER_READ_RULES: Final[tuple[dict[str, Any], ...]] = (
+    {"apiGroups": [""], "resources": ["pods"], "verbs": _READ},
+    {"apiGroups": [POOL_GROUP], "resources": ["inferencepools"], "verbs": _READ},
+    {
+        "apiGroups": ["llm-d.ai", "inference.networking.x-k8s.io"],
+        "resources": ["inferenceobjectives", "inferencemodelrewrites"],
+        "verbs": _READ,
+    },
+)
+"""What every Endpoint Picker reads in its namespace (docs/endpoint-picker.md, 'RBAC')."""
+PICKER_LEADER_RULES: Final[tuple[dict[str, Any], ...]] = (
+    {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
+    },
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+)
+"""What replicas > 1 add: the pickers elect a leader through a Lease in their namespace."""
+
+
+def _fresh(rules: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Copies sharing no list (a YAML dump would otherwise write anchors)."""
+    return [{key: list(value) for key, value in rule.items()} for rule in rules]
+
+
+def picker_rules() -> list[dict[str, Any]]:
+    """Every rule a picker may need: the chart's static Endpoint Picker ClusterRole.
+
+    A RoleBinding grants it in one namespace only, so the leader rules reach no other."""
+    return _fresh([*PICKER_READ_RULES, *PICKER_LEADER_RULES])
+
+
 def epp_role(pcd: PromptCacheDeployment, names: Names) -> dict[str, Any]:
-    """Exactly what the EPP reads, in its own namespace (docs/endpoint-picker.md, 'RBAC')."""
-    rules: list[dict[str, Any]] = [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": _READ},
-        {"apiGroups": [POOL_GROUP], "resources": ["inferencepools"], "verbs": _READ},
-        {
-            "apiGroups": ["llm-d.ai", "inference.networking.x-k8s.io"],
-            "resources": ["inferenceobjectives", "inferencemodelrewrites"],
-            "verbs": _READ,
-        },
-    ]
+    """Exactly what the EPP reads, in its own namespace (docs/endpoint-picker.md, 'RBAC').
+
+    Rendered without an operator (`promptcache render`); an operator binds the chart's
+    static ClusterRole instead (`epp_cluster_role_binding`)."""
+    rules = _fresh(PICKER_READ_RULES)
     if pcd.spec.gateway.replicas > 1:
-        rules += [
-            {
-                "apiGroups": ["coordination.k8s.io"],
-                "resources": ["leases"],
-                "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
-            },
-            {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
-        ]
+        rules += _fresh(PICKER_LEADER_RULES)
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
         "metadata": metadata(names, names.epp, Component.ENDPOINT_PICKER),
         "rules": rules,
+    }
+
+
+def epp_cluster_role_binding_name(names: Names) -> str:
+    """Not `names.epp`: a RoleBinding's roleRef is immutable, and an operator upgraded from
+    a Role-based release still owns a RoleBinding of that name pointing at the Role."""
+    return f"{names.epp}-picker"
+
+
+def epp_cluster_role_binding(names: Names, cluster_role: str) -> dict[str, Any]:
+    """The picker's rights: the chart's static ClusterRole, bound in this namespace only.
+
+    The operator may create it because it holds `bind` on exactly that ClusterRole; it
+    holds none of the rights inside (no cluster-wide leases, pods or events)."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": metadata(
+            names, epp_cluster_role_binding_name(names), Component.ENDPOINT_PICKER
+        ),
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": cluster_role,
+        },
+        "subjects": [{"kind": "ServiceAccount", "name": names.epp, "namespace": names.namespace}],
     }
 
 

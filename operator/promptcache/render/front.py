@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from promptcache.api import PromptCacheDeployment, ceiling_of
+from promptcache.api import BUILT_IN_DEFAULTS, OperatorDefaults, PromptCacheDeployment, ceiling_of
 from promptcache.contract import (
     FRONT_HEALTH_PATH,
     FRONT_READY_PATH,
@@ -89,11 +89,18 @@ def _resources(pcd: PromptCacheDeployment) -> dict[str, Any]:
     return {"requests": dict(front.requests), "limits": limits}
 
 
-def front_container(pcd: PromptCacheDeployment, names: Names) -> dict[str, Any]:
+def front_image(pcd: PromptCacheDeployment, defaults: OperatorDefaults) -> str:
+    """The resource's `front.image`, else the operator's default."""
+    return pcd.spec.front.image or defaults.front_image
+
+
+def front_container(
+    pcd: PromptCacheDeployment, names: Names, defaults: OperatorDefaults = BUILT_IN_DEFAULTS
+) -> dict[str, Any]:
     has_salt = salt_secret(pcd, names) is not None
     container: dict[str, Any] = {
         "name": FRONT_CONTAINER,
-        "image": pcd.spec.front.image,
+        "image": front_image(pcd, defaults),
         "imagePullPolicy": "IfNotPresent",
         "args": ["front"],
         "ports": [{"name": "http", "containerPort": SERVING_PORT, "protocol": "TCP"}],
@@ -111,7 +118,7 @@ def front_container(pcd: PromptCacheDeployment, names: Names) -> dict[str, Any]:
             "timeoutSeconds": 3,
             "failureThreshold": 2,
         },
-        "securityContext": container_security_context(read_only_root=True),
+        "securityContext": container_security_context(),
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
     }
     if has_salt:

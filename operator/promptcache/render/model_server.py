@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from promptcache.api import PromptCacheDeployment
+from promptcache.api import BUILT_IN_DEFAULTS, OperatorDefaults, PromptCacheDeployment
 from promptcache.contract import SERVING_PORT, VLLM_LOCAL_PORT
 from promptcache.render.front import front_container, salt_volume
 from promptcache.render.names import Component, Names, metadata, selector_labels
@@ -82,7 +82,7 @@ def _vllm_resources(pcd: PromptCacheDeployment) -> dict[str, Any]:
     return {"requests": requests, "limits": limits}
 
 
-def _vllm_container(pcd: PromptCacheDeployment) -> dict[str, Any]:
+def _vllm_container(pcd: PromptCacheDeployment, defaults: OperatorDefaults) -> dict[str, Any]:
     spec = pcd.spec
     container: dict[str, Any] = {
         "name": VLLM_CONTAINER,
@@ -95,7 +95,9 @@ def _vllm_container(pcd: PromptCacheDeployment) -> dict[str, Any]:
             pcd, periodSeconds=10, failureThreshold=STARTUP_BUDGET_SECONDS // 10
         ),
         "livenessProbe": _vllm_health_probe(pcd, periodSeconds=15, failureThreshold=4),
-        "securityContext": container_security_context(read_only_root=False),
+        # Read-only root: vLLM writes only under HOME=/tmp (its, torch's and triton's
+        # caches), HF_HOME (the model cache) and /dev/shm, all volumes.
+        "securityContext": container_security_context(run_as_user=defaults.model_server_user),
         "volumeMounts": [
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "model-cache", "mountPath": MODEL_CACHE_DIR},
@@ -142,13 +144,15 @@ def pod_template_labels(names: Names) -> dict[str, str]:
     }
 
 
-def model_server_deployment(pcd: PromptCacheDeployment, names: Names) -> dict[str, Any]:
+def model_server_deployment(
+    pcd: PromptCacheDeployment, names: Names, defaults: OperatorDefaults = BUILT_IN_DEFAULTS
+) -> dict[str, Any]:
     spec = pcd.spec
-    containers = [_vllm_container(pcd)]
+    containers = [_vllm_container(pcd, defaults)]
     if spec.front.enabled:
-        containers.insert(0, front_container(pcd, names))
+        containers.insert(0, front_container(pcd, names, defaults))
     pod_spec: dict[str, Any] = {
-        "securityContext": pod_security_context(),
+        "securityContext": pod_security_context(fs_group=defaults.model_server_user),
         "terminationGracePeriodSeconds": 120,
         "containers": containers,
         "volumes": _volumes(pcd, names),

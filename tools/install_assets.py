@@ -218,12 +218,19 @@ def kustomize_files() -> dict[Path, str]:
     for name, text in repo_crds().items():
         files[CONFIG / "crds" / name] = text
         resources.append(f"crds/{name}")
-    for doc in yaml.safe_load_all(helm_template()):
-        if not doc or doc["kind"] == "CustomResourceDefinition":
-            continue  # from crds/ above, without the chart's keep annotation
+    docs = [
+        d
+        for d in yaml.safe_load_all(helm_template())
+        # The CRD comes from crds/ above, without the chart's keep annotation.
+        if d and d["kind"] != "CustomResourceDefinition"
+    ]
+    kinds = [d["kind"] for d in docs]
+    for doc in docs:
         obj = _without_helm_labels(doc)
+        # One object of a kind: <kind>.yaml; several: <kind>-<name without the release>.yaml.
         suffix = obj["metadata"]["name"].removeprefix(RELEASE).strip("-")
-        name = f"{obj['kind'].lower()}{'-' + suffix if suffix else ''}.yaml"
+        several = kinds.count(obj["kind"]) > 1 and suffix
+        name = f"{obj['kind'].lower()}{'-' + suffix if several else ''}.yaml"
         if CONFIG / name in files:
             raise StaleError(f"two {obj['kind']} objects in the default chart; name them apart")
         files[CONFIG / name] = GENERATED + _dump(obj)

@@ -261,7 +261,7 @@ def test_default_images_follow_the_registry_and_may_be_pinned() -> None:
         "--set", f"defaultImages.front.digest={digest}",
         "--set", "defaultImages.sessionShim.repository=shim",
         "--set", "defaultImages.sessionShim.registry=other.example",
-        "--set", "defaultImages.sessionShim.tag=7",
+        "--set-string", "defaultImages.sessionShim.tag=7",
     ) == [
         f"--front-image=ghcr.io/promptcache/promptcache-front@{digest}",
         "--session-shim-image=other.example/shim:7",

@@ -382,6 +382,17 @@ def stale_files() -> list[str]:
 
 
 def write_all() -> list[str]:
+    """Write until nothing changes: the chart's generated files feed its renders."""
+    written: list[str] = []
+    for _ in range(3):
+        once = _write_once()
+        if not once:
+            break
+        written += [p for p in once if p not in written]
+    return written
+
+
+def _write_once() -> list[str]:
     expected = expected_files()
     for folder, pattern in owned_dirs().items():
         for p in folder.rglob(pattern):

@@ -10,7 +10,8 @@ and of the docs table, so each fact is written once.
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, PlainValidator, StringConstraints, WithJsonSchema
 from pydantic.alias_generators import to_camel
@@ -21,6 +22,8 @@ from promptcache.contract.grammar import (
     HEADER_NAME_PATTERN,
     OPTIONAL_BODY_FIELD_PATTERN,
     OPTIONAL_HEADER_NAME_PATTERN,
+    body_field_problem,
+    header_name_problem,
 )
 
 
@@ -53,18 +56,44 @@ ObjectName = Annotated[
         pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
     ),
 ]
-# The header and body-field grammar is the contract's (the front and the shim check the same).
-HeaderName = Annotated[
-    str, StringConstraints(max_length=HEADER_NAME_MAX_LENGTH, pattern=HEADER_NAME_PATTERN)
-]
-OptionalHeaderName = Annotated[
-    str,
-    StringConstraints(max_length=HEADER_NAME_MAX_LENGTH, pattern=OPTIONAL_HEADER_NAME_PATTERN),
-]
-OptionalBodyField = Annotated[
-    str,
-    StringConstraints(max_length=BODY_FIELD_MAX_LENGTH, pattern=OPTIONAL_BODY_FIELD_PATTERN),
-]
+
+
+def _named(
+    problem_of: Callable[..., str | None], *, optional: bool, pattern: str, max_length: int
+) -> Any:
+    """A str type checked by the contract's grammar (the message the front and shim give too),
+    with the same pattern in the CRD so the API server refuses what the processes would."""
+
+    def check(value: object) -> str:
+        if not isinstance(value, str):
+            raise ValueError("must be a string")
+        problem = problem_of(value, optional=optional)
+        if problem is not None:
+            raise ValueError(f"{value!r} {problem}")
+        return value
+
+    schema = {"type": "string", "maxLength": max_length, "pattern": pattern}
+    return Annotated[str, PlainValidator(check), WithJsonSchema(schema)]
+
+
+HeaderName = _named(
+    header_name_problem,
+    optional=False,
+    pattern=HEADER_NAME_PATTERN,
+    max_length=HEADER_NAME_MAX_LENGTH,
+)
+OptionalHeaderName = _named(
+    header_name_problem,
+    optional=True,
+    pattern=OPTIONAL_HEADER_NAME_PATTERN,
+    max_length=HEADER_NAME_MAX_LENGTH,
+)
+OptionalBodyField = _named(
+    body_field_problem,
+    optional=True,
+    pattern=OPTIONAL_BODY_FIELD_PATTERN,
+    max_length=BODY_FIELD_MAX_LENGTH,
+)
 _QUANTITY_RE = re.compile(QUANTITY_PATTERN)
 
 

@@ -52,27 +52,39 @@ def is_body_field(value: str) -> bool:
     return len(value) <= BODY_FIELD_MAX_LENGTH and _FIELD_RE.fullmatch(value) is not None
 
 
+def header_name_problem(value: str, *, optional: bool) -> str | None:
+    """Why `value` is not a header name (empty allowed when `optional`), or None."""
+    if (optional and value == "") or is_header_name(value):
+        return None
+    empty = " (empty: do not read one)" if optional else ""
+    return (
+        "is not an HTTP header name: use lower-case letters, digits and !#$%&'*+-.^_`|~ "
+        f"(at most {HEADER_NAME_MAX_LENGTH} characters){empty}"
+    )
+
+
+def body_field_problem(value: str, *, optional: bool) -> str | None:
+    """Why `value` is not a body-field name (empty allowed when `optional`), or None."""
+    if (optional and value == "") or is_body_field(value):
+        return None
+    empty = " (empty: do not read one)" if optional else ""
+    return (
+        "is not a body field name: use letters, digits and _, not starting with a digit "
+        f"(at most {BODY_FIELD_MAX_LENGTH} characters){empty}"
+    )
+
+
 def check_header_name(label: str, value: str, *, optional: bool) -> str:
     """`value` if it is a header name (or empty, when `optional`), else GrammarError."""
-    if optional and value == "":
-        return value
-    if not is_header_name(value):
-        empty = " (empty: do not read one)" if optional else ""
-        raise GrammarError(
-            f"{label}={value!r} is not an HTTP header name: use lower-case letters, digits "
-            f"and !#$%&'*+-.^_`|~ (at most {HEADER_NAME_MAX_LENGTH} characters){empty}"
-        )
+    problem = header_name_problem(value, optional=optional)
+    if problem is not None:
+        raise GrammarError(f"{label}={value!r} {problem}")
     return value
 
 
 def check_body_field(label: str, value: str, *, optional: bool) -> str:
     """`value` if it is a body-field name (or empty, when `optional`), else GrammarError."""
-    if optional and value == "":
-        return value
-    if not is_body_field(value):
-        empty = " (empty: do not read one)" if optional else ""
-        raise GrammarError(
-            f"{label}={value!r} is not a body field name: use letters, digits and _, not "
-            f"starting with a digit (at most {BODY_FIELD_MAX_LENGTH} characters){empty}"
-        )
+    problem = body_field_problem(value, optional=optional)
+    if problem is not None:
+        raise GrammarError(f"{label}={value!r} {problem}")
     return value

@@ -15,6 +15,18 @@ import sys
 from typing import Any
 
 from promptcache.api.defaults import add_default_flags, defaults_from_args
+from promptcache.controller.options import (
+    DEFAULT_BIND_ADDRESS,
+    DEFAULT_HEALTH_PORT,
+    DEFAULT_LEASE_NAME,
+    DEFAULT_LEASE_NAMESPACE,
+    DEFAULT_LEASE_SECONDS,
+    DEFAULT_METRICS_PORT,
+    DEFAULT_RESYNC_SECONDS,
+    DEFAULT_SCRAPE_PORT,
+    DEFAULT_SCRAPE_TIMEOUT_SECONDS,
+    OperatorOptions,
+)
 
 # ruff: noqa: PLC0415 - the CLI builds its parser from this module; heavy imports wait for `run`
 
@@ -33,13 +45,21 @@ def register(sub: Any) -> None:
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
     run.add_argument(
         "--bind-address",
-        default="0.0.0.0",  # noqa: S104 - probes reach the pod IP
+        default=DEFAULT_BIND_ADDRESS,
         help="address of the health and metrics servers",
     )
     run.add_argument(
-        "--health-port", type=int, default=8080, help="/healthz and /readyz (0: any free port)"
+        "--health-port",
+        type=int,
+        default=DEFAULT_HEALTH_PORT,
+        help=f"/healthz and /readyz (0: any free port; default {DEFAULT_HEALTH_PORT})",
     )
-    run.add_argument("--metrics-port", type=int, default=9090, help="/metrics (0: any free port)")
+    run.add_argument(
+        "--metrics-port",
+        type=int,
+        default=DEFAULT_METRICS_PORT,
+        help=f"/metrics (0: any free port; default {DEFAULT_METRICS_PORT})",
+    )
     run.add_argument(
         "--log-level",
         default=os.environ.get("PROMPTCACHE_LOG_LEVEL", "INFO"),
@@ -48,13 +68,21 @@ def register(sub: Any) -> None:
     run.add_argument(
         "--resync-seconds",
         type=float,
-        default=60.0,
-        help="period of the drift/status resync per resource (default 60)",
+        default=DEFAULT_RESYNC_SECONDS,
+        help=f"period of the drift/status resync per resource (default {DEFAULT_RESYNC_SECONDS:g})",
     )
     run.add_argument(
-        "--scrape-port", type=int, default=None, help="model-server metrics port (default 8000)"
+        "--scrape-port",
+        type=int,
+        default=DEFAULT_SCRAPE_PORT,
+        help=f"model-server metrics port (default {DEFAULT_SCRAPE_PORT})",
     )
-    run.add_argument("--scrape-timeout", type=float, default=2.0, help="seconds per pod scrape")
+    run.add_argument(
+        "--scrape-timeout",
+        type=float,
+        default=DEFAULT_SCRAPE_TIMEOUT_SECONDS,
+        help=f"seconds per pod scrape (default {DEFAULT_SCRAPE_TIMEOUT_SECONDS:g})",
+    )
     run.add_argument("--no-events", action="store_true", help="do not post Kubernetes Events")
     run.add_argument(
         "--no-leader-election",
@@ -65,10 +93,11 @@ def register(sub: Any) -> None:
     run.add_argument(
         "--lease-namespace",
         default=None,
-        help="namespace of the leader Lease (default: $POD_NAMESPACE, else default)",
+        help=f"namespace of the leader Lease (default: $POD_NAMESPACE, else "
+        f"{DEFAULT_LEASE_NAMESPACE})",
     )
-    run.add_argument("--lease-name", default="promptcache-operator")
-    run.add_argument("--lease-seconds", type=int, default=15)
+    run.add_argument("--lease-name", default=DEFAULT_LEASE_NAME)
+    run.add_argument("--lease-seconds", type=int, default=DEFAULT_LEASE_SECONDS)
     run.add_argument("--identity", default=None, help="this replica's name in the Lease")
     add_default_flags(run)
     run.set_defaults(func=cmd_run)
@@ -100,7 +129,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import faulthandler
     import signal
 
-    from promptcache.controller.main import OperatorOptions, serve
+    from promptcache.controller.main import serve
 
     try:
         defaults = defaults_from_args(args)
@@ -132,7 +161,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         scrape_timeout_s=args.scrape_timeout,
         events=not args.no_events,
         leader_election=args.leader_election,
-        lease_namespace=args.lease_namespace or os.environ.get("POD_NAMESPACE") or "default",
+        lease_namespace=args.lease_namespace
+        or os.environ.get("POD_NAMESPACE")
+        or DEFAULT_LEASE_NAMESPACE,
         lease_name=args.lease_name,
         lease_s=args.lease_seconds,
         identity=args.identity

@@ -28,6 +28,7 @@ from promptcache.api.status import ConditionType
 from promptcache.controller.children import owning_resource
 from promptcache.controller.events import post_event
 from promptcache.controller.kube import ApiError, Kube
+from promptcache.controller.options import DEFAULT_RESYNC_SECONDS
 from promptcache.controller.reconcile import Outcome, Reconciler
 from promptcache.controller.resync import Resyncer
 from promptcache.render.names import MANAGED_BY
@@ -41,7 +42,7 @@ DEBOUNCE_S = 1.0
 
 @dataclass
 class HandlerSettings:
-    resync_s: float = 60.0
+    resync_s: float = DEFAULT_RESYNC_SECONDS
     debounce_s: float = DEBOUNCE_S
     posting: bool = True
     namespaces: tuple[str, ...] = ()

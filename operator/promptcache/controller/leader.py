@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from promptcache.controller.kube import ApiError, Kube, by_kind
+from promptcache.controller.options import DEFAULT_LEASE_SECONDS
 
 log = logging.getLogger(__name__)
 LEASE = by_kind("Lease")
@@ -38,7 +39,7 @@ class LeaderElector:
     namespace: str
     name: str
     identity: str
-    lease_s: int = 15
+    lease_s: int = DEFAULT_LEASE_SECONDS
     renew_s: float = 5.0
     retry_s: float = 2.0
 

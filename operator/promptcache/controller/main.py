@@ -12,42 +12,21 @@ import asyncio
 import contextlib
 import logging
 import signal
-from dataclasses import dataclass, field
 
 import aiohttp
 import kopf
 
-from promptcache.api import BUILT_IN_DEFAULTS, OperatorDefaults
-from promptcache.contract import SERVING_PORT
 from promptcache.controller.handlers import HandlerSettings, build_registry
 from promptcache.controller.kube import Kube, load_config
 from promptcache.controller.leader import LeaderElector, LeadershipLostError
 from promptcache.controller.metrics import OperatorMetrics
+from promptcache.controller.options import OperatorOptions
 from promptcache.controller.reconcile import Reconciler, ReconcileSettings
 from promptcache.controller.server import HealthState, start_servers
 
 log = logging.getLogger(__name__)
 
 EXIT_LOST_LEADERSHIP = 3
-
-
-@dataclass(frozen=True)
-class OperatorOptions:
-    namespaces: tuple[str, ...] = ()
-    all_namespaces: bool = False
-    bind_address: str = "0.0.0.0"  # noqa: S104 - probes reach the pod IP
-    health_port: int = 8080
-    metrics_port: int = 9090
-    resync_s: float = 60.0
-    scrape_port: int | None = None
-    scrape_timeout_s: float = 2.0
-    events: bool = True
-    leader_election: bool = True
-    lease_namespace: str = "default"
-    lease_name: str = "promptcache-operator"
-    lease_s: int = 15
-    identity: str = "promptcache-operator"
-    defaults: OperatorDefaults = field(default_factory=lambda: BUILT_IN_DEFAULTS)
 
 
 async def _wait_or_stop(coro: asyncio.Future[None], stop: asyncio.Event) -> bool:
@@ -78,7 +57,7 @@ async def serve(options: OperatorOptions) -> int:
         http,
         metrics,
         ReconcileSettings(
-            scrape_port=options.scrape_port or SERVING_PORT,
+            scrape_port=options.scrape_port,
             scrape_timeout_s=options.scrape_timeout_s,
             defaults=options.defaults,
         ),

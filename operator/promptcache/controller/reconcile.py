@@ -29,13 +29,13 @@ from promptcache.api import (
     parse_resource,
 )
 from promptcache.api.status import ConditionType, Reason
-from promptcache.contract import SERVING_PORT
 from promptcache.controller.checks import GatewayApis, NodeCache, gpu_shortfall, missing_secret
 from promptcache.controller.children import controller_uid, owned
 from promptcache.controller.compare import needs_apply
 from promptcache.controller.conditions import Desired, now_rfc3339, transitions
 from promptcache.controller.kube import ApiError, Kube, by_kind, kind_of
 from promptcache.controller.metrics import OperatorMetrics
+from promptcache.controller.options import DEFAULT_SCRAPE_PORT, DEFAULT_SCRAPE_TIMEOUT_SECONDS
 from promptcache.controller.salt import ensure_salt_secret
 from promptcache.controller.scrape import ScrapedPrefixCache, aggregate, ready_pod_ips, scrape
 from promptcache.controller.status import (
@@ -63,8 +63,8 @@ STATUS_ECHO_S = 10.0
 
 @dataclass(frozen=True)
 class ReconcileSettings:
-    scrape_port: int = SERVING_PORT
-    scrape_timeout_s: float = 2.0
+    scrape_port: int = DEFAULT_SCRAPE_PORT
+    scrape_timeout_s: float = DEFAULT_SCRAPE_TIMEOUT_SECONDS
     defaults: OperatorDefaults = BUILT_IN_DEFAULTS
     """Operator-wide defaults for what a resource leaves empty (`promptcache run` flags)."""
 

@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from promptcache.contract import SERVING_PORT
+from promptcache.controller.options import DEFAULT_SCRAPE_PORT
 
 CACHE_CONFIG = "vllm:cache_config_info"
 HITS = "vllm:prefix_cache_hits_total"
@@ -123,7 +123,7 @@ async def scrape(
     session: aiohttp.ClientSession,
     ips: Sequence[str],
     *,
-    port: int = SERVING_PORT,
+    port: int = DEFAULT_SCRAPE_PORT,
     timeout_s: float = 2.0,
     limit: asyncio.Semaphore | None = None,
 ) -> list[PodMetrics]:

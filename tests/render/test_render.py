@@ -150,15 +150,61 @@ def test_the_model_server_pod() -> None:
     assert env[FrontEnv.ISOLATION_MODE] == "Required"
     assert env[FrontEnv.SALT_KEY_FILE] == "/etc/promptcache/salt/salt-key"
     assert front["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
-    # 2 processes x (2 GiB of cache + 1 GiB in flight + 256 MiB base)
-    assert front["resources"]["limits"]["memory"] == "6656Mi"
-    assert env[FrontEnv.MAX_IN_FLIGHT_BYTES] == str(1024**3)
+    # 2 processes x (2 GiB of cache + 5 x 256 MiB of request budget + 256 MiB base)
+    assert front["resources"]["limits"]["memory"] == "7168Mi"
+    assert env[FrontEnv.MAX_IN_FLIGHT_BYTES] == str(5 * 256 * 1024**2)
+    assert env[FrontEnv.MAX_IN_FLIGHT] == "256"  # vLLM's max_num_seqs default
+    assert env[FrontEnv.MAX_BODY_READS] == "128"
+    assert env[FrontEnv.HEADER_TIMEOUT_SECONDS] == "30"
+    assert env[FrontEnv.BODY_TIMEOUT_SECONDS] == "60"
+    assert env[FrontEnv.MAX_PROMPT_EMBEDS_REFERENCES] == "1024"
     pod = deployment["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["salt-key"]["secret"]["secretName"] == "llama-tenants-salt"
     assert volumes["dshm"]["emptyDir"] == {"medium": "Memory"}
     assert volumes["model-cache"]["emptyDir"] == {"sizeLimit": "40Gi"}
+
+
+def test_front_limits_follow_the_engine_and_the_resource() -> None:
+    def render_front(spec: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+        pcd = parse_resource(
+            {
+                "apiVersion": "serving.promptcache.io/v1alpha1",
+                "kind": "PromptCacheDeployment",
+                "metadata": {"name": "limits"},
+                "spec": {"model": {"name": "m"}, **spec},
+            }
+        )
+        deployment = by_kind(render(pcd), "Deployment", "model-server")
+        return container(deployment, "vllm")["args"], env_of(container(deployment, "cache-front"))
+
+    args, env = render_front({"engine": {"maxNumSeqs": 512}})
+    assert args[args.index("--max-num-seqs") + 1] == "512"
+    assert env[FrontEnv.MAX_IN_FLIGHT] == "512"
+    args, env = render_front(
+        {
+            "engine": {"maxNumSeqs": 512},
+            "front": {
+                "maxConcurrency": 64,
+                "memoryBudgetBytes": 3 * 1024**3,
+                "maxConcurrentBodyReads": 8,
+                "headerTimeoutSeconds": 5,
+                "bodyTimeoutSeconds": 12.5,
+                "maxPromptEmbedsReferences": 16,
+            },
+        }
+    )
+    assert env[FrontEnv.MAX_IN_FLIGHT] == "64"
+    assert env[FrontEnv.MAX_IN_FLIGHT_BYTES] == str(3 * 1024**3)
+    assert env[FrontEnv.MAX_BODY_READS] == "8"
+    assert env[FrontEnv.HEADER_TIMEOUT_SECONDS] == "5"
+    assert env[FrontEnv.BODY_TIMEOUT_SECONDS] == "12.5"
+    assert env[FrontEnv.MAX_PROMPT_EMBEDS_REFERENCES] == "16"
+    args, _ = render_front({})
+    assert "--max-num-seqs" not in args
+    with pytest.raises(ValueError, match=r"memoryBudgetBytes is below front\.maxRequestBytes"):
+        render_front({"front": {"memoryBudgetBytes": 1024**2, "maxRequestBytes": 2 * 1024**2}})
 
 
 def test_without_the_front_vllm_serves_the_pool_port() -> None:

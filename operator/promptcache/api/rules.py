@@ -107,6 +107,22 @@ RULES: tuple[CrossFieldRule, ...] = (
         holds=lambda m: m.front.enabled or not m.front.usage_headers.enabled,
         field_path=".front.enabled",
     ),
+    CrossFieldRule(
+        scope="spec",
+        cel=(
+            "!has(self.front.memoryBudgetBytes) || "
+            "self.front.memoryBudgetBytes >= self.front.maxRequestBytes"
+        ),
+        message=(
+            "front.memoryBudgetBytes is below front.maxRequestBytes: not even one full-size "
+            "request could be served; raise the budget or lower maxRequestBytes"
+        ),
+        holds=lambda m: (
+            m.front.memory_budget_bytes is None
+            or m.front.memory_budget_bytes >= m.front.max_request_bytes
+        ),
+        field_path=".front.memoryBudgetBytes",
+    ),
 )
 
 

@@ -137,6 +137,10 @@ class EngineSpec(ApiModel):
     """Fraction of GPU memory vLLM may use (`--gpu-memory-utilization`)."""
     max_model_len: Annotated[int, Field(ge=1)] | None = None
     """Context length cap (`--max-model-len`). Empty: the model's own."""
+    max_num_seqs: Annotated[int, Field(ge=1, le=65536)] | None = None
+    """Sequences vLLM runs at once (`--max-num-seqs`); more wait in its queue. Empty: vLLM's
+    default, 256. The cache front's concurrency cap follows it unless
+    `front.maxConcurrency` is set."""
     extra_args: Annotated[list[str], Field(max_length=64)] = Field(default_factory=list)
     """Extra `vllm serve` flags, appended last."""
     env: Annotated[list[EnvVar], Field(max_length=64)] = Field(default_factory=list)
@@ -309,6 +313,28 @@ class FrontSpec(ApiModel):
     (the chart's `defaultImages.front`, else the front image of this release)."""
     max_request_bytes: Annotated[int, Field(ge=1024, le=4 * 1024**3)] = 256 * 1024**2
     """Largest request body accepted (vLLM itself has no limit); larger gets HTTP 413."""
+    max_concurrency: Annotated[int, Field(ge=1, le=65536)] | None = None
+    """Requests one front process forwards to vLLM at once; more get HTTP 503
+    (`front_overloaded`). Empty: `engine.maxNumSeqs` (vLLM's 256 when that is empty), so the
+    front never refuses what vLLM would run or queue."""
+    memory_budget_bytes: Annotated[int, Field(ge=1024**2, le=256 * 1024**3)] | None = None
+    """Working memory one front process may hold for requests in flight: bodies as read,
+    parsed JSON, verified and densified prompt embeds (TurboQuant sized from its header
+    before decoding), every reference to a cached payload at its full size, forwarded
+    copies. Beyond it requests get HTTP 503 (`memory_budget_exhausted`); one that could never
+    fit gets 413. Empty: max(1 GiB, 5 x maxRequestBytes). The container's derived memory
+    limit includes it."""
+    max_concurrent_body_reads: Annotated[int, Field(ge=1, le=65536)] = 128
+    """Request bodies one front process receives at once, apart from `maxConcurrency`, so
+    slow senders cannot take the slots of requests ready to run; more get HTTP 503
+    (`body_reads_saturated`)."""
+    header_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 30.0
+    """Time a connection has to deliver a request's headers, and how long an idle
+    keep-alive connection stays open."""
+    body_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 60.0
+    """Time a request has to deliver its whole body; after it, HTTP 408 (`body_timeout`)."""
+    max_prompt_embeds_references: Annotated[int, Field(ge=1, le=1_000_000)] = 1024
+    """Prompt-embeds payloads and identifiers one request may carry; more get HTTP 400."""
     usage_headers: UsageHeadersSpec = Field(default_factory=UsageHeadersSpec)
     resources: Resources = Field(
         default_factory=lambda: Resources(gpus=0, requests={"cpu": "500m", "memory": "512Mi"})

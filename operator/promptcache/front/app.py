@@ -181,7 +181,8 @@ async def _verify(state: FrontState, charge: Charge, payload: str) -> VerifiedLi
     # torch loads only once a request carries prompt embeds
     from promptcache.front.verify import verify_payload  # noqa: PLC0415
 
-    charge.take(UPLOAD_FACTOR * len(payload))
+    transient = UPLOAD_FACTOR * len(payload)  # decoded bytes and the loaded tensor
+    charge.take(transient)
     loop = asyncio.get_running_loop()
     job = partial(
         verify_payload,
@@ -190,7 +191,10 @@ async def _verify(state: FrontState, charge: Charge, payload: str) -> VerifiedLi
         dense_dtype=state.settings.turboquant_dtype,
         reserve=charge.take,
     )
-    return await loop.run_in_executor(state.executor, job)
+    try:
+        return await loop.run_in_executor(state.executor, job)
+    finally:
+        charge.give_back(transient)
 
 
 def _count_policy(state: FrontState, isolation: Isolation) -> None:

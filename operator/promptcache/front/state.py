@@ -95,6 +95,13 @@ class Charge:
             state.bytes_in_flight += n
             self.held += n
 
+    def give_back(self, n: int) -> None:
+        """Return part of the charge whose memory is already freed (a finished decode)."""
+        with self._state.lock:
+            n = min(n, self.held)
+            self._state.bytes_in_flight -= n
+            self.held -= n
+
     def release(self) -> None:
         with self._state.lock:
             self._state.bytes_in_flight -= self.held

@@ -21,21 +21,38 @@ from promptcache.contract import (
     format_bool,
     format_cache_gib,
 )
-from promptcache.contract.front import DEFAULT_LISTEN, DEFAULT_MAX_IN_FLIGHT_BYTES, DEFAULT_UPSTREAM
+from promptcache.contract.front import (
+    DEFAULT_LISTEN,
+    DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_MAX_IN_FLIGHT_BYTES,
+    DEFAULT_UPSTREAM,
+)
 from promptcache.render.names import Names
 from promptcache.render.quantities import mebibytes
 from promptcache.render.security import container_security_context
 
 FRONT_CONTAINER = "cache-front"
 SALT_VOLUME = "salt-key"
+_BUDGET_PER_REQUEST_BYTE = 5
+"""A maximal request is charged about 5x its size at its peak (body, parse, forwarded copy)."""
 _BASE_MEMORY_BYTES = 256 * 1024**2
 """Interpreter, torch and aiohttp of one front process, before any request."""
 
 
 def in_flight_bytes(pcd: PromptCacheDeployment) -> int:
-    """Request bytes one front process may hold at once (it refuses more with 503): the
-    front's default, raised so one maximal request fits (else it would refuse to start)."""
-    return max(DEFAULT_MAX_IN_FLIGHT_BYTES, pcd.spec.front.max_request_bytes)
+    """The front's memory budget: as set, or enough for one maximal request (and 1 GiB)."""
+    front = pcd.spec.front
+    if front.memory_budget_bytes is not None:
+        return front.memory_budget_bytes
+    return max(DEFAULT_MAX_IN_FLIGHT_BYTES, _BUDGET_PER_REQUEST_BYTE * front.max_request_bytes)
+
+
+def max_concurrency(pcd: PromptCacheDeployment) -> int:
+    """The front's concurrency cap: as set, else vLLM's max_num_seqs (never below vLLM's)."""
+    spec = pcd.spec
+    if spec.front.max_concurrency is not None:
+        return spec.front.max_concurrency
+    return spec.engine.max_num_seqs or DEFAULT_MAX_IN_FLIGHT
 
 
 def salt_secret(pcd: PromptCacheDeployment, names: Names) -> tuple[str, str] | None:
@@ -63,6 +80,11 @@ def _env(pcd: PromptCacheDeployment, has_salt: bool) -> list[dict[str, str]]:
         (FrontEnv.HONOR_MAX_LEN, format_bool(spec.honors_prompt_cache_max_len)),
         (FrontEnv.MAX_BODY_BYTES, str(spec.front.max_request_bytes)),
         (FrontEnv.MAX_IN_FLIGHT_BYTES, str(in_flight_bytes(pcd))),
+        (FrontEnv.MAX_IN_FLIGHT, str(max_concurrency(pcd))),
+        (FrontEnv.MAX_BODY_READS, str(spec.front.max_concurrent_body_reads)),
+        (FrontEnv.HEADER_TIMEOUT_SECONDS, f"{spec.front.header_timeout_seconds:g}"),
+        (FrontEnv.BODY_TIMEOUT_SECONDS, f"{spec.front.body_timeout_seconds:g}"),
+        (FrontEnv.MAX_PROMPT_EMBEDS_REFERENCES, str(spec.front.max_prompt_embeds_references)),
         (FrontEnv.PROMPT_TOKENS_HEADER, usage.prompt_tokens_header if usage.enabled else ""),
         (
             FrontEnv.CACHED_PROMPT_TOKENS_HEADER,

@@ -40,6 +40,8 @@ def vllm_args(pcd: PromptCacheDeployment) -> list[str]:
     ]
     if spec.engine.max_model_len is not None:
         args += ["--max-model-len", str(spec.engine.max_model_len)]
+    if spec.engine.max_num_seqs is not None:
+        args += ["--max-num-seqs", str(spec.engine.max_num_seqs)]
     if spec.prompt_embeds.enabled:
         args.append("--enable-prompt-embeds")
     return args + list(spec.engine.extra_args)

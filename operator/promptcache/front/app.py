@@ -110,8 +110,11 @@ def _check_json_media_type(request: web.Request) -> None:
         )
 
 
-async def _read_body(request: web.Request, state: FrontState, charge: Charge) -> bytes:
-    """The whole body, under the size limit, the body-read cap, the timeout and the budget."""
+async def _read_body(request: web.Request, state: FrontState, charge: Charge) -> bytearray:
+    """The whole body, under the size limit, the body-read cap, the timeout and the budget.
+
+    Returned as the buffer it was read into (no second copy of a large body).
+    """
     settings = state.settings
     limit = settings.max_body_bytes
     declared = request.content_length
@@ -144,7 +147,7 @@ async def _read_body(request: web.Request, state: FrontState, charge: Charge) ->
         ) from None
     finally:
         state.body_reads -= 1
-    return bytes(buffer)
+    return buffer
 
 
 def _too_large(size: int, limit: int) -> FrontError:
@@ -156,7 +159,7 @@ def _too_large(size: int, limit: int) -> FrontError:
     )
 
 
-def _parse_json(raw: bytes, charge: Charge) -> dict[str, Any]:
+def _parse_json(raw: bytearray, charge: Charge) -> dict[str, Any]:
     charge.take(json_charge(raw))
     try:
         body = json.loads(raw)
@@ -285,11 +288,14 @@ async def _salted(
     route: Route,
     target: Target,
     *,
-    raw: bytes,
+    raw: bytearray,
     charge: Charge,
 ) -> web.StreamResponse:
     settings = state.settings
     body = _parse_json(raw, charge)
+    size = len(raw)
+    raw.clear()  # parsed: the raw bytes are no longer needed
+    charge.give_back(size)
     try:
         plan = apply_policy(route, request.headers, body, settings, state.secret)
     except FrontError:
@@ -325,7 +331,7 @@ async def _salted(
     if outcome.uploads_verified:
         state.metrics.uploads.labels(result="verified").inc(outcome.uploads_verified)
     limit = settings.max_body_bytes * FORWARD_EXPANSION
-    expected = len(raw) + forward_size(outcome.placed)
+    expected = size + forward_size(outcome.placed)
     if expected > limit:
         raise FrontError(
             413,

@@ -22,7 +22,7 @@ from promptcache.front.references import KindIndex
 from promptcache.front.settings import FrontSettings
 
 
-def json_charge(raw: bytes) -> int:
+def json_charge(raw: bytes | bytearray) -> int:
     """Bytes `json.loads(raw)` may take, from a linear scan of the raw text.
 
     Parsed JSON is far larger than its text where the text is dense with

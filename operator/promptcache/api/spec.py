@@ -33,6 +33,12 @@ from promptcache.contract import (
     IsolationMode,
     needs_salt_key,
 )
+from promptcache.contract.front import (
+    DEFAULT_BODY_TIMEOUT_SECONDS,
+    DEFAULT_HEADER_TIMEOUT_SECONDS,
+    DEFAULT_MAX_BODY_READS,
+    DEFAULT_MAX_PROMPT_EMBEDS_REFERENCES,
+)
 
 IsolationModeName = Annotated[IsolationMode, Strict(False)]
 """The contract's enum; lax so YAML's plain string `PerKey` is accepted."""
@@ -324,16 +330,18 @@ class FrontSpec(ApiModel):
     copies. Beyond it requests get HTTP 503 (`memory_budget_exhausted`); one that could never
     fit gets 413. Empty: max(1 GiB, 5 x maxRequestBytes). The container's derived memory
     limit includes it."""
-    max_concurrent_body_reads: Annotated[int, Field(ge=1, le=65536)] = 128
+    max_concurrent_body_reads: Annotated[int, Field(ge=1, le=65536)] = DEFAULT_MAX_BODY_READS
     """Request bodies one front process receives at once, apart from `maxConcurrency`, so
     slow senders cannot take the slots of requests ready to run; more get HTTP 503
     (`body_reads_saturated`)."""
-    header_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 30.0
+    header_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = DEFAULT_HEADER_TIMEOUT_SECONDS
     """Time a connection has to deliver a request's headers, and how long an idle
     keep-alive connection stays open."""
-    body_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 60.0
+    body_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = DEFAULT_BODY_TIMEOUT_SECONDS
     """Time a request has to deliver its whole body; after it, HTTP 408 (`body_timeout`)."""
-    max_prompt_embeds_references: Annotated[int, Field(ge=1, le=1_000_000)] = 1024
+    max_prompt_embeds_references: Annotated[int, Field(ge=1, le=1_000_000)] = (
+        DEFAULT_MAX_PROMPT_EMBEDS_REFERENCES
+    )
     """Prompt-embeds payloads and identifiers one request may carry; more get HTTP 400."""
     usage_headers: UsageHeadersSpec = Field(default_factory=UsageHeadersSpec)
     resources: Resources = Field(

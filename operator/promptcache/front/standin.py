@@ -396,15 +396,18 @@ class Engine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.cache = PrefixCache(config.num_gpu_blocks, config.block_size)
-        self._waiting: deque[object] = deque()
+        self._waiting: deque[_Queued] = deque()
         self._running = 0
         self._prefilling = False
-        self._cond: asyncio.Condition | None = None
         self.prefix_queries = 0
         self.prefix_hits = 0
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.requests_total = 0
+        self.queued_prefill_s = 0.0
+        """Estimated prefill seconds of the waiting requests (an oracle router reads it)."""
+        self.prefill_ends_at = 0.0
+        """`time.monotonic()` when the running prefill ends."""
 
     @property
     def waiting(self) -> int:
@@ -435,6 +438,18 @@ class Engine:
         total = -(-(prompt_tokens + completion_tokens) // bs)
         return full, total - full
 
+    def prefill_estimate_s(self, prompt_tokens: int, cached_tokens: int) -> float:
+        """The latency model's prefill time for a prompt with this many cached tokens."""
+        cfg = self.config
+        return cfg.step_overhead_s + (prompt_tokens - cached_tokens) * cfg.prefill_s_per_token
+
+    def ttft_estimate_s(self, body: dict[str, Any], chat: bool = True) -> float:
+        """What the first token of `body` would wait here now: the running prefill's rest,
+        the queued prefills, its own uncached prefill. An oracle router's view."""
+        n, cached = self.would_hit(body, chat)
+        rest = max(0.0, self.prefill_ends_at - time.monotonic())
+        return rest + self.queued_prefill_s + self.prefill_estimate_s(n, cached)
+
     def refusal(self, prompt: Prompt, hashes: list[bytes], completion_tokens: int) -> str | None:
         """Why this request can never run here (vLLM answers 400), or None."""
         _, extra = self.blocks_for(len(prompt), completion_tokens)
@@ -446,49 +461,57 @@ class Engine:
             )
         return None
 
-    async def _admit(
-        self, cond: asyncio.Condition, hashes: list[bytes], prompt_tokens: int, extra: int
-    ) -> Allocation:
-        """FCFS: wait at the queue's head for a free sequence slot, the prefill lane and
-        room for the blocks; then the request runs and holds the lane."""
-        me = object()
-        alloc: Allocation | None = None
-
-        def ready() -> bool:
-            nonlocal alloc
-            if self._waiting[0] is not me or self._prefilling:
-                return False
+    def _schedule(self) -> None:
+        """FCFS, like vLLM's scheduler: admit the queue's head while a sequence slot and the
+        prefill lane are free and its blocks fit; a head that does not fit blocks the rest."""
+        while self._waiting and not self._prefilling:
             if self._running >= self.config.max_num_seqs:
-                return False
-            alloc = self.cache.allocate(hashes, prompt_tokens, extra)
-            return alloc is not None
-
-        async with cond:
-            self._waiting.append(me)
-            try:
-                await cond.wait_for(ready)
-            finally:
-                self._waiting.remove(me)
-                cond.notify_all()
+                return
+            head = self._waiting[0]
+            alloc = self.cache.allocate(head.hashes, head.prompt_tokens, head.extra)
+            if alloc is None:
+                return
+            self._waiting.popleft()
             self._running += 1
             self._prefilling = True
-        assert alloc is not None
-        return alloc
+            head.admitted.set_result(alloc)
+
+    def _finish(self, alloc: Allocation) -> None:
+        self.cache.release(alloc)
+        self._running -= 1
+        self._schedule()
+
+    async def _admit(self, hashes: list[bytes], prompt_tokens: int, extra: int) -> Allocation:
+        """Queue, and return once admitted: the request then runs and holds the prefill lane."""
+        entry = _Queued(asyncio.get_running_loop().create_future(), hashes, prompt_tokens, extra)
+        self._waiting.append(entry)
+        self._schedule()
+        try:
+            return await entry.admitted
+        except asyncio.CancelledError:
+            if entry.admitted.done() and not entry.admitted.cancelled():
+                self._prefilling = False  # admitted, then the client went away
+                self._finish(entry.admitted.result())
+            elif entry in self._waiting:
+                self._waiting.remove(entry)
+                self._schedule()
+            raise
 
     @contextlib.asynccontextmanager
     async def admitted(self, prompt: Prompt, hashes: list[bytes], completion_tokens: int) -> Any:
         """Wait for a slot and the prefill lane, hold the blocks, prefill; yields `Served`
         once the first token may be sent, and releases everything on exit."""
-        if self._cond is None:
-            self._cond = asyncio.Condition()
-        cond = self._cond
-        cfg = self.config
         problem = self.refusal(prompt, hashes, completion_tokens)
         if problem is not None:
             raise ValueError(problem)
         _, extra = self.blocks_for(len(prompt), completion_tokens)
         t0 = time.monotonic()
-        alloc = await self._admit(cond, hashes, len(prompt), extra)
+        estimate = self.prefill_estimate_s(len(prompt), self.cache.match(hashes, len(prompt)))
+        self.queued_prefill_s += estimate
+        try:
+            alloc = await self._admit(hashes, len(prompt), extra)
+        finally:
+            self.queued_prefill_s -= estimate
         served = Served(len(prompt), alloc.cached_tokens, completion_tokens)
         self.requests_total += 1
         self.prefix_queries += len(prompt)
@@ -497,22 +520,26 @@ class Engine:
         served.queued_s = time.monotonic() - t0
         try:
             try:
-                uncached = len(prompt) - alloc.cached_tokens
-                delay = cfg.step_overhead_s + uncached * cfg.prefill_s_per_token
+                delay = self.prefill_estimate_s(len(prompt), alloc.cached_tokens)
+                self.prefill_ends_at = time.monotonic() + delay
                 if delay > 0:
                     await asyncio.sleep(delay)
             finally:
-                async with cond:
-                    self._prefilling = False
-                    cond.notify_all()
+                self._prefilling = False
+                self._schedule()
             served.ttft_s = time.monotonic() - t0
             yield served
             self.generation_tokens_total += completion_tokens
         finally:
-            self.cache.release(alloc)
-            async with cond:
-                self._running -= 1
-                cond.notify_all()
+            self._finish(alloc)
+
+
+@dataclass(eq=False)
+class _Queued:
+    admitted: asyncio.Future[Allocation]
+    hashes: list[bytes]
+    prompt_tokens: int
+    extra: int
 
 
 # --- metrics -----------------------------------------------------------------------------

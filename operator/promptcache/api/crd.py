@@ -186,7 +186,12 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Replicas", "type": "integer", "jsonPath": ".spec.model.replicas"},
     {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
     {"name": "Isolation", "type": "string", "jsonPath": ".spec.isolation.mode"},
-    {"name": "Hit-Ratio", "type": "number", "jsonPath": ".status.prefixCache.hitRatio"},
+    {
+        "name": "Hit-Ratio",
+        "type": "number",
+        "description": "Prefix-cache hit ratio over the last 5 minutes",
+        "jsonPath": ".status.prefixCache.recentHitRatio",
+    },
     {
         "name": "Status",
         "type": "string",

@@ -37,6 +37,22 @@ class Reason:
     GATEWAY_APPLIED: Final[str] = "GatewayApplied"
     NO_ROUTE: Final[str] = "NoRoute"
     AS_EXPECTED: Final[str] = "AsExpected"
+    # Why model-server pods are not ready, read from the pods (controller/diagnose.py).
+    IMAGE_PULL_BACK_OFF: Final[str] = "ImagePullBackOff"
+    CRASH_LOOP_BACK_OFF: Final[str] = "CrashLoopBackOff"
+    CONTAINER_CONFIG_ERROR: Final[str] = "CreateContainerConfigError"
+    UNSCHEDULABLE: Final[str] = "Unschedulable"
+    LOADING_WEIGHTS: Final[str] = "LoadingWeights"
+    CONTAINERS_NOT_READY: Final[str] = "ContainersNotReady"
+    PODS_STARTING: Final[str] = "PodsStarting"
+    # GatewayReady from the Gateway controller's own verdict (controller/gateway_status.py).
+    ACCEPTED: Final[str] = "Accepted"
+    ROUTE_NOT_ACCEPTED: Final[str] = "RouteNotAccepted"
+    ROUTE_REFS_NOT_RESOLVED: Final[str] = "RouteRefsNotResolved"
+    ROUTE_PENDING: Final[str] = "RoutePending"
+    POOL_NOT_ACCEPTED: Final[str] = "PoolNotAccepted"
+    POOL_REFS_NOT_RESOLVED: Final[str] = "PoolRefsNotResolved"
+    POOL_PENDING: Final[str] = "PoolPending"
 
 
 class Condition(ApiModel):
@@ -78,8 +94,24 @@ class PrefixCacheStatus(ApiModel):
     """Blocks the Endpoint Picker's prefix index keeps per pod: `numGpuBlocks` under autoTune
     once scraped, else `prefixCache.lruCapacityPerServer`."""
     hit_ratio: Annotated[float, Field(ge=0, le=1)] | None = None
-    """`vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total` over ready pods."""
+    """`vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total` over ready pods,
+    since each pod started (lifetime)."""
+    recent_hit_ratio: Annotated[float, Field(ge=0, le=1)] | None = None
+    """The same ratio over the last `recentWindowSeconds` only: counter increases between the
+    operator's scrapes (one per resync) inside a 5-minute window. Absent when no prefix-cache
+    query happened in the window."""
+    recent_window_seconds: int | None = None
+    """The span `recentHitRatio` really covers (up to 5 minutes plus one resync period)."""
     scraped_pods: int = 0
+
+
+class GatewayStatus(ApiModel):
+    """Where clients reach the model, as the parent Gateways report it."""
+
+    addresses: Annotated[list[Annotated[str, Field(max_length=253)]], Field(max_length=16)] = Field(
+        default_factory=list
+    )
+    """`status.addresses[].value` of the Gateways the HTTPRoute attaches to."""
 
 
 class PromptCacheDeploymentStatus(ApiModel):
@@ -93,3 +125,5 @@ class PromptCacheDeploymentStatus(ApiModel):
     """Label selector of the model-server pods, for the scale subresource."""
     prompt_embeds: PromptEmbedsStatus = Field(default_factory=PromptEmbedsStatus)
     prefix_cache: PrefixCacheStatus = Field(default_factory=PrefixCacheStatus)
+    gateway: GatewayStatus | None = None
+    """Present once a parent Gateway reports an address."""

@@ -72,13 +72,10 @@ def node_gpus(node: Mapping[str, Any]) -> int:
         return 0
 
 
-def gpu_shortfall(
-    nodes: Sequence[Mapping[str, Any]], gpus: int, node_selector: Mapping[str, str]
-) -> str | None:
-    """A message when no node (matching the nodeSelector) offers `gpus` GPUs."""
-    if gpus <= 0:
-        return None
-    eligible = [
+def _eligible(
+    nodes: Sequence[Mapping[str, Any]], node_selector: Mapping[str, str]
+) -> list[Mapping[str, Any]]:
+    return [
         n
         for n in nodes
         if all(
@@ -86,7 +83,21 @@ def gpu_shortfall(
             for k, v in node_selector.items()
         )
     ]
-    best = max((node_gpus(n) for n in eligible), default=0)
+
+
+def gpu_nodes_present(nodes: Sequence[Mapping[str, Any]], node_selector: Mapping[str, str]) -> bool:
+    """Does any node matching the nodeSelector offer GPUs at all? None: the GPU node pool
+    looks scaled to zero, and its autoscaler adds a node for the pending pods."""
+    return any(node_gpus(n) > 0 for n in _eligible(nodes, node_selector))
+
+
+def gpu_shortfall(
+    nodes: Sequence[Mapping[str, Any]], gpus: int, node_selector: Mapping[str, str]
+) -> str | None:
+    """A message when no node (matching the nodeSelector) offers `gpus` GPUs."""
+    if gpus <= 0:
+        return None
+    best = max((node_gpus(n) for n in _eligible(nodes, node_selector)), default=0)
     if best >= gpus:
         return None
     where = "matching spec.model.nodeSelector" if node_selector else "in the cluster"

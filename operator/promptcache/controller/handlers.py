@@ -26,6 +26,7 @@ import kopf
 from promptcache.api import GROUP, PLURAL, VERSION
 from promptcache.api.status import ConditionType
 from promptcache.controller.children import owning_resource
+from promptcache.controller.diagnose import NOT_READY_WARNINGS
 from promptcache.controller.events import post_event
 from promptcache.controller.kube import ApiError, Kube
 from promptcache.controller.options import DEFAULT_RESYNC_SECONDS
@@ -56,8 +57,10 @@ async def _post_events(
     kube: Kube, instance: str, body: Mapping[str, Any], outcome: Outcome
 ) -> None:
     for cond in outcome.transitions:
-        bad = (cond["type"] == ConditionType.DEGRADED and cond["status"] == "True") or (
-            cond["type"] == ConditionType.GATEWAY_READY and cond["status"] == "False"
+        bad = (
+            (cond["type"] == ConditionType.DEGRADED and cond["status"] == "True")
+            or (cond["type"] == ConditionType.GATEWAY_READY and cond["status"] == "False")
+            or (cond["type"] == ConditionType.READY and cond["reason"] in NOT_READY_WARNINGS)
         )
         await post_event(
             kube,

@@ -29,15 +29,28 @@ from promptcache.api import (
     parse_resource,
 )
 from promptcache.api.status import ConditionType, Reason
-from promptcache.controller.checks import GatewayApis, NodeCache, gpu_shortfall, missing_secret
+from promptcache.controller.checks import (
+    GatewayApis,
+    NodeCache,
+    gpu_nodes_present,
+    gpu_shortfall,
+    missing_secret,
+)
 from promptcache.controller.children import controller_uid, owned
 from promptcache.controller.compare import needs_apply
 from promptcache.controller.conditions import Desired, now_rfc3339, transitions
+from promptcache.controller.diagnose import diagnose
+from promptcache.controller.gateway_status import gateway_view, route_parents
 from promptcache.controller.kube import ApiError, Kube, by_kind, kind_of
 from promptcache.controller.metrics import OperatorMetrics
 from promptcache.controller.options import DEFAULT_SCRAPE_PORT, DEFAULT_SCRAPE_TIMEOUT_SECONDS
 from promptcache.controller.salt import ensure_salt_secret
-from promptcache.controller.scrape import ScrapedPrefixCache, aggregate, ready_pod_ips, scrape
+from promptcache.controller.scrape import (
+    ScrapedPrefixCache,
+    aggregate,
+    ready_pod_ips,
+    scrape_by_ip,
+)
 from promptcache.controller.status import (
     Observation,
     Problem,
@@ -46,6 +59,7 @@ from promptcache.controller.status import (
     selector_string,
     status_differs,
 )
+from promptcache.controller.window import HitWindow, WindowedRatio
 from promptcache.render import GATEWAY_KINDS, Names, RenderError, names_of, render
 from promptcache.render.names import Component, selector_labels
 
@@ -57,6 +71,7 @@ _APPLIED_LAST: frozenset[str] = frozenset({"RoleBinding"})
 POD = by_kind("Pod")
 POOL = by_kind("InferencePool")
 ROUTE = by_kind("HTTPRoute")
+GATEWAY = by_kind("Gateway")
 STATUS_ECHO_S = 10.0
 """How long a just-written status is trusted over a body that may not show it yet."""
 
@@ -120,12 +135,14 @@ class Reconciler:
         self._written: dict[str, tuple[dict[str, Any], float]] = {}
         self._salts: set[str] = set()
         """Salt Secrets known to exist (created, or a create answered 409)."""
+        self._windows: dict[str, HitWindow] = {}
 
     def forget(self, uid: str) -> None:
         """Drop per-resource state once a resource is gone."""
         self._locks.pop(uid, None)
         self._written.pop(uid, None)
         self._salts = {s for s in self._salts if not s.startswith(f"{uid}/")}
+        self._windows.pop(uid, None)
 
     async def reconcile(self, body: Mapping[str, Any], *, trigger: str) -> Outcome:
         raw = copy.deepcopy(dict(body))
@@ -195,7 +212,10 @@ class Reconciler:
         else:
             nodes = await self.nodes.get(self.kube)
             short = gpu_shortfall(nodes, spec.model.resources.gpus, spec.model.node_selector)
-            if short:
+            # No eligible GPU node at all looks like a GPU node pool scaled to zero: its
+            # autoscaler adds a node for the pending pods, so the pods' own state says so (a
+            # warning), not a failure. GPU nodes all too small for the pod are a failure.
+            if short and gpu_nodes_present(nodes, spec.model.node_selector):
                 obs.degraded = Problem(Reason.INSUFFICIENT_GPUS, short)
 
         served = {
@@ -226,8 +246,18 @@ class Reconciler:
 
         obs.model_server = by_kind_name.get(f"Deployment/{names.model_server}")
         obs.endpoint_picker = by_kind_name.get(f"Deployment/{names.epp}")
-        obs.gateway = self._gateway_condition(pcd, names, desired, served, obs)
-        obs.prefix_cache = prefix_cache_status(pcd, await self._observe_prefix_cache(names))
+        obs.gateway = await self._gateway_condition(
+            pcd, names, desired, served, obs, live=by_kind_name
+        )
+        scraped, recent = await self._observe_pods(names, uid, obs)
+        obs.prefix_cache = prefix_cache_status(pcd, scraped)
+        if recent.ratio is not None:
+            obs.prefix_cache = obs.prefix_cache.model_copy(
+                update={
+                    "recent_hit_ratio": recent.ratio,
+                    "recent_window_seconds": round(recent.span_s),
+                }
+            )
 
     async def _apply(
         self,
@@ -295,13 +325,15 @@ class Reconciler:
         if live is not None and controller_uid(live) == uid:
             await self.kube.delete(ROUTE, names.namespace, names.route)
 
-    def _gateway_condition(
+    async def _gateway_condition(
         self,
         pcd: PromptCacheDeployment,
         names: Names,
         desired: list[dict[str, Any]],
         served: Mapping[str, bool],
         obs: Observation,
+        *,
+        live: Mapping[str, Mapping[str, Any]],
     ) -> Desired:
         kinds = [m["kind"] for m in desired if m["kind"] in GATEWAY_KINDS]
         missing = [k for k in kinds if not served.get(k)]
@@ -322,35 +354,53 @@ class Reconciler:
                 Reason.REPLICAS_NOT_READY,
                 f"Endpoint Picker {names.epp}: {ready}/{want} ready",
             )
-        if "HTTPRoute" in kinds:
-            return Desired(
-                ConditionType.GATEWAY_READY,
-                "True",
-                Reason.GATEWAY_APPLIED,
-                f"InferencePool {names.pool} and HTTPRoute {names.route} applied",
-            )
-        return Desired(
-            ConditionType.GATEWAY_READY,
-            "True",
-            Reason.NO_ROUTE,
-            f"InferencePool {names.pool} applied; no HTTPRoute (spec.gateway.route.parentRefs "
-            "is empty)",
+        route = live.get(f"HTTPRoute/{names.route}") if "HTTPRoute" in kinds else None
+        if "HTTPRoute" in kinds and route is None:
+            route = await self.kube.get(ROUTE, names.namespace, names.route)
+        gateways = []
+        for parent in route_parents(route, names.namespace) if route is not None else []:
+            try:
+                gw = await self.kube.get(GATEWAY, parent.namespace, parent.name)
+            except ApiError as error:
+                if error.transient:
+                    raise
+                gw = None  # not allowed to read it, or its CRD is gone: no address to show
+            if gw is not None:
+                gateways.append(gw)
+        view = gateway_view(
+            namespace=names.namespace,
+            pool_name=names.pool,
+            pool=live.get(f"InferencePool/{names.pool}"),
+            route_name=names.route,
+            route=route,
+            gateways=gateways,
         )
+        obs.gateway_addresses = view.addresses
+        return view.condition
 
-    async def _observe_prefix_cache(self, names: Names) -> ScrapedPrefixCache:
+    async def _observe_pods(
+        self, names: Names, uid: str, obs: Observation
+    ) -> tuple[ScrapedPrefixCache, WindowedRatio]:
+        """Why pods are not ready (into `obs.pods`); the pods' prefix-cache reports, lifetime
+        and over the recent window."""
         selector = selector_string(selector_labels(names, Component.MODEL_SERVER))
         pods = await self.kube.list(POD, names.namespace, label_selector=selector)
+        obs.pods = diagnose(pods)
         ips = ready_pod_ips(pods)
         if not ips:
-            return ScrapedPrefixCache()
-        results = await scrape(
+            return ScrapedPrefixCache(), WindowedRatio(None, 0.0, 0.0)
+        results = await scrape_by_ip(
             self.http,
             ips,
             port=self.settings.scrape_port,
             timeout_s=self.settings.scrape_timeout_s,
             limit=self.scrape_gate,
         )
-        return aggregate(results)
+        window = self._windows.setdefault(uid, HitWindow())
+        recent = window.add(
+            time.monotonic(), {ip: (m.hits, m.queries) for ip, m in results.items()}
+        )
+        return aggregate(list(results.values())), recent
 
     async def _write_status(self, raw: dict[str, Any], obs: Observation, outcome: Outcome) -> None:
         uid = str(raw["metadata"]["uid"])

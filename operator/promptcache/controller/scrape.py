@@ -136,3 +136,22 @@ async def scrape(
 
     results = await asyncio.gather(*(one(ip) for ip in ips))
     return [r for r in results if r is not None]
+
+
+async def scrape_by_ip(
+    session: aiohttp.ClientSession,
+    ips: Sequence[str],
+    *,
+    port: int = SERVING_PORT,
+    timeout_s: float = 2.0,
+    limit: asyncio.Semaphore | None = None,
+) -> dict[str, PodMetrics]:
+    """Like `scrape`, keyed by pod IP (the windowed hit ratio follows each pod's counters)."""
+    gate = limit or asyncio.Semaphore(16)
+
+    async def one(ip: str) -> tuple[str, PodMetrics | None]:
+        async with gate:
+            return ip, await _scrape_one(session, ip, port, timeout_s)
+
+    results = await asyncio.gather(*(one(ip) for ip in ips))
+    return {ip: r for ip, r in results if r is not None}

@@ -15,12 +15,14 @@ from promptcache.api import PromptCacheDeployment, PromptEmbedsCeiling
 from promptcache.api.status import (
     Condition,
     ConditionType,
+    GatewayStatus,
     PrefixCacheStatus,
     PromptCacheDeploymentStatus,
     PromptEmbedsStatus,
     Reason,
 )
 from promptcache.controller.conditions import Desired, set_condition
+from promptcache.controller.diagnose import Diagnosis
 from promptcache.controller.scrape import ScrapedPrefixCache
 from promptcache.render.picker import picker_target
 
@@ -59,6 +61,9 @@ class Observation:
     selector: str = ""
     ceiling: PromptEmbedsCeiling | None = None
     prefix_cache: PrefixCacheStatus = field(default_factory=PrefixCacheStatus)
+    pods: Diagnosis | None = None
+    """Why model-server pods are not ready, from the pods (None: all ready, or none yet)."""
+    gateway_addresses: list[str] = field(default_factory=list)
 
 
 def prefix_cache_status(
@@ -121,11 +126,16 @@ def _ready(obs: Observation) -> Desired:
     message = f"{ready}/{want} model-server pods ready"
     if obs.degraded is not None:
         message += f" ({obs.degraded.message})"
+    elif obs.pods is not None:
+        return Desired(
+            ConditionType.READY, "False", obs.pods.reason, f"{message}: {obs.pods.message}"
+        )
     return Desired(ConditionType.READY, "False", Reason.REPLICAS_NOT_READY, message)
 
 
 def _degraded(obs: Observation) -> Desired:
-    problem = obs.blocked or obs.degraded
+    pods = obs.pods if obs.pods is not None and obs.pods.failure else None
+    problem = obs.blocked or obs.degraded or (Problem(pods.reason, pods.message) if pods else None)
     if problem is not None:
         return Desired(ConditionType.DEGRADED, "True", problem.reason, problem.message)
     return Desired(ConditionType.DEGRADED, "False", Reason.AS_EXPECTED, "")
@@ -160,6 +170,9 @@ def compute_status(
             per_pod=format_bytes(ceiling.per_pod_bytes) if ceiling else "0",
         ),
         prefix_cache=obs.prefix_cache,
+        gateway=GatewayStatus(addresses=list(obs.gateway_addresses))
+        if obs.gateway_addresses
+        else None,
     )
     written: dict[str, Any] = status.model_dump(mode="json", by_alias=True, exclude_none=True)
     return written

@@ -1,0 +1,77 @@
+"""The prefix-cache hit ratio over a recent window, from counter deltas between scrapes.
+
+`vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total` since each pod
+started says little about now: a day of warm traffic hides a collapse of the last
+minutes. Each reconcile scrapes the ready pods; this keeps their counters per pod
+for `WINDOW_S` and reports
+
+    sum over pods of increase(hits) / sum over pods of increase(queries)
+
+between the oldest scrape still inside the window and the newest, the same thing
+`increase()` over the window computes in Prometheus. A counter that went down (the
+pod restarted) counts from zero, as `increase()` does; a pod absent from the older
+scrape contributes what it counted since it started. No queries in the window: no
+ratio (None), rather than a stale one. The span really covered is reported with it:
+scrapes happen at every resync (60 s by default), so the first minutes after the
+operator starts cover less than the full window.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+WINDOW_S: Final[float] = 300.0
+"""The window the status' `recentHitRatio` covers: five minutes, like a dashboard's rate()."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    at: float
+    counters: Mapping[str, tuple[float, float]]
+    """Pod key -> (hits, queries)."""
+
+
+@dataclass(frozen=True)
+class WindowedRatio:
+    ratio: float | None
+    span_s: float
+    queries: float
+
+
+def _increase(new: float, old: float | None) -> float:
+    if old is None or new < old:
+        return new  # new pod, or a counter reset (restart): everything since it started
+    return new - old
+
+
+@dataclass
+class HitWindow:
+    """Scrapes of one resource's pods inside the window (oldest first)."""
+
+    window_s: float = WINDOW_S
+    _snapshots: deque[Snapshot] = field(default_factory=deque)
+
+    def add(self, at: float, counters: Mapping[str, tuple[float, float]]) -> WindowedRatio:
+        """Record a scrape taken at `at` (monotonic seconds) and return the windowed ratio."""
+        self._snapshots.append(Snapshot(at, dict(counters)))
+        # Keep the newest snapshot at or before the window's start as the baseline.
+        while len(self._snapshots) > 1 and self._snapshots[1].at <= at - self.window_s:
+            self._snapshots.popleft()
+        return self.ratio()
+
+    def ratio(self) -> WindowedRatio:
+        if len(self._snapshots) < 2:
+            return WindowedRatio(None, 0.0, 0.0)
+        old, new = self._snapshots[0], self._snapshots[-1]
+        hits = queries = 0.0
+        for pod, (h, q) in new.counters.items():
+            before = old.counters.get(pod)
+            hits += _increase(h, before[0] if before else None)
+            queries += _increase(q, before[1] if before else None)
+        span = new.at - old.at
+        if queries <= 0:
+            return WindowedRatio(None, span, 0.0)
+        return WindowedRatio(round(min(1.0, max(0.0, hits / queries)), 4), span, queries)

@@ -198,13 +198,24 @@ def test_scale_subresource(cluster: Cluster, env: dict[str, Any]) -> None:
 
 
 class _Metrics(BaseHTTPRequestHandler):
-    body = b""
+    """vLLM's prefix-cache metrics "from a pod"; once `growing`, every scrape sees 40 more
+    queries and 30 more hits (traffic with a 0.75 hit ratio)."""
+
+    blocks = 0
+    hits = 0
+    queries = 400
+    growing = False
 
     def do_GET(self) -> None:
+        cls = type(self)
+        if cls.growing:
+            cls.hits += 30
+            cls.queries += 40
+        body = VLLM_METRICS % (cls.blocks, cls.queries, cls.hits)
         self.send_response(200)
         self.send_header("Content-Type", "text/plain; version=0.0.4")
         self.end_headers()
-        self.wfile.write(self.body)
+        self.wfile.write(body.encode())
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -214,7 +225,7 @@ VLLM_METRICS = """\
 # TYPE vllm:cache_config_info gauge
 vllm:cache_config_info{block_size="16",num_gpu_blocks="%d",cache_dtype="auto"} 1.0
 # TYPE vllm:prefix_cache_queries_total counter
-vllm:prefix_cache_queries_total{model_name="m",engine="0"} 400.0
+vllm:prefix_cache_queries_total{model_name="m",engine="0"} %d.0
 # TYPE vllm:prefix_cache_hits_total counter
 vllm:prefix_cache_hits_total{model_name="m",engine="0"} %d.0
 """
@@ -237,10 +248,10 @@ def test_prefix_cache_settings_come_from_the_pods_metrics(
         "app.kubernetes.io/instance=scraped,app.kubernetes.io/component=model-server",
     )
     servers = []
+    handlers: list[type[_Metrics]] = []
     for i, pod in enumerate(pods["items"]):
-        handler = type(
-            f"M{i}", (_Metrics,), {"body": (VLLM_METRICS % (2048 - i, 100 * (i + 1))).encode()}
-        )
+        handler = type(f"M{i}", (_Metrics,), {"blocks": 2048 - i, "hits": 100 * (i + 1)})
+        handlers.append(handler)
         server = ThreadingHTTPServer((pod["status"]["podIP"], env["scrape_port"]), handler)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
@@ -251,12 +262,25 @@ def test_prefix_cache_settings_come_from_the_pods_metrics(
             return st if st.get("scrapedPods") == 2 else None
 
         st = wait_for(scraped, f"prefixCache scraped\n{op.log_tail()}", timeout=TIMEOUT_S)
+        # No traffic yet: the lifetime ratio, and no recent one (no query in the window).
         assert st == {"scrapedPods": 2, "blockSize": 16, "effectiveBlockSizeTokens": 64,
                       "numGpuBlocks": 2047, "indexCapacityPerPod": 2047,
                       "hitRatio": 0.375}  # fmt: skip
+        for handler in handlers:
+            handler.growing = True
+
+        def recent() -> Any:
+            st = pcd(cluster, ns, "scraped")["status"].get("prefixCache") or {}
+            return st if "recentHitRatio" in st else None
+
+        st = wait_for(recent, f"recentHitRatio\n{op.log_tail()}", timeout=TIMEOUT_S)
+        # The window sees only the new traffic (0.75); the lifetime ratio still carries the past.
+        assert st["recentHitRatio"] == 0.75
+        assert 0.375 < st["hitRatio"] < 0.75
+        assert 0 < st["recentWindowSeconds"] <= 300 + RESYNC_S + 1
         table = cluster.kubectl("get", "pcd", "scraped", "-n", ns).stdout
         assert "HIT-RATIO" in table
-        assert "0.375" in table
+        assert "0.75" in table.splitlines()[1].split()
     finally:
         for server in servers:
             server.shutdown()

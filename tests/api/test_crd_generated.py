@@ -65,7 +65,7 @@ def test_scale_subresource_and_printer_columns() -> None:
         "labelSelectorPath": ".status.selector",
     }
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
-    assert columns["Hit-Ratio"] == ".status.prefixCache.hitRatio"
+    assert columns["Hit-Ratio"] == ".status.prefixCache.recentHitRatio"  # the last 5 minutes
     assert set(columns) >= {"Model", "Replicas", "Ready", "Isolation", "Hit-Ratio", "Age"}
 
 

@@ -68,6 +68,7 @@ def test_hit_miss_and_stats() -> None:
         lookups=2,
         oversize_rejections=0,
         used_bytes=4 + ENTRY_OVERHEAD_BYTES,
+        inserts=1,
     )
     assert s.hit_ratio == 0.5
     assert PromptEmbedsCacheStats(0, 0, 0, 0, 0, 0).hit_ratio == 0.0
@@ -447,3 +448,17 @@ def test_keys_are_tagged_hmac_sha256(salt: str | None, identifier: str) -> None:
     expected = hmac.digest(key, identifier.encode("utf-8", "surrogatepass"), "sha256")
     tag = b"\x00" if salt is None else b"\x01"
     assert cache_module._scope_key(identifier, salt) == tag + expected
+
+
+def test_inserts_and_evictions_are_counted() -> None:
+    """Evictions per insert is the thrash signal the alert and dashboard use."""
+    one = PromptEmbedsCache.charge("a" * 100)
+    cache = PromptEmbedsCache(2 * one)
+    for i in range(5):
+        assert cache.put(ident(i), chr(ord("a") + i) * 100)
+    s = cache.stats()
+    assert (s.inserts, s.evictions, s.entries) == (5, 3, 2)
+    cache.put(ident(4), "e" * 100)  # replacing an entry is an insert, not an eviction
+    assert (cache.stats().inserts, cache.stats().evictions) == (6, 3)
+    cache.clear()
+    assert (cache.stats().inserts, cache.stats().evictions) == (0, 0)

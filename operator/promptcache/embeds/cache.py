@@ -69,6 +69,12 @@ class PromptEmbedsCacheStats:
     """Payloads never cached because they were larger than the whole cache."""
     used_bytes: int
     """Bytes currently charged to the cache, including per-entry overhead."""
+    inserts: int = 0
+    """Payloads stored (a replaced entry counts again)."""
+    evictions: int = 0
+    """Entries dropped, least recently used first, to make room for an insert. Evictions
+    per insert near 1 with a low hit ratio is thrash: the cache is too small for the
+    working set."""
 
     @property
     def hit_ratio(self) -> float:
@@ -148,6 +154,8 @@ class PromptEmbedsCache:
         "_capacity",
         "_entries",
         "_hits",
+        "_evictions",
+        "_inserts",
         "_lock",
         "_lookups",
         "_oversize",
@@ -163,6 +171,8 @@ class PromptEmbedsCache:
         self._hits = 0
         self._lookups = 0
         self._oversize = 0
+        self._inserts = 0
+        self._evictions = 0
 
     @property
     def enabled(self) -> bool:
@@ -188,6 +198,7 @@ class PromptEmbedsCache:
         with self._lock:
             self._entries.clear()
             self._used = self._hits = self._lookups = self._oversize = 0
+            self._inserts = self._evictions = 0
 
     def get(self, identifier: str, cache_salt: str | None = None) -> str | None:
         """Look up the payload an identifier names within one scope; a hit refreshes it."""
@@ -227,8 +238,10 @@ class PromptEmbedsCache:
             while self._used > limit:
                 _, evicted = entries.popitem(last=False)
                 self._used -= self.charge(evicted)
+                self._evictions += 1
             entries[key] = payload
             self._used += charge
+            self._inserts += 1
             return True
 
     def stats(self) -> PromptEmbedsCacheStats:
@@ -241,6 +254,8 @@ class PromptEmbedsCache:
                 lookups=self._lookups,
                 oversize_rejections=self._oversize,
                 used_bytes=self._used,
+                inserts=self._inserts,
+                evictions=self._evictions,
             )
 
     def __repr__(self) -> str:

@@ -40,6 +40,10 @@ class _CacheCollector(Collector):
         yield GaugeMetricFamily(
             f"{p}_capacity_bytes", "Bytes the cache may hold (0 = disabled).", s.capacity_bytes
         )
+        yield CounterMetricFamily(f"{p}_inserts", "Payloads stored.", s.inserts)
+        yield CounterMetricFamily(
+            f"{p}_evictions", "Entries evicted (least recently used) to make room.", s.evictions
+        )
         yield CounterMetricFamily(
             f"{p}_oversize_rejections",
             "Payloads never cached because they were larger than the whole cache.",

@@ -153,8 +153,8 @@ class PromptEmbedsCache:
     __slots__ = (
         "_capacity",
         "_entries",
-        "_hits",
         "_evictions",
+        "_hits",
         "_inserts",
         "_lock",
         "_lookups",

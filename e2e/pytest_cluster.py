@@ -37,6 +37,21 @@ from kubernetes import client, config
 
 E2E_DIR = Path(__file__).resolve().parent
 CLUSTER_CLI = E2E_DIR / "cluster"
+BUILD_ON_REQUEST_TIMEOUT_S = 3600  # a cold Prometheus build on a loaded 2-core machine
+
+
+def built_binary(name: str) -> Path:
+    """Path of an on-request binary (prometheus, promtool, epp, ...), building its target
+    once if it is not in the cache yet (`e2e/cluster build --only NAME`, which takes the
+    build lock, so concurrent sessions build it once)."""
+    proc = _cli("which", name, timeout=60)
+    if proc.returncode != 0:
+        built = _cli("build", "--only", name, timeout=BUILD_ON_REQUEST_TIMEOUT_S)
+        if built.returncode != 0:
+            raise RuntimeError(f"building {name} failed:\n{built.stderr[-4000:]}")
+    return binary(name)
+
+
 CACHE = Path(os.environ.get("PROMPTCACHE_CACHE_DIR") or Path.home() / ".cache" / "promptcache")
 UP_TIMEOUT_S = 240  # warm `up` takes well under 60 s; a loaded CI machine gets slack
 

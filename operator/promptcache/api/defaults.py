@@ -45,6 +45,9 @@ class OperatorDefaults(BaseModel):
     """UID (and GID, fsGroup) of the vLLM container, whose upstream image declares no
     non-root user; `none` to leave it to the platform (OpenShift's restricted SCC assigns
     one). This project's images declare their own and get no UID."""
+    pod_monitors: bool = False
+    """Render PodMonitors (Prometheus Operator) for resources without
+    `spec.monitoring.enabled`."""
 
 
 BUILT_IN_DEFAULTS = OperatorDefaults()
@@ -54,7 +57,11 @@ BUILT_IN_DEFAULTS = OperatorDefaults()
 _OPTIONAL_INTS = frozenset({"model_server_user"})
 """Integer fields a flag may unset with `none`."""
 _NONE = frozenset({"", "none", "null"})
-_METAVARS = {"model_server_user": "UID", "endpoint_picker_cluster_role": "NAME"}
+_METAVARS = {
+    "model_server_user": "UID",
+    "endpoint_picker_cluster_role": "NAME",
+    "pod_monitors": "BOOL",
+}
 
 
 def flag_of(field: str) -> str:

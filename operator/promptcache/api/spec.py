@@ -352,6 +352,17 @@ class FrontSpec(ApiModel):
     the pod OOM-killed."""
 
 
+class MonitoringSpec(ApiModel):
+    """Scrape objects for the Prometheus Operator (docs/monitoring.md)."""
+
+    enabled: bool | None = None
+    """Render PodMonitors for the model servers' and the Endpoint Picker's metrics. Empty:
+    the operator's default (chart value `monitoring.podMonitorsByDefault`). Needs the
+    Prometheus Operator CRDs; without them condition `MonitoringReady` says so."""
+    interval: Annotated[str, Field(pattern=r"^([0-9]+(ms|s|m|h))+$", max_length=16)] = "30s"
+    """Scrape interval of the PodMonitors."""
+
+
 class PromptCacheDeploymentSpec(ApiModel):
     """Everything a platform team sets to get cache-aware LLM serving."""
 
@@ -363,6 +374,7 @@ class PromptCacheDeploymentSpec(ApiModel):
     prefix_cache: PrefixCacheSpec = Field(default_factory=PrefixCacheSpec)
     gateway: GatewaySpec = Field(default_factory=GatewaySpec)
     front: FrontSpec = Field(default_factory=FrontSpec)
+    monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec)
 
     @model_validator(mode="after")
     def _rules(self) -> PromptCacheDeploymentSpec:

@@ -18,6 +18,8 @@ class ConditionType:
     PROGRESSING: Final[str] = "Progressing"
     DEGRADED: Final[str] = "Degraded"
     GATEWAY_READY: Final[str] = "GatewayReady"
+    MONITORING_READY: Final[str] = "MonitoringReady"
+    """Present only while monitoring is enabled (spec.monitoring.enabled or the default)."""
 
 
 class Reason:
@@ -53,6 +55,9 @@ class Reason:
     POOL_NOT_ACCEPTED: Final[str] = "PoolNotAccepted"
     POOL_REFS_NOT_RESOLVED: Final[str] = "PoolRefsNotResolved"
     POOL_PENDING: Final[str] = "PoolPending"
+    # MonitoringReady.
+    POD_MONITORS_APPLIED: Final[str] = "PodMonitorsApplied"
+    PROMETHEUS_OPERATOR_NOT_INSTALLED: Final[str] = "PrometheusOperatorNotInstalled"
 
 
 class Condition(ApiModel):

@@ -84,6 +84,7 @@ _KNOWN: Final[tuple[Kind, ...]] = (
     Kind("inference.networking.k8s.io/v1", "InferencePool", "inferencepools"),
     Kind("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes"),
     Kind("gateway.networking.k8s.io/v1", "Gateway", "gateways"),
+    Kind("monitoring.coreos.com/v1", "PodMonitor", "podmonitors"),
     Kind("serving.promptcache.io/v1alpha1", "PromptCacheDeployment", "promptcachedeployments"),
 )
 KINDS: Final[Mapping[tuple[str, str], Kind]] = {(k.api_version, k.kind): k for k in _KNOWN}

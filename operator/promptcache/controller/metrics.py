@@ -6,6 +6,7 @@ test process apart and exposes nothing the operator did not define.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -64,6 +65,30 @@ class OperatorMetrics:
         self.managed = Gauge(
             "promptcache_resources", "PromptCacheDeployments this operator manages.", registry=r
         )
+        # Per resource, for alerting (docs/monitoring.md); labels name the resource, so the
+        # operator's ServiceMonitor honours them (honorLabels).
+        per_resource = ["namespace", "promptcache_deployment"]
+        self.model_server_desired = Gauge(
+            "promptcache_model_server_replicas_desired",
+            "Model-server replicas the resource asks for (spec.model.replicas).",
+            per_resource,
+            registry=r,
+        )
+        self.model_server_ready = Gauge(
+            "promptcache_model_server_replicas_ready",
+            "Model-server replicas ready (the Deployment's readyReplicas).",
+            per_resource,
+            registry=r,
+        )
+
+    def set_replicas(self, namespace: str, name: str, desired: int, ready: int) -> None:
+        self.model_server_desired.labels(namespace, name).set(desired)
+        self.model_server_ready.labels(namespace, name).set(ready)
+
+    def drop_resource(self, namespace: str, name: str) -> None:
+        for gauge in (self.model_server_desired, self.model_server_ready):
+            with contextlib.suppress(KeyError):
+                gauge.remove(namespace, name)
 
     def count_request(self, verb: str, path: str) -> None:
         self.api_requests.labels(verb).inc()

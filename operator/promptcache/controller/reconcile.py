@@ -60,7 +60,15 @@ from promptcache.controller.status import (
     status_differs,
 )
 from promptcache.controller.window import HitWindow, WindowedRatio
-from promptcache.render import GATEWAY_KINDS, Names, RenderError, names_of, render
+from promptcache.render import (
+    GATEWAY_KINDS,
+    MONITORING_KINDS,
+    Names,
+    RenderError,
+    names_of,
+    render,
+)
+from promptcache.render.monitoring import MONITORING_API, monitoring_enabled
 from promptcache.render.names import Component, selector_labels
 
 log = logging.getLogger(__name__)
@@ -72,6 +80,7 @@ POD = by_kind("Pod")
 POOL = by_kind("InferencePool")
 ROUTE = by_kind("HTTPRoute")
 GATEWAY = by_kind("Gateway")
+POD_MONITOR = by_kind("PodMonitor")
 STATUS_ECHO_S = 10.0
 """How long a just-written status is trusted over a body that may not show it yet."""
 
@@ -136,6 +145,7 @@ class Reconciler:
         self._salts: set[str] = set()
         """Salt Secrets known to exist (created, or a create answered 409)."""
         self._windows: dict[str, HitWindow] = {}
+        self._identity: dict[str, tuple[str, str]] = {}
 
     def forget(self, uid: str) -> None:
         """Drop per-resource state once a resource is gone."""
@@ -143,6 +153,9 @@ class Reconciler:
         self._written.pop(uid, None)
         self._salts = {s for s in self._salts if not s.startswith(f"{uid}/")}
         self._windows.pop(uid, None)
+        identity = self._identity.pop(uid, None)
+        if identity is not None:
+            self.metrics.drop_resource(*identity)
 
     async def reconcile(self, body: Mapping[str, Any], *, trigger: str) -> Outcome:
         raw = copy.deepcopy(dict(body))
@@ -184,6 +197,10 @@ class Reconciler:
         if obs.blocked is None:
             await self._realise(raw, pcd, names, obs, outcome, fresh=fresh)
         outcome.problem = obs.blocked or obs.degraded
+        if obs.blocked is None:
+            self._identity[str(meta["uid"])] = (meta["namespace"], meta["name"])
+            ready = int(((obs.model_server or {}).get("status") or {}).get("readyReplicas") or 0)
+            self.metrics.set_replicas(meta["namespace"], meta["name"], obs.desired_replicas, ready)
         await self._write_status(raw, obs, outcome)
         return outcome
 
@@ -227,7 +244,13 @@ class Reconciler:
             served["HTTPRoute"] = await self.gateway_apis.served(
                 self.kube, ROUTE.api_version, ROUTE.plural
             )
-        to_sync = [m for m in desired if m["kind"] not in GATEWAY_KINDS or served.get(m["kind"])]
+        monitoring = monitoring_enabled(pcd, self.settings.defaults)
+        if monitoring or not fresh:
+            served["PodMonitor"] = await self.gateway_apis.served(
+                self.kube, MONITORING_API, POD_MONITOR.plural
+            )
+        optional = GATEWAY_KINDS | MONITORING_KINDS
+        to_sync = [m for m in desired if m["kind"] not in optional or served.get(m["kind"])]
         lives: list[dict[str, Any] | ApiError | None] = (
             [None] * len(to_sync)
             if fresh
@@ -243,6 +266,10 @@ class Reconciler:
         route_desired = any(m["kind"] == "HTTPRoute" for m in desired)
         if served.get("HTTPRoute") and not route_desired and not fresh:
             await self._prune_route(names, uid)
+        if served.get("PodMonitor") and not monitoring and not fresh:
+            await self._prune_pod_monitors(names, uid)
+        if monitoring:
+            obs.monitoring = self._monitoring_condition(names, served, by_kind_name)
 
         obs.model_server = by_kind_name.get(f"Deployment/{names.model_server}")
         obs.endpoint_picker = by_kind_name.get(f"Deployment/{names.epp}")
@@ -293,7 +320,7 @@ class Reconciler:
         results = await apply_in_order(self.kube, [m for _, m in pending])
         for (label, manifest), result in zip(pending, results, strict=True):
             if isinstance(result, ApiError) and not result.transient:
-                if result.code == 404 and manifest["kind"] in GATEWAY_KINDS:
+                if result.code == 404 and manifest["kind"] in GATEWAY_KINDS | MONITORING_KINDS:
                     self.gateway_apis.invalidate()
                     served[manifest["kind"]] = False
                     continue
@@ -318,6 +345,40 @@ class Reconciler:
             if error.transient:
                 raise
             return error
+
+    async def _prune_pod_monitors(self, names: Names, uid: str) -> None:
+        """Monitoring turned off: remove the PodMonitors this resource owns."""
+        for name in (names.model_server, names.epp):
+            live = await self.kube.get(POD_MONITOR, names.namespace, name)
+            if live is not None and controller_uid(live) == uid:
+                await self.kube.delete(POD_MONITOR, names.namespace, name)
+
+    @staticmethod
+    def _monitoring_condition(
+        names: Names, served: Mapping[str, bool], live: Mapping[str, Mapping[str, Any]]
+    ) -> Desired:
+        if not served.get("PodMonitor"):
+            return Desired(
+                ConditionType.MONITORING_READY,
+                "False",
+                Reason.PROMETHEUS_OPERATOR_NOT_INSTALLED,
+                f"spec.monitoring.enabled, but {MONITORING_API} PodMonitor is not served: install "
+                "the Prometheus Operator CRDs (or scrape the pods yourself, docs/monitoring.md); "
+                "everything else is managed as usual",
+            )
+        applied = [n for n in (names.model_server, names.epp) if f"PodMonitor/{n}" in live]
+        if len(applied) < 2:
+            return Desired(
+                ConditionType.MONITORING_READY, "False", Reason.APPLY_FAILED,
+                "PodMonitors not applied yet (see Degraded)",
+            )  # fmt: skip
+        return Desired(
+            ConditionType.MONITORING_READY,
+            "True",
+            Reason.POD_MONITORS_APPLIED,
+            f"PodMonitor {names.model_server} (model servers) and {names.epp} (Endpoint Picker) "
+            "applied",
+        )
 
     async def _prune_route(self, names: Names, uid: str) -> None:
         """The HTTPRoute is rendered only with parentRefs; remove ours when they go away."""

@@ -64,6 +64,8 @@ class Observation:
     pods: Diagnosis | None = None
     """Why model-server pods are not ready, from the pods (None: all ready, or none yet)."""
     gateway_addresses: list[str] = field(default_factory=list)
+    monitoring: Desired | None = None
+    """MonitoringReady while monitoring is enabled; None removes the condition."""
 
 
 def prefix_cache_status(
@@ -154,7 +156,12 @@ def compute_status(
 ) -> dict[str, Any]:
     """The full `.status` (no None values), keeping transition times that did not move."""
     conditions = list((previous or {}).get("conditions") or [])
-    for desired in (_ready(obs), _progressing(obs), _degraded(obs), _gateway(obs)):
+    wanted = [_ready(obs), _progressing(obs), _degraded(obs), _gateway(obs)]
+    if obs.monitoring is not None:
+        wanted.append(obs.monitoring)
+    elif obs.blocked is None:
+        conditions = [c for c in conditions if c.get("type") != ConditionType.MONITORING_READY]
+    for desired in wanted:
         conditions, _ = set_condition(conditions, desired, generation=obs.generation, now=now)
     st = _deploy_status(obs.model_server)
     ceiling = obs.ceiling

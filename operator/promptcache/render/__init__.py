@@ -30,9 +30,10 @@ from promptcache.render.model_server import (
     model_server_pdb,
     model_server_service,
 )
+from promptcache.render.monitoring import MONITORING_KINDS, pod_monitors
 from promptcache.render.names import Names, RenderError, names_of
 
-__all__ = ["GATEWAY_KINDS", "Names", "RenderError", "names_of", "render"]
+__all__ = ["GATEWAY_KINDS", "MONITORING_KINDS", "Names", "RenderError", "names_of", "render"]
 
 GATEWAY_KINDS = frozenset({"InferencePool", "HTTPRoute"})
 """Kinds whose CRDs come from Gateway API / GIE and may be missing from a cluster."""
@@ -62,5 +63,6 @@ def render(
         model_server_pdb(names),
         inference_pool(pcd, names),
         http_route(pcd, names),
+        *pod_monitors(pcd, names, defaults),
     ]
     return [m for m in manifests if m is not None]

@@ -1,0 +1,1 @@
+"""Monitoring assets: alert and recording rules, the Grafana dashboard."""

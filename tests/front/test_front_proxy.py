@@ -610,3 +610,22 @@ async def test_client_leaving_a_stream_cancels_the_upstream_stream(
             break
         await asyncio.sleep(0.05)
     assert upstream.cancelled == 1
+
+
+async def test_usage_is_counted_for_the_cached_token_share(
+    standin: Standin, make_front: MakeFront, http: aiohttp.ClientSession
+) -> None:
+    """The dashboard's cached-token share is cached / prompt tokens from the usage the front
+    reports, whole or streamed; a usage without cached tokens adds prompt tokens only."""
+    upstream, _ = standin
+    front = await make_front()
+    upstream.prompt_tokens, upstream.cached_tokens = 100, 64
+    await _post(http, front.url + CHAT, _chat())
+    upstream.prompt_tokens, upstream.cached_tokens = 50, 32
+    await _stream_text(http, front.url + CHAT, _chat(stream=True))
+    upstream.prompt_tokens, upstream.cached_tokens = 10, None
+    await _post(http, front.url + COMPLETIONS, {"model": "m", "prompt": "x"})
+    async with http.get(front.url + "/metrics") as resp:
+        text = await resp.text()
+    assert "promptcache_front_usage_prompt_tokens_total 160.0" in text
+    assert "promptcache_front_usage_cached_prompt_tokens_total 96.0" in text

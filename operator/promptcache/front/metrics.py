@@ -113,6 +113,17 @@ class FrontMetrics:
             "Requests the client abandoned; the upstream request was cancelled.",
             registry=r,
         )
+        self.prompt_tokens = Counter(
+            f"{PREFIX}_usage_prompt_tokens",
+            "Prompt tokens vLLM reported in the usage of answered requests.",
+            registry=r,
+        )
+        self.cached_prompt_tokens = Counter(
+            f"{PREFIX}_usage_cached_prompt_tokens",
+            "Of those, tokens served from the prefix cache (usage.prompt_tokens_details."
+            "cached_tokens; counted only when vLLM reports it).",
+            registry=r,
+        )
         self.in_flight = Gauge(
             f"{PREFIX}_in_flight_requests", "Requests being worked on now.", registry=r
         )
@@ -122,6 +133,12 @@ class FrontMetrics:
             registry=r,
         )
         r.register(_CacheCollector(cache_stats))
+
+    def observe_usage(self, prompt_tokens: int, cached_tokens: int | None) -> None:
+        """Count one response's usage: the cached-token share the dashboard shows."""
+        self.prompt_tokens.inc(max(0, prompt_tokens))
+        if cached_tokens is not None:
+            self.cached_prompt_tokens.inc(max(0, cached_tokens))
 
     def render(self) -> bytes:
         """The front's own exposition text."""

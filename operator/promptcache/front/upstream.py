@@ -137,16 +137,17 @@ async def _relay(
         )
         await response.prepare(request)
         chunks: AsyncIterator[bytes] = upstream.content.iter_any()
+        sse: SseRelay | None = None
         if usage_path:
-            chunks = relay(
-                chunks,
-                SseRelay(
-                    strip_usage_chunk=strip_usage,
-                    prompt_header=settings.prompt_tokens_header,
-                    cached_header=settings.cached_prompt_tokens_header,
-                ),
+            sse = SseRelay(
+                strip_usage_chunk=strip_usage,
+                prompt_header=settings.prompt_tokens_header,
+                cached_header=settings.cached_prompt_tokens_header,
             )
+            chunks = relay(chunks, sse)
         await _pump(request, state, response, chunks)
+        if sse is not None and sse.usage is not None:
+            state.metrics.observe_usage(sse.usage.prompt_tokens, sse.usage.cached_tokens)
         return response
     length = upstream.content_length
     if (
@@ -162,6 +163,7 @@ async def _relay(
                 except ValueError:
                     usage = None
                 if usage is not None:
+                    state.metrics.observe_usage(usage.prompt_tokens, usage.cached_tokens)
                     headers.update(
                         usage_headers(
                             usage,

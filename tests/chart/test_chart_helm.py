@@ -295,6 +295,37 @@ def test_servicemonitor_only_when_asked() -> None:
     assert "Service" not in [d["kind"] for d in render("--set", "metrics.service.enabled=false")]
 
 
+def test_monitoring_objects_only_when_asked_and_verbatim() -> None:
+    """The PrometheusRule and the dashboard ConfigMap carry the promtool-tested rules file and
+    the e2e-tested dashboard byte for byte; the ConfigMap has the Grafana sidecar's label."""
+    import json
+
+    kinds = [d["kind"] for d in render()]
+    assert "PrometheusRule" not in kinds
+    assert not [d for d in render() if d["metadata"]["name"].endswith("-dashboard")]
+    docs = render(
+        "--set", "monitoring.prometheusRule.enabled=true",
+        "--set", "monitoring.prometheusRule.labels.release=kube-prometheus-stack",
+        "--set", "monitoring.dashboard.enabled=true",
+        "--set", "monitoring.dashboard.namespace=monitoring",
+        "--set", "monitoring.podMonitorsByDefault=true",
+    )  # fmt: skip
+    rule = one(docs, "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    files = CHART / "files"
+    assert rule["spec"] == yaml.safe_load((files / "prometheus-rules.yaml").read_text())
+    (dashboard,) = [d for d in docs if d["metadata"]["name"].endswith("-dashboard")]
+    assert dashboard["metadata"]["namespace"] == "monitoring"
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    on_disk = json.loads((files / "dashboards" / "promptcache.json").read_text())
+    assert json.loads(dashboard["data"]["promptcache.json"]) == on_disk
+    (container,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert "--pod-monitors=true" in container["args"]
+    (container,) = one(render(), "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert not [a for a in container["args"] if a.startswith("--pod-monitors")]
+
+
 SCHEMA_PREFIX = (
     "Error: values don't meet the specifications of the schema(s) in the following chart(s):\n"
     "promptcache-operator:\n"

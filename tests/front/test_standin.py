@@ -231,6 +231,11 @@ async def test_usage_and_metrics_follow_the_cache() -> None:
     assert _metric(text, "prompt_tokens_cached_total") == (n - 1) // 16 * 16
     assert _metric(text, "num_requests_running") == 0
     assert _metric(text, "kv_cache_usage_perc") == 0
+    # Latency histograms as vLLM exports them (the dashboard's latency and TTFT panels).
+    for name in ("time_to_first_token_seconds", "e2e_request_latency_seconds"):
+        assert _metric(text, f"{name}_count") == 3
+        assert re.search(rf'^vllm:{name}_bucket\{{[^}}]*le="\+Inf"\}} 3\.0$', text, re.M), name
+        assert _metric(text, f"{name}_sum") >= 0
 
 
 async def test_queueing_and_prefill_cost_shape_time_to_first_token() -> None:

@@ -380,6 +380,42 @@ class PrefixCache:
 
 
 @dataclass
+class LatencyHistogram:
+    """A Prometheus histogram as vLLM exports it (cumulative `le` buckets, `_sum`, `_count`)."""
+
+    buckets: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    count: int = 0
+
+    def observe(self, seconds: float) -> None:
+        if not self.counts:
+            self.counts = [0] * len(self.buckets)
+        for i, le in enumerate(self.buckets):
+            if seconds <= le:
+                self.counts[i] += 1
+        self.total += seconds
+        self.count += 1
+
+    def render(self, name: str, help_: str, labels: str) -> str:
+        counts = self.counts or [0] * len(self.buckets)
+        lines = [f"# HELP vllm:{name} {help_}", f"# TYPE vllm:{name} histogram"]
+        for le, n in zip(self.buckets, counts, strict=True):
+            lines.append(f'vllm:{name}_bucket{{{labels},le="{le}"}} {float(n)}')
+        lines.append(f'vllm:{name}_bucket{{{labels},le="+Inf"}} {float(self.count)}')
+        lines.append(f"vllm:{name}_sum{{{labels}}} {self.total}")
+        lines.append(f"vllm:{name}_count{{{labels}}} {float(self.count)}")
+        return "\n".join(lines) + "\n"
+
+
+# vLLM's own bucket boundaries (vllm/v1/metrics/loggers.py).
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+               60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+
+
+@dataclass
 class Served:
     """What the engine did for one request (also the benchmark's ground truth)."""
 
@@ -408,6 +444,8 @@ class Engine:
         """Estimated prefill seconds of the waiting requests (an oracle router reads it)."""
         self.prefill_ends_at = 0.0
         """`time.monotonic()` when the running prefill ends."""
+        self.ttft = LatencyHistogram(TTFT_BUCKETS)
+        self.e2e_latency = LatencyHistogram(E2E_BUCKETS)
 
     @property
     def waiting(self) -> int:
@@ -528,8 +566,10 @@ class Engine:
                 self._prefilling = False
                 self._schedule()
             served.ttft_s = time.monotonic() - t0
+            self.ttft.observe(served.ttft_s)
             yield served
             self.generation_tokens_total += completion_tokens
+            self.e2e_latency.observe(time.monotonic() - t0)
         finally:
             self._finish(alloc)
 
@@ -850,7 +890,15 @@ class StandinUpstream:
     async def _metrics(self, request: web.Request) -> web.Response:
         self.scrapes += 1
         e = self.engine
-        text = render_metrics(self.metrics(), e.prompt_tokens_total, e.prefix_hits)
+        m = self.metrics()
+        text = render_metrics(m, e.prompt_tokens_total, e.prefix_hits)
+        labels = f'engine="0",model_name="{m.model_name}"'
+        text += e.ttft.render(
+            "time_to_first_token_seconds", "Histogram of time to first token in seconds.", labels
+        )
+        text += e.e2e_latency.render(
+            "e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", labels
+        )
         return web.Response(text=text, content_type="text/plain")
 
     def app(self) -> web.Application:

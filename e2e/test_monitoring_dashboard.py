@@ -1,0 +1,254 @@
+"""The dashboard and the recording rules against the real thing.
+
+The real Prometheus (pinned, `e2e/cluster build --only prometheus`) scrapes the real
+cache fronts (each in front of a vLLM stand-in, on its pod's IP) and the real Endpoint
+Picker, with the target labels the rendered PodMonitors give them (the PodMonitor's
+relabelings applied to the pods' labels, as the Prometheus Operator would). Traffic goes
+through the picker to the picked front: shared prefixes, prompt embeds by reference in
+a cache small enough to evict, and refused requests. Then every query of every panel of
+the chart's dashboard, with the template variables set to this namespace and resource,
+must return a finite value, and every recording rule must evaluate: a panel that names a
+metric nobody exports fails here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+
+from epp.extproc import chat_body
+from epp.launch import Launcher, routing_patch
+from epp.pool import PoolOnCluster
+from epp.process import free_port
+from epp.scenarios import prefixed, unique_text
+from pytest_cluster import Cluster, built_binary
+
+pytestmark = pytest.mark.cluster
+
+ROOT = Path(__file__).resolve().parents[1]
+FILES = ROOT / "charts" / "promptcache-operator" / "files"
+DASHBOARD = FILES / "dashboards" / "promptcache.json"
+RULES = FILES / "prometheus-rules.yaml"
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    """(panel title, PromQL) of every target of every panel."""
+    doc = json.loads(DASHBOARD.read_text())
+    return [(p["title"], t["expr"]) for p in doc["panels"] for t in p["targets"]]
+
+
+def recorded_names() -> list[str]:
+    doc = yaml.safe_load(RULES.read_text())
+    return [r["record"] for g in doc["groups"] for r in g["rules"] if "record" in r]
+
+
+def target_labels(pod: dict[str, Any], relabelings: list[dict[str, Any]]) -> dict[str, str]:
+    """What the Prometheus Operator makes of a PodMonitor for this pod: `namespace` and
+    `pod`, plus the PodMonitor's relabelings from `__meta_kubernetes_pod_label_*`."""
+    meta = {
+        "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", k): v
+        for k, v in pod["metadata"]["labels"].items()
+    }
+    labels = {"namespace": pod["metadata"]["namespace"], "pod": pod["metadata"]["name"]}
+    for r in relabelings:
+        (source,) = r["sourceLabels"]
+        labels[r["targetLabel"]] = meta[source]
+    return labels
+
+
+class Prometheus:
+    def __init__(self, workdir: Path, scrape_configs: list[dict[str, Any]]) -> None:
+        self.port = free_port()
+        self.workdir = workdir
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(RULES)],
+            "scrape_configs": scrape_configs,
+        }
+        (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
+        self.log = (workdir / "prometheus.log").open("wb")
+        self.proc = subprocess.Popen(
+            [
+                str(built_binary("prometheus")),
+                f"--config.file={workdir / 'prometheus.yml'}",
+                f"--storage.tsdb.path={workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def api(self, path: str, **params: str) -> Any:
+        url = f"http://127.0.0.1:{self.port}/api/v1/{path}?{urllib.parse.urlencode(params)}"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return json.loads(resp.read())["data"]
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        return list(self.api("query", query=expr)["result"])
+
+    def wait_up(self, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                targets = self.api("targets")["activeTargets"]
+                if targets and all(t["health"] == "up" for t in targets):
+                    return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise AssertionError(f"Prometheus targets not up:\n{self.log_tail()}")
+
+    def log_tail(self) -> str:
+        return "\n".join((self.workdir / "prometheus.log").read_text().splitlines()[-30:])
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture
+def pool(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[PoolOnCluster]:
+    launcher = Launcher(cluster, namespace, tmp_path)
+    try:
+        spec = routing_patch(replicas=2, with_front=True)
+        # Prompt embeds on, in a cache of ~100 KiB per process: a few dozen payloads evict.
+        spec["promptEmbeds"] = {"enabled": True, "cacheGiB": 0.0001}
+        spec["monitoring"] = {"enabled": True}
+        yield launcher(spec_patch=spec)
+    finally:
+        launcher.close()
+
+
+async def traffic(pool: PoolOnCluster, seconds: float) -> dict[str, int]:
+    """Requests through the picker: shared prefixes, embeds by reference, refusals."""
+    import torch  # noqa: PLC0415 - only this test needs torch
+
+    from promptcache.front.client import EmbedsPayload, PromptCacheClient  # noqa: PLC0415
+
+    assert pool.epp is not None
+    counts = {"ok": 0, "refused": 0, "embeds": 0}
+    shared = unique_text(1600)
+    payloads = [EmbedsPayload.from_object(torch.randn(24, 64)) for _ in range(40)]
+    deadline = time.monotonic() + seconds
+    async with aiohttp.ClientSession() as http:
+        clients = {p.endpoint: PromptCacheClient(http, f"http://{p.endpoint}") for p in pool.pods}
+        with pool.epp.client() as picker:
+            i = 0
+            while time.monotonic() < deadline:
+                body = chat_body(prefixed(shared, 200))
+                endpoint = picker.pick(body).endpoint
+                assert endpoint in clients, f"picked {endpoint!r}"
+                async with http.post(f"http://{endpoint}/v1/chat/completions", json=body) as r:
+                    counts["ok"] += r.status == 200
+                # Reuse a few payloads often (hits), cycle through the rest (inserts, evictions).
+                payload = payloads[i % 4] if i % 2 else payloads[4 + i % 36]
+                res = await clients[endpoint].post(
+                    "/v1/completions",
+                    {"model": "test-model", "prompt_embeds": payload, "max_tokens": 2},
+                )
+                counts["embeds"] += res.status == 200
+                async with http.post(f"http://{endpoint}/v1/chat/completions", data=b"{") as r:
+                    counts["refused"] += r.status >= 400
+                i += 1
+                await asyncio.sleep(0.05)
+    return counts
+
+
+def finite(results: list[dict[str, Any]]) -> list[float]:
+    values = [float(r["value"][1]) for r in results]
+    return [v for v in values if math.isfinite(v)]
+
+
+def test_every_dashboard_query_and_recording_rule_returns_data(
+    cluster: Cluster, pool: PoolOnCluster, tmp_path: Path
+) -> None:
+    monitors = {
+        m["metadata"]["labels"]["app.kubernetes.io/component"]: m
+        for m in pool.rendered.of_kind("PodMonitor")
+    }
+    assert set(monitors) == {"model-server", "endpoint-picker"}
+    ns = pool.rendered.namespace
+    resource = pool.rendered.model_deployment["metadata"]["labels"]["app.kubernetes.io/instance"]
+    relabel = monitors["model-server"]["spec"]["podMetricsEndpoints"][0]["relabelings"]
+    pods = {p["metadata"]["name"]: p for p in pool.ready_pods()}
+    model_targets = [
+        {"targets": [h.endpoint], "labels": target_labels(pods[h.name], relabel)} for h in pool.pods
+    ]
+    # The EPP runs as a process here; its labels are those its (rendered) pod would carry.
+    epp_pod = {
+        "metadata": {
+            "namespace": ns,
+            "name": f"{resource}-epp-0",
+            "labels": pool.rendered.epp_deployment["spec"]["template"]["metadata"]["labels"],
+        }
+    }
+    epp_relabel = monitors["endpoint-picker"]["spec"]["podMetricsEndpoints"][0]["relabelings"]
+    assert pool.epp is not None
+    epp_targets = [
+        {
+            "targets": [f"127.0.0.1:{pool.epp.ports.metrics}"],
+            "labels": target_labels(epp_pod, epp_relabel),
+        }
+    ]
+    prometheus = Prometheus(
+        tmp_path,
+        [
+            {"job_name": "model-server", "static_configs": model_targets},
+            {"job_name": "endpoint-picker", "static_configs": epp_targets},
+        ],
+    )
+    try:
+        prometheus.wait_up()
+        counts = asyncio.run(traffic(pool, seconds=20))
+        assert min(counts.values()) > 10, counts
+        time.sleep(3)  # a last scrape and rule evaluation after the traffic
+        empty = []
+        for title, expr in dashboard_queries():
+            q = expr.replace("$namespace", ns).replace("$resource", resource)
+            if not finite(prometheus.query(q)):
+                empty.append(f"{title}: {q}")
+        assert empty == [], "dashboard queries without data:\n" + "\n".join(empty)
+        missing = [
+            name
+            for name in recorded_names()
+            if not finite(
+                prometheus.query(f'{name}{{namespace="{ns}",promptcache_deployment="{resource}"}}')
+            )
+        ]
+        assert missing == [], f"recording rules without data: {missing}"
+        # The variables' own queries list this namespace and resource.
+        doc = json.loads(DASHBOARD.read_text())
+        for var in doc["templating"]["list"]:
+            if var["type"] != "query":
+                continue
+            match = re.fullmatch(r"label_values\((.*), (\w+)\)", var["definition"])
+            assert match, var["definition"]
+            series = match.group(1).replace("$namespace", ns)
+            values = prometheus.api(f"label/{match.group(2)}/values", **{"match[]": series})
+            assert (ns if var["name"] == "namespace" else resource) in values
+        # A panel naming a metric nobody exports would have failed above: show it does.
+        assert not finite(
+            prometheus.query(
+                f'sum(rate(promptcache_front_no_such_metric_total{{namespace="{ns}"}}[5m]))'
+            )
+        )
+    finally:
+        prometheus.stop()

@@ -82,13 +82,14 @@ class PoolOnCluster:
     # --- objects ------------------------------------------------------------------
     def applicable_objects(self) -> list[dict[str, Any]]:
         """Everything but what cannot run here: the EPP Deployment (run as a process
-        instead) and the HTTPRoute (no gateway controller on the local cluster).
+        instead), the HTTPRoute (no gateway controller on the local cluster) and PodMonitors
+        (no Prometheus Operator; the dashboard test scrapes with their labels itself).
         The model-server pods keep their GPU requests; a nodeSelector naming a GPU
         product is dropped because the fake nodes carry no product label."""
         skip = {id(self.rendered.epp_deployment)}
         out: list[dict[str, Any]] = []
         for obj in self.rendered.objects:
-            if id(obj) in skip or obj.get("kind") == "HTTPRoute":
+            if id(obj) in skip or obj.get("kind") in ("HTTPRoute", "PodMonitor"):
                 continue
             if obj is self.rendered.model_deployment:
                 copy = json.loads(json.dumps(obj))

@@ -36,7 +36,6 @@ class Reason:
     INVALID_SPEC: Final[str] = "InvalidSpec"
     APPLY_FAILED: Final[str] = "ApplyFailed"
     CRD_NOT_INSTALLED: Final[str] = "CRDNotInstalled"
-    GATEWAY_APPLIED: Final[str] = "GatewayApplied"
     NO_ROUTE: Final[str] = "NoRoute"
     AS_EXPECTED: Final[str] = "AsExpected"
     # Why model-server pods are not ready, read from the pods (controller/diagnose.py).

@@ -47,3 +47,12 @@ def test_pod_monitors_select_the_pods_and_their_metrics_ports() -> None:
         "promptcache_deployment",
         "component",
     }
+
+
+def test_the_operator_default_applies_only_where_the_spec_is_silent() -> None:
+    from promptcache.api import OperatorDefaults
+
+    on = OperatorDefaults(pod_monitors=True)
+    kinds = [m["kind"] for m in render(doc(), on)]
+    assert kinds.count("PodMonitor") == 2
+    assert "PodMonitor" not in [m["kind"] for m in render(doc(enabled=False), on)]

@@ -357,8 +357,8 @@ class MonitoringSpec(ApiModel):
 
     enabled: bool | None = None
     """Render PodMonitors for the model servers' and the Endpoint Picker's metrics. Empty:
-    the operator-wide default `--pod-monitors` (chart value `monitoring.podMonitorsByDefault`; `promptcache render --pod-monitors true` too). Needs the
-    Prometheus Operator CRDs; without them condition `MonitoringReady` says so."""
+    the operator-wide default `--pod-monitors` (chart value `monitoring.podMonitorsByDefault`).
+    Needs the Prometheus Operator CRDs; without them condition `MonitoringReady` says so."""
     interval: Annotated[str, Field(pattern=r"^([0-9]+(ms|s|m|h))+$", max_length=16)] = "30s"
     """Scrape interval of the PodMonitors."""
 

@@ -142,7 +142,7 @@ async def scrape_by_ip(
     session: aiohttp.ClientSession,
     ips: Sequence[str],
     *,
-    port: int = SERVING_PORT,
+    port: int = DEFAULT_SCRAPE_PORT,
     timeout_s: float = 2.0,
     limit: asyncio.Semaphore | None = None,
 ) -> dict[str, PodMetrics]:

@@ -21,7 +21,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,10 +64,20 @@ def example_in(namespace: str, path: Path = EXAMPLE) -> list[dict[str, Any]]:
     return docs
 
 
-def rendered_children(resources: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
-    """(kubectl resource, namespace, name) of every child `promptcache render` produces."""
+DEFAULT_FLAGS = ("--front-image", "--session-shim-image", "--model-server-user",
+                 "--endpoint-picker-cluster-role")  # fmt: skip
+"""The operator-wide defaults: `promptcache run` and `promptcache render` share them."""
+
+
+def rendered_children(
+    resources: list[dict[str, Any]],
+    operator_args: Sequence[str] = (),
+) -> list[tuple[str, str, str]]:
+    """(kubectl resource, namespace, name) of every child `promptcache render` produces,
+    given the operator-wide defaults among `operator_args` (the chart's `run` flags)."""
+    flags = [a for a in operator_args if a.startswith(DEFAULT_FLAGS)]
     proc = subprocess.run(
-        [sys.executable, "-m", "promptcache.cli", "render", "-f", "-"],
+        [sys.executable, "-m", "promptcache.cli", "render", "-f", "-", *flags],
         input=yaml.safe_dump_all(resources),
         capture_output=True,
         text=True,
@@ -307,7 +317,14 @@ def test_install_and_the_operator_reconciles_with_the_chart_credentials(
                 "-",
                 input=yaml.safe_dump_all(resources),
             )
-            children = rendered_children(resources)
+            children = rendered_children(resources, operator.container["args"])
+            # The picker's rights: a RoleBinding to the chart's static ClusterRole.
+            assert (
+                "rolebinding.rbac.authorization.k8s.io",
+                namespace,
+                "qwen-small-epp-picker",
+            ) in children
+            assert not any(kind.startswith("role.") for kind, _, _ in children)
             for resource, ns, child in children:
                 wait_for(
                     f"{resource} {ns}/{child}",

@@ -1,11 +1,16 @@
-"""The gateway half on the real llm-d Endpoint Picker (issue 8).
+"""The gateway half on the real Endpoint Pickers (issues 8 and 16).
 
-Each test renders an example through `promptcache render`, applies it to the
-local control plane (kwok gives the model-server pods loopback IPs), binds a
-stand-in vLLM metrics server on every pod IP (optionally behind the real cache
-front), runs the real EPP with the rendered config and flags as the rendered
-ServiceAccount, and asks it where requests go over ext_proc, as the gateway
-does. See docs/endpoint-picker.md.
+Each test renders an example through `promptcache render` for one picker target
+(`spec.gateway.picker`), applies it to the local control plane (kwok gives the
+model-server pods loopback IPs), binds a stand-in vLLM metrics server on every pod
+IP (optionally behind the real cache front), runs the real EPP of that target with
+the rendered config and args (only ports and file paths rewritten) as the rendered
+ServiceAccount, and asks it where requests go over ext_proc, as the gateway does.
+
+Every test runs on the upstream GIE EPP v1.5.0, which `e2e/cluster build` builds (its
+absence fails, never skips), and on llm-d-router v0.10.0 where that binary exists;
+tests of what only llm-d-router has (session plugins, strict decoding, the 64-token
+floor) skip with the reason elsewhere. See docs/endpoint-picker.md.
 """
 
 from __future__ import annotations
@@ -25,25 +30,59 @@ from epp.extproc import chat_body
 from epp.fake_pod import VllmMetrics
 from epp.launch import Launcher, routing_patch, shape_patch
 from epp.pool import PoolOnCluster
-from epp.rendered import example_files
+from epp.rendered import example_files, load_example, render_resource
 from epp.scenarios import handicap, prefixed, settle_index, unique_text, wait_scrapes
+from promptcache.api.rules import GIE_SESSIONS_MESSAGE, GIE_TIERS_MESSAGE
+from promptcache.contract import PickerTarget
 
-pytestmark = [
-    pytest.mark.epp,
-    pytest.mark.cluster,
-    pytest.mark.skipif(find_epp_binary() is None, reason=missing_reason()),
-]
+pytestmark = [pytest.mark.epp, pytest.mark.cluster]
 
 SHAPES = [pytest.param(False, id="vllm-only"), pytest.param(True, id="with-front")]
+LLMD = PickerTarget.LLM_D_ROUTER
+GIE = PickerTarget.GIE
+needs_llmd = pytest.mark.skipif(find_epp_binary(LLMD) is None, reason=missing_reason(LLMD))
+PICKERS = [pytest.param(GIE, id="gie"), pytest.param(LLMD, id="llmd", marks=needs_llmd)]
+
+
+@pytest.fixture(params=PICKERS)
+def picker(request: pytest.FixtureRequest) -> PickerTarget:
+    target: PickerTarget = request.param
+    if target is GIE and find_epp_binary(GIE) is None:
+        pytest.fail(missing_reason(GIE))  # `e2e/cluster build` builds it: never a skip
+    return target
 
 
 @pytest.fixture
-def launch(cluster: Any, namespace: str, tmp_path: Path) -> Iterator[Launcher]:
-    launcher = Launcher(cluster, namespace, tmp_path)
+def launch(
+    cluster: Any, namespace: str, tmp_path: Path, picker: PickerTarget
+) -> Iterator[Launcher]:
+    launcher = Launcher(cluster, namespace, tmp_path, picker)
     try:
         yield launcher
     finally:
         launcher.close()
+
+
+@pytest.fixture
+def llmd_launch(cluster: Any, namespace: str, tmp_path: Path) -> Iterator[Launcher]:
+    """For what only llm-d-router has; skips with the reason where its binary is absent."""
+    if find_epp_binary(LLMD) is None:
+        pytest.skip(missing_reason(LLMD))
+    launcher = Launcher(cluster, namespace, tmp_path, LLMD)
+    try:
+        yield launcher
+    finally:
+        launcher.close()
+
+
+GIE_REFUSES = {"sessionAffinity": {"enabled": False}, "prefixCache": {"tiers": []}}
+"""What an example must drop to run on GIE (the CLI refuses it otherwise, tested below)."""
+
+
+def for_picker(picker: PickerTarget, patch: dict[str, Any]) -> dict[str, Any]:
+    if picker is not GIE:
+        return patch
+    return {**patch, **{k: {**v, **patch.get(k, {})} for k, v in GIE_REFUSES.items()}}
 
 
 def servers(pool: PoolOnCluster) -> list[Any]:
@@ -75,9 +114,9 @@ def log_records(text: str) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("with_front", SHAPES)
 @pytest.mark.parametrize("example", example_files(), ids=lambda p: p.stem)
 def test_epp_starts_on_every_generated_config(
-    launch: Launcher, example: Path, with_front: bool
+    launch: Launcher, example: Path, with_front: bool, picker: PickerTarget
 ) -> None:
-    pool = launch(example, spec_patch=shape_patch(with_front))
+    pool = launch(example, spec_patch=for_picker(picker, shape_patch(with_front)))
     assert pool.epp is not None
     config = pool.rendered.epp_config
     records = log_records(pool.epp.log())
@@ -90,32 +129,74 @@ def test_epp_starts_on_every_generated_config(
 
     # Each producer logs the configuration it really runs with: the rendered values.
     producers = [p for p in config["plugins"] if p["type"] == "approx-prefix-cache-producer"]
-    initialized = [
-        r["config"] for r in records if r.get("msg") == "Prefix DataProducer initialized"
-    ]
-    assert len(initialized) == len(producers)
+    initialized_msg = {
+        LLMD: "Prefix DataProducer initialized",
+        GIE: "Prefix PrepareData initialized",
+    }[picker]
+    initialized = [r["config"] for r in records if r.get("msg") == initialized_msg]
+    assert len(initialized) == len(producers), pool.epp.log_tail()
     for p in producers:
         assert any(all(cfg[k] == v for k, v in p["parameters"].items()) for cfg in initialized), (
             p,
             initialized,
         )
 
-    # The scheduler got every scorer with its rendered weight.
-    parsed = next(r["scheduler-config"] for r in records if r.get("msg") == "parsed config")
-    types = {p.get("name", p["type"]): p["type"] for p in config["plugins"]}
-    for ref in config["schedulingProfiles"][0]["plugins"]:
-        if ref.get("weight") is not None:
-            name = ref["pluginRef"]
-            assert f"{name}/{types[name]}: {float(ref['weight']):.6f}" in parsed, parsed
+    if picker is LLMD:
+        # The scheduler got every scorer with its rendered weight.
+        parsed = next(r["scheduler-config"] for r in records if r.get("msg") == "parsed config")
+        types = {p.get("name", p["type"]): p["type"] for p in config["plugins"]}
+        for ref in config["schedulingProfiles"][0]["plugins"]:
+            if ref.get("weight") is not None:
+                name = ref["pluginRef"]
+                assert f"{name}/{types[name]}: {float(ref['weight']):.6f}" in parsed, parsed
+    else:
+        # GIE logs the effective profiles: every scorer with its rendered weight.
+        for ref in config["schedulingProfiles"][0]["plugins"]:
+            if ref.get("weight") is not None:
+                entry = f"{{PluginRef: {ref['pluginRef']}, Weight: {float(ref['weight']):.2f}}}"
+                assert entry in text, (entry, text)
     # It found the pool's pods through the InferencePool (with the rendered RBAC) and
     # scraped their metrics, through the front when there is one.
     assert len(pool.pods) == pool.rendered.replicas
     pool.wait_scraped()
 
 
-def test_unknown_parameter_makes_epp_exit_nonzero(launch: Launcher) -> None:
-    """Proof the start-up test would catch a generator mistake."""
+@pytest.mark.parametrize("example", example_files(), ids=lambda p: p.stem)
+def test_gie_refuses_what_it_cannot_honour_in_the_cli(example: Path) -> None:
+    """Tiers and sessions on GIE: `promptcache render` names the field and the target."""
+    doc = load_example(example, spec_patch={"gateway": {"picker": GIE.value}})
+    spec = doc["spec"]
+    refused = []
+    if spec.get("prefixCache", {}).get("tiers"):
+        refused.append(GIE_TIERS_MESSAGE)
+    if spec.get("sessionAffinity", {}).get("enabled"):
+        refused.append(GIE_SESSIONS_MESSAGE)
+    if not refused:
+        render_resource(doc)  # renders cleanly
+        return
+    with pytest.raises(RuntimeError) as failed:
+        render_resource(doc)
+    for message in refused:
+        assert message in str(failed.value)
+
+
+def test_wrongly_typed_parameter_makes_epp_exit_nonzero(launch: Launcher) -> None:
+    """A broken config stops either picker at start-up (GIE decodes leniently, so a typo
+    would pass there; a wrong type does not)."""
     pool = launch(spec_patch=routing_patch(replicas=1), start_epp=False)
+    config = pool.rendered.epp_config
+    producer = next(p for p in config["plugins"] if p["type"] == "approx-prefix-cache-producer")
+    producer["parameters"]["blockSizeTokens"] = "sixty-four"
+    with pytest.raises(RuntimeError, match=r"EPP exited with [1-9]"):
+        pool.start_epp(config_text=yaml.safe_dump(config))
+    assert pool.epp is not None
+    assert pool.epp.returncode not in (None, 0)
+    assert "blockSizeTokens" in pool.epp.log(), pool.epp.log_tail()
+
+
+def test_unknown_parameter_makes_epp_exit_nonzero(llmd_launch: Launcher) -> None:
+    """Proof the start-up test would catch a generator mistake (llm-d-router decodes strictly)."""
+    pool = llmd_launch(spec_patch=routing_patch(replicas=1), start_epp=False)
     config = pool.rendered.epp_config
     producer = next(p for p in config["plugins"] if p["type"] == "approx-prefix-cache-producer")
     producer["parameters"]["blockSizeToken"] = 64  # a typo of blockSizeTokens
@@ -129,9 +210,9 @@ def test_unknown_parameter_makes_epp_exit_nonzero(launch: Launcher) -> None:
     ), pool.epp.log_tail()
 
 
-def test_session_plugin_needs_the_experimental_flag(launch: Launcher) -> None:
+def test_session_plugin_needs_the_experimental_flag(llmd_launch: Launcher) -> None:
     """Session affinity is Alpha upstream: the renderer must pass --allow-experimental-plugins."""
-    pool = launch(spec_patch=routing_patch(replicas=1, session=True), start_epp=False)
+    pool = llmd_launch(spec_patch=routing_patch(replicas=1, session=True), start_epp=False)
     flag = "--allow-experimental-plugins"
     assert flag in pool.rendered.epp_args
     without = [a for a in pool.rendered.epp_args if a != flag]
@@ -158,13 +239,16 @@ def test_the_epp_really_runs_as_the_rendered_service_account(
     assert f'User "{who}" cannot list resource "pods"' in text, pool.epp.log_tail()
 
 
-def test_two_replicas_elect_a_leader_with_the_rendered_rbac(launch: Launcher, cluster: Any) -> None:
+def test_two_replicas_elect_a_leader_with_the_rendered_rbac(
+    launch: Launcher, cluster: Any, picker: PickerTarget
+) -> None:
     """gateway.replicas > 1 renders leader election; the rendered Role must allow the lease."""
     patch = {**routing_patch(replicas=1), "gateway": {"replicas": 2}}
     pool = launch(spec_patch=patch)
     assert "--ha-enable-leader-election" in pool.rendered.epp_args
     assert pool.epp is not None
-    lease = f"epp-{pool.rendered.namespace}-{pool.rendered.pool_name}.llm-d.ai"
+    suffix = {LLMD: "llm-d.ai", GIE: "gateway-api-inference-extension.sigs.k8s.io"}[picker]
+    lease = f"epp-{pool.rendered.namespace}-{pool.rendered.pool_name}.{suffix}"
     spec = cluster.get_json("lease", "-n", pool.rendered.namespace, lease)["spec"]
     assert spec.get("holderIdentity"), "the lease has no holder"
     with pool.epp.client() as client:
@@ -239,13 +323,16 @@ def _attracts(pool: PoolOnCluster, common_bytes: int) -> bool:
     return picks == [first.endpoint] * 3
 
 
-def test_autotune_block_size_follows_cache_config_info_with_a_64_token_floor(
-    launch: Launcher,
+def test_autotune_block_size_follows_cache_config_info(
+    launch: Launcher, picker: PickerTarget
 ) -> None:
-    # vLLM's default block size 16 is reported; the EPP must use 64, not 16.
+    # vLLM's default block size 16 is reported: llm-d-router floors it at 64, GIE uses 16.
     pool = launch(spec_patch=routing_patch(), metrics=lambda i: VllmMetrics(block_size=16))
     # 200 shared bytes = 50 tokens: 3 blocks of 16, but no whole block of 64.
-    assert not _attracts(pool, 200), "matched at 16-token blocks: the 64-token floor did not apply"
+    if picker is LLMD:
+        assert not _attracts(pool, 200), "matched at 16-token blocks: the 64-token floor failed"
+    else:
+        assert _attracts(pool, 200), "GIE did not use the pods' 16-token blocks"
     # 600 shared bytes = 150 tokens: two whole 64-token blocks.
     assert _attracts(pool, 600)
 
@@ -258,7 +345,6 @@ def test_autotune_block_size_follows_cache_config_info_with_a_64_token_floor(
     config = pool.rendered.epp_config
     producer = next(p for p in config["plugins"] if p["type"] == "approx-prefix-cache-producer")
     assert producer["parameters"]["autoTune"] is True
-    assert producer["parameters"]["blockSizeTokens"] >= 64
 
 
 def test_autotune_capacity_follows_num_gpu_blocks(launch: Launcher) -> None:
@@ -291,8 +377,8 @@ def test_autotune_capacity_follows_num_gpu_blocks(launch: Launcher) -> None:
 # --------------------------------------------------------------------------- session affinity
 
 
-def test_session_header_sticks_even_when_load_says_otherwise(launch: Launcher) -> None:
-    pool = launch(spec_patch=routing_patch(session=True))
+def test_session_header_sticks_even_when_load_says_otherwise(llmd_launch: Launcher) -> None:
+    pool = llmd_launch(spec_patch=routing_patch(session=True))
     header = pool.rendered.epp_config["plugins"]
     session = next(p for p in header if p["type"] == "session-affinity-filter")
     name = session["parameters"]["sessionIdConfig"]["sources"][0]["header"]
@@ -319,18 +405,18 @@ def test_session_header_sticks_even_when_load_says_otherwise(launch: Launcher) -
             assert not loaded & set(free), free
 
 
-def test_user_field_reaches_the_epp_through_the_session_shim(launch: Launcher) -> None:
+def test_user_field_reaches_the_epp_through_the_policy_step(llmd_launch: Launcher) -> None:
     """spec/004: a `user` body field names the session as well as the header does.
 
     The EPP reads headers only, and the cache front sees the request after the pick, so
-    the rendered EPP pod puts the session shim (`promptcache session-shim`) on the port
-    the gateway dials. Here both run as rendered: the EPP with its rendered args (its
-    `--grpc-port` moved off the Service's port), the shim with the rendered container's
-    args and env, relaying to the EPP (see PoolOnCluster.start_shim)."""
-    pool = launch(spec_patch=routing_patch(session=True))
+    the rendered EPP pod puts the gateway's policy step (`promptcache gateway-policy`) on
+    the port the gateway dials. Here both run as rendered: the EPP with its rendered args
+    (its `--grpc-port` moved off the Service's port, plain gRPC), the step with the
+    rendered container's args and env, relaying to the EPP (see PoolOnCluster.start_shim)."""
+    pool = llmd_launch(spec_patch=routing_patch(session=True))
     assert pool.epp is not None
     shim_container = pool.rendered.session_shim_container
-    assert shim_container is not None, "sessionAffinity with useUserField renders the shim"
+    assert shim_container is not None, "sessionAffinity renders the policy step"
     assert pool.rendered.epp_grpc_port != 9002  # the Service's port belongs to the shim
     session = next(
         p for p in pool.rendered.epp_config["plugins"] if p["type"] == "session-affinity-filter"
@@ -358,24 +444,30 @@ def test_user_field_reaches_the_epp_through_the_session_shim(launch: Launcher) -
         explicit = gateway.pick(chat_body(unique_text(300), user="alice"), headers={header: "bob"})
         assert explicit.set_headers.get(header) == "bob"
         assert explicit.endpoint != home.endpoint
-        # A `user` the shim must not trust is ignored: routed by load, no header set.
+        # prompt_cache_key (OpenAI's cache-routing hint) names the session before `user`.
+        keyed = gateway.pick(
+            chat_body(unique_text(300), user="bob") | {"prompt_cache_key": "alice"}
+        )
+        assert keyed.set_headers.get(header) == "alice"
+        assert keyed.endpoint == home.endpoint
+        # A `user` the front would refuse is refused at the gateway with its error.
         hostile = gateway.pick(chat_body(unique_text(300), user="alice\r\nx-evil: 1"))
-        assert header not in hostile.set_headers
-        assert hostile.endpoint != home.endpoint
+        assert hostile.immediate_status == 400
+        assert hostile.endpoint is None
     assert shim.stop() == 0, shim.log()
-    assert "session shim stopped" in shim.log()
+    assert "gateway policy step stopped" in shim.log()
 
 
-def test_without_user_field_the_epp_pod_has_no_shim(launch: Launcher) -> None:
-    """`useUserField: false` keeps the EPP on the Service's port, alone in its pod."""
+def test_without_user_field_the_step_ignores_user(llmd_launch: Launcher) -> None:
+    """`useUserField: false`: `user` names no session (prompt_cache_key still does)."""
     patch = routing_patch(replicas=2, session=True)
     patch["sessionAffinity"]["useUserField"] = False
-    pool = launch(spec_patch=patch)
-    assert pool.epp is not None
-    assert pool.rendered.session_shim_container is None
-    assert pool.rendered.epp_grpc_port == 9002
-    with pool.epp.client() as client:
-        pod_at(pool, client.pick(chat_body(unique_text(300), user="alice")).endpoint)
+    pool = llmd_launch(spec_patch=patch)
+    assert pool.shim is not None
+    with pool.client() as gateway:
+        pick = gateway.pick(chat_body(unique_text(300), user="alice"))
+        pod_at(pool, pick.endpoint)
+        assert "x-session-affinity" not in pick.set_headers
 
 
 # --------------------------------------------------------------------------- load

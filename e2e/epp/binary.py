@@ -1,22 +1,48 @@
-"""Where the Endpoint Picker binary lives, so tests, benches and CI agree.
+"""Where each Endpoint Picker binary lives, so tests, benches and CI agree.
 
-The binary is built outside the clone into the shared cache
-(`$CACHE/bin/epp-<version>/epp`, see the cache convention). Tests skip with a
-clear reason when it is absent; `PROMPTCACHE_EPP_BIN` points at another build.
+Two pickers (`contract.PickerTarget`), built outside the clone into the shared cache
+(`$CACHE/bin/epp-<version>/epp`, see the cache convention):
+
+- `gie-v1.5`: the upstream GIE EPP v1.5.0, which `e2e/cluster build` builds by default
+  (module pinned in e2e/tools/epp/go.mod). Every picker check that can run on it does: a
+  missing binary is a failure to run `e2e/cluster build`, never a skip.
+- `llm-d-router`: v0.10.0, which the Go module proxy here refuses; tests that need it run
+  where a hand-built binary exists and skip with the reason elsewhere.
+
+`PROMPTCACHE_EPP_BIN` / `PROMPTCACHE_GIE_EPP_BIN` point at other builds.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
+from promptcache.contract import PickerTarget
+
+E2E = Path(__file__).resolve().parents[1]
+
 EPP_MODULE = "github.com/llm-d/llm-d-router"
-"""The Go module the Endpoint Picker comes from (formerly llm-d-inference-scheduler)."""
+"""The Go module the llm-d Endpoint Picker comes from (formerly llm-d-inference-scheduler)."""
 
 EPP_VERSION = "v0.10.0"
 """The llm-d-router release the renderer targets (docs/endpoint-picker.md was verified on it)."""
 
 EPP_BIN_ENV = "PROMPTCACHE_EPP_BIN"
+GIE_MODULE = "sigs.k8s.io/gateway-api-inference-extension"
+GIE_BIN_ENV = "PROMPTCACHE_GIE_EPP_BIN"
+
+
+def _gomod_version(module: str) -> str:
+    """The version e2e/tools/epp/go.mod pins (the one `e2e/cluster build` builds)."""
+    for line in (E2E / "tools" / "epp" / "go.mod").read_text().splitlines():
+        parts = line.strip().removeprefix("require").split()
+        if len(parts) >= 2 and parts[0] == module and parts[1].startswith("v"):
+            return parts[1]
+    raise LookupError(f"e2e/tools/epp/go.mod does not require {module}")
+
+
+GIE_VERSION = _gomod_version(GIE_MODULE)
 
 
 def cache_dir() -> Path:
@@ -25,25 +51,70 @@ def cache_dir() -> Path:
     return Path(root) if root else Path.home() / ".cache" / "promptcache"
 
 
+@dataclass(frozen=True)
+class PickerBinary:
+    """One Endpoint Picker the harness can run."""
+
+    target: PickerTarget
+    module: str
+    version: str
+    env: str
+    how_to_build: str
+
+    def default_path(self) -> Path:
+        return cache_dir() / "bin" / f"epp-{self.version}" / "epp"
+
+    def path(self) -> Path:
+        override = os.environ.get(self.env)
+        return Path(override) if override else self.default_path()
+
+    def find(self) -> Path | None:
+        candidate = self.path()
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+        return None
+
+    def missing_reason(self) -> str:
+        return (
+            f"{self.target.value} Endpoint Picker binary not found at {self.path()}: "
+            f"{self.how_to_build} (or set {self.env})"
+        )
+
+
+PICKERS: dict[PickerTarget, PickerBinary] = {
+    PickerTarget.LLM_D_ROUTER: PickerBinary(
+        PickerTarget.LLM_D_ROUTER,
+        EPP_MODULE,
+        EPP_VERSION,
+        EPP_BIN_ENV,
+        f"build {EPP_MODULE}/cmd/epp {EPP_VERSION} there with CGO_ENABLED=0 (the Go module "
+        "proxy here refuses the module, so `e2e/cluster build` cannot)",
+    ),
+    PickerTarget.GIE: PickerBinary(
+        PickerTarget.GIE,
+        GIE_MODULE,
+        GIE_VERSION,
+        GIE_BIN_ENV,
+        "run `python e2e/cluster build` (it builds the GIE EPP by default)",
+    ),
+}
+
+
 def default_epp_path(version: str = EPP_VERSION) -> Path:
-    """Where `e2e/cluster build` (or a hand build) puts the Endpoint Picker."""
+    """Where `e2e/cluster build` (or a hand build) puts an Endpoint Picker of `version`."""
     return cache_dir() / "bin" / f"epp-{version}" / "epp"
 
 
-def find_epp_binary() -> Path | None:
-    """The Endpoint Picker to run, or None when none is built yet."""
-    override = os.environ.get(EPP_BIN_ENV)
-    candidate = Path(override) if override else default_epp_path()
-    if candidate.is_file() and os.access(candidate, os.X_OK):
-        return candidate
-    return None
+def find_epp_binary(picker: PickerTarget = PickerTarget.LLM_D_ROUTER) -> Path | None:
+    """The Endpoint Picker to run for `picker`, or None when none is built yet."""
+    return PICKERS[picker].find()
 
 
-def missing_reason() -> str:
-    """The skip message a test shows when the binary cannot be found."""
-    override = os.environ.get(EPP_BIN_ENV)
-    where = override if override else str(default_epp_path())
-    return (
-        f"Endpoint Picker binary not found at {where}: build {EPP_MODULE}/cmd/epp "
-        f"{EPP_VERSION} there (CGO_ENABLED=0) or set {EPP_BIN_ENV}"
-    )
+def missing_reason(picker: PickerTarget = PickerTarget.LLM_D_ROUTER) -> str:
+    """What a test says when the binary cannot be found."""
+    return PICKERS[picker].missing_reason()
+
+
+def available_pickers() -> list[PickerTarget]:
+    """The pickers this machine can run (GIE always counts: its absence must fail)."""
+    return [t for t in PICKERS if t is PickerTarget.GIE or PICKERS[t].find() is not None]

@@ -36,6 +36,8 @@ class Pick:
     immediate_status: int | None = None
     """HTTP status when the EPP answered the client itself (e.g. 429, 503, 400)."""
     immediate_body: str = ""
+    body: bytes = b""
+    """The request body the picker hands back to the gateway for the model server."""
 
 
 def _header_map(headers: Mapping[str, str]) -> base_pb2.HeaderMap:
@@ -51,15 +53,24 @@ def _value(h: base_pb2.HeaderValue) -> str:
 
 
 class ExtProcClient:
-    """A plaintext ext_proc client for one EPP gRPC port on loopback."""
+    """An ext_proc client for one gRPC port on loopback: plaintext, or TLS without
+    verification (what gateways do with a picker's self-signed certificate)."""
 
-    def __init__(self, target: str, timeout_s: float = 30.0) -> None:
+    def __init__(self, target: str, timeout_s: float = 30.0, tls: bool = False) -> None:
+        self._relay = None
+        if tls:
+            from .tls_relay import TlsRelay  # noqa: PLC0415 - process.py imports this module
+
+            self._relay = TlsRelay(int(target.rsplit(":", 1)[1]))
+            target = self._relay.target
         self._channel = grpc.insecure_channel(target)
         self._stub = pb_grpc.ExternalProcessorStub(self._channel)
         self._timeout = timeout_s
 
     def close(self) -> None:
         self._channel.close()
+        if self._relay is not None:
+            self._relay.close()
 
     def __enter__(self) -> ExtProcClient:
         return self
@@ -118,6 +129,11 @@ class ExtProcClient:
                 if common is not None:
                     for hvo in common.header_mutation.set_headers:
                         result.set_headers[hvo.header.key.lower()] = _value(hvo.header)
+                    mutation = common.body_mutation
+                    if mutation.WhichOneof("mutation") == "body":
+                        result.body += mutation.body
+                    elif mutation.WhichOneof("mutation") == "streamed_response":
+                        result.body += mutation.streamed_response.body
                 if kind == "request_body":
                     break
         finally:

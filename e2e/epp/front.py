@@ -24,8 +24,15 @@ class FrontProcess:
     """`python -m promptcache.front` listening on a pod IP, upstream the stand-in."""
 
     def __init__(
-        self, listen: tuple[str, int], upstream: str, env: Mapping[str, str], workdir: Path
+        self,
+        listen: tuple[str, int],
+        upstream: str,
+        env: Mapping[str, str],
+        workdir: Path,
+        salt_key_file: Path | None = None,
     ) -> None:
+        """`salt_key_file`: the pool's salt Secret (one per pool, as in a cluster); a fresh
+        random one when not given."""
         self.ip, self.port = listen
         workdir.mkdir(parents=True, exist_ok=True)
         self.log_path = workdir / "front.log"
@@ -35,10 +42,11 @@ class FrontProcess:
         full[FrontEnv.UPSTREAM] = upstream
         full[FrontEnv.WORKERS] = "1"  # one process is enough for routing tests
         if env.get(FrontEnv.SALT_KEY_FILE) is not None:
-            key = workdir / "salt-key"
-            key.write_text(secrets.token_hex(32))
-            key.chmod(0o600)
-            full[FrontEnv.SALT_KEY_FILE] = str(key)
+            if salt_key_file is None:
+                salt_key_file = workdir / "salt-key"
+                salt_key_file.write_text(secrets.token_hex(32))
+                salt_key_file.chmod(0o600)
+            full[FrontEnv.SALT_KEY_FILE] = str(salt_key_file)
         self.env = full
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: BinaryIO | None = None

@@ -12,9 +12,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from promptcache.contract import PickerTarget
+
 from .fake_pod import VllmMetrics
 from .pool import ClusterLike, PoolOnCluster
-from .rendered import EXAMPLES, Rendered, load_example, render_resource
+from .rendered import EXAMPLES, Rendered, _merge, load_example, render_resource
 
 
 def shape_patch(with_front: bool) -> dict[str, Any]:
@@ -39,19 +41,31 @@ def routing_patch(
 
 
 class Launcher:
-    """Creates pools in one namespace and stops them all at the end."""
+    """Creates pools in one namespace for one picker target and stops them all at the end.
 
-    def __init__(self, cluster: ClusterLike, namespace: str, workdir: Path) -> None:
+    Every resource it renders names `spec.gateway.picker` (unless the patch does), so the
+    config and args are the ones the rendered Deployment gives that picker's binary."""
+
+    def __init__(
+        self,
+        cluster: ClusterLike,
+        namespace: str,
+        workdir: Path,
+        picker: PickerTarget = PickerTarget.GIE,
+    ) -> None:
         self.cluster = cluster
         self.namespace = namespace
         self.workdir = workdir
+        self.picker = picker
         self.pools: list[PoolOnCluster] = []
 
     def render(
         self, example: str | Path = "minimal.yaml", spec_patch: Mapping[str, Any] | None = None
     ) -> Rendered:
         path = example if isinstance(example, Path) else EXAMPLES / example
-        return Rendered(render_resource(load_example(path, self.namespace, spec_patch)))
+        patch: dict[str, Any] = {"gateway": {"picker": self.picker.value}}
+        _merge(patch, spec_patch or {})
+        return Rendered(render_resource(load_example(path, self.namespace, patch)))
 
     def __call__(
         self,

@@ -13,6 +13,7 @@ the EPP would fail here.
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,9 +22,10 @@ from typing import Any, Protocol
 
 import yaml
 
-from promptcache.contract import VLLM_LOCAL_PORT, SessionShimEnv
+from promptcache.contract import VLLM_LOCAL_PORT, GatewayPolicyEnv
 
 from .binary import find_epp_binary, missing_reason
+from .extproc import ExtProcClient
 from .fake_pod import FakePod, VllmMetrics
 from .front import FrontProcess
 from .process import EppProcess
@@ -78,6 +80,29 @@ class PoolOnCluster:
     epp: EppProcess | None = None
     shim: ShimProcess | None = None
     _starts: int = 0
+
+    @property
+    def salt_key_file(self) -> Path:
+        """The pool's salt Secret, as a file: every front and the policy step read it (the
+        operator creates one Secret per resource and mounts it in both pods)."""
+        path = self.workdir / "salt-key"
+        if not path.exists():
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            path.write_text(secrets.token_hex(32))
+            path.chmod(0o600)
+        return path
+
+    @property
+    def salt_key(self) -> bytes:
+        return self.salt_key_file.read_bytes().strip()
+
+    def client(self) -> ExtProcClient:
+        """What the gateway dials: the policy step when the pod renders one, else the
+        picker itself (over TLS when it serves TLS, as rendered)."""
+        if self.shim is not None:
+            return self.shim.client()
+        assert self.epp is not None, "start the EPP first"
+        return self.epp.client()
 
     # --- objects ------------------------------------------------------------------
     def applicable_objects(self) -> list[dict[str, Any]]:
@@ -146,6 +171,7 @@ class PoolOnCluster:
                     upstream=f"http://{ip}:{VLLM_LOCAL_PORT}",
                     env=self.front_env(),
                     workdir=self.workdir / f"front-{name}",
+                    salt_key_file=self.salt_key_file,
                 ).start()
                 self.pods.append(PodHandle(name, ip, server, front))
             else:
@@ -203,11 +229,13 @@ class PoolOnCluster:
         wait_scraped: bool = True,
         rendered_args: Sequence[str] | None = None,
         ready_timeout_s: float = 90.0,
+        with_policy_step: bool = True,
     ) -> EppProcess:
-        """Run the EPP with the rendered config and args (or the given replacements)."""
-        binary = find_epp_binary()
+        """Run the EPP with the rendered config and args (or the given replacements), and
+        the rendered policy step in front of it when the pod has one: the whole pod."""
+        binary = find_epp_binary(self.rendered.picker)
         if binary is None:
-            raise RuntimeError(missing_reason())
+            raise RuntimeError(missing_reason(self.rendered.picker))
         if self.epp is not None:
             self.epp.stop()  # a restart: a fresh process with an empty prefix index
         self._starts += 1
@@ -226,32 +254,38 @@ class PoolOnCluster:
             kubeconfig=self.service_account_kubeconfig(),
         ).start()
         self.epp.wait_ready(ready_timeout_s)
+        if with_policy_step and self.rendered.policy_step_container is not None:
+            self.start_shim()
         if wait_scraped:
             self.wait_scraped()
         return self.epp
 
     def start_shim(self) -> ShimProcess:
-        """Run the rendered `session-shim` container in front of the running EPP.
+        """Run the rendered `gateway-policy` container in front of the running EPP.
 
         The rendered wiring is checked, then kept: the shim must relay to
         `127.0.0.1:<the EPP's rendered --grpc-port>` and listen on its `grpc` port; here
         both ports become the free loopback ports the harness really uses."""
         container = self.rendered.session_shim_container
         if container is None:
-            raise LookupError("the rendered EPP pod has no session-shim container")
+            raise LookupError("the rendered EPP pod has no gateway-policy container")
         assert self.epp is not None, "start the EPP first"
         env = {e["name"]: str(e["value"]) for e in container.get("env", []) if "value" in e}
         upstream = f"127.0.0.1:{self.rendered.epp_grpc_port}"
-        relays_to = env.get(SessionShimEnv.UPSTREAM)
+        relays_to = env.get(GatewayPolicyEnv.UPSTREAM)
         if relays_to != upstream:
             raise AssertionError(f"the shim relays to {relays_to!r}, the EPP serves {upstream}")
         (grpc_port,) = [p["containerPort"] for p in container["ports"] if p["name"] == "grpc"]
-        if not env.get(SessionShimEnv.LISTEN, "").endswith(f":{grpc_port}"):
-            raise AssertionError(f"the shim listens on {env.get(SessionShimEnv.LISTEN)!r}")
+        if not env.get(GatewayPolicyEnv.LISTEN, "").endswith(f":{grpc_port}"):
+            raise AssertionError(f"the step listens on {env.get(GatewayPolicyEnv.LISTEN)!r}")
         if self.shim is not None:
             self.shim.stop()
         self.shim = ShimProcess(
-            container["args"], env, self.epp.ports.grpc, self.workdir / "session-shim"
+            container["args"],
+            env,
+            self.epp.ports.grpc,
+            self.workdir / "gateway-policy",
+            salt_key_file=self.salt_key_file,
         ).start()
         self.shim.wait_ready()
         return self.shim

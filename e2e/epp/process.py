@@ -1,11 +1,12 @@
 """Start and stop the real Endpoint Picker process with a given config and flags.
 
 The EPP is run as users run it: the rendered `EndpointPickerConfig` and the
-rendered container args, plus only what a plaintext loopback test needs
-(`--secure-serving=false`, `--metrics-endpoint-auth=false`, ports chosen free
-on 127.0.0.1, `--tracing=false` so it does not dial an OTLP collector). Its log
-is kept in a file so a failing test can show it, and so tests can read the
-effective configuration the EPP prints at start-up.
+rendered container args, of which the harness rewrites only ports (free ones on
+127.0.0.1) and file paths (the config file). Transport stays as rendered: a picker
+rendered without `--secure-serving=false` serves TLS, and the harness talks to it
+through a TLS relay as a gateway would (`tls_relay.py`). Its log is kept in a file
+so a failing test can show it, and so tests can read the effective configuration
+the EPP prints at start-up.
 """
 
 from __future__ import annotations
@@ -26,18 +27,10 @@ import grpc
 
 from .extproc import ExtProcClient
 
-# Flags the harness owns: a rendered value for these is replaced, not duplicated.
-_HARNESS_FLAGS = (
-    "--grpc-port",
-    "--grpc-health-port",
-    "--metrics-port",
-    "--secure-serving",
-    "--metrics-endpoint-auth",
-    "--config-file",
-    "--config-text",
-    "--tracing",
-    "--drain-timeout",
-)
+# What the harness rewrites: ports, and the config file's path. Nothing else.
+_PORT_FLAGS = ("--grpc-port", "--grpc-health-port", "--metrics-port")
+_PATH_FLAGS = ("--config-file", "--config-text")
+_HARNESS_FLAGS = (*_PORT_FLAGS, *_PATH_FLAGS)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -95,8 +88,9 @@ class EppProcess:
         pool_namespace: str = "default",
         extra_args: Sequence[str] = (),
         kubeconfig: Path | None = None,
-        verbosity: int = 2,
     ) -> None:
+        """`extra_args`: the rendered container args (plus any a test adds on purpose);
+        `--pool-name`/`--pool-namespace` are added only when they are missing."""
         self.binary = binary
         self.workdir = workdir
         self.config_path = workdir / "epp-config.yaml"
@@ -107,19 +101,17 @@ class EppProcess:
             f"--grpc-port={self.ports.grpc}",
             f"--grpc-health-port={self.ports.health}",
             f"--metrics-port={self.ports.metrics}",
-            "--secure-serving=false",
-            "--metrics-endpoint-auth=false",
-            "--tracing=false",
-            # Tests stop the EPP many times; no gateway needs a graceful drain window here.
-            "--drain-timeout=0s",
             f"--config-file={self.config_path}",
-            f"-v={verbosity}",
         ]
-        if pool_name is not None:
+        rendered = strip_flags(extra_args, _HARNESS_FLAGS)
+        names = {a.split("=", 1)[0] for a in rendered}
+        if pool_name is not None and "--pool-name" not in names:
             args += [f"--pool-name={pool_name}", f"--pool-namespace={pool_namespace}"]
-        rendered = strip_flags(
-            extra_args, (*_HARNESS_FLAGS, "--pool-name", "--pool-namespace", "-v", "--v")
+        self.secure = not any(
+            a.split("=", 1)[0] == "--secure-serving" and a.split("=", 1)[-1] == "false"
+            for a in rendered
         )
+        """Whether the picker serves ext_proc over TLS (its default), as rendered."""
         self.args = [str(binary), *args, *rendered]
         self.env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG",)}
         if kubeconfig is not None:
@@ -191,7 +183,8 @@ class EppProcess:
         return bool(raw == b"\x08\x01")  # HealthCheckResponse{status: SERVING}
 
     def client(self) -> ExtProcClient:
-        return ExtProcClient(f"127.0.0.1:{self.ports.grpc}")
+        """A gateway's ext_proc client, over TLS when the picker serves TLS."""
+        return ExtProcClient(f"127.0.0.1:{self.ports.grpc}", tls=self.secure)
 
     def wait_ready(self, timeout_s: float = 90.0) -> None:
         """Until the EPP serves health, or fail with its log."""

@@ -19,6 +19,9 @@ from typing import Any
 
 import yaml
 
+from promptcache.contract import PickerTarget
+from promptcache.render.epp_config import CONFIG_API_VERSIONS
+
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 
@@ -120,11 +123,22 @@ class Rendered:
 
     @property
     def session_shim_container(self) -> dict[str, Any] | None:
-        """The EPP pod's container that runs `promptcache session-shim`, if any."""
+        """The EPP pod's container that runs `promptcache gateway-policy`, if any."""
         for c in self.epp_deployment["spec"]["template"]["spec"]["containers"]:
-            if list(c.get("args", []))[:1] == ["session-shim"]:
+            if list(c.get("args", []))[:1] in (["gateway-policy"], ["session-shim"]):
                 return dict(c)
         return None
+
+    policy_step_container = session_shim_container
+
+    @property
+    def picker(self) -> PickerTarget:
+        """Which Endpoint Picker the config is for (each target has its own apiVersion)."""
+        version = self.epp_config["apiVersion"]
+        for target, api_version in CONFIG_API_VERSIONS.items():
+            if api_version == version:
+                return target
+        raise LookupError(f"no picker target renders config apiVersion {version!r}")
 
     @property
     def model_deployment(self) -> dict[str, Any]:

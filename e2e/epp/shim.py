@@ -1,10 +1,12 @@
-"""The real session shim (`promptcache session-shim`), run as the rendered container says.
+"""The real gateway policy step (`promptcache gateway-policy`), run as rendered.
 
-The EPP pod's `session-shim` container is started here with the rendered args and
-environment. Only the two addresses change, and only in a way that keeps the rendered
-wiring: its listen port becomes a free loopback port, and its upstream becomes the port
-the harness really gave the EPP in place of the rendered `--grpc-port` (the harness
-checks first that the rendered upstream is exactly `127.0.0.1:<rendered --grpc-port>`).
+The EPP pod's `gateway-policy` container is started here with the rendered args and
+environment. Only ports and file paths change, and only in a way that keeps the rendered
+wiring: its listen port becomes a free loopback port, its upstream becomes the port the
+harness really gave the EPP in place of the rendered `--grpc-port` (the harness checks
+first that the rendered upstream is exactly `127.0.0.1:<rendered --grpc-port>`), and its
+salt key file becomes a local file holding the pool's salt Secret (the fronts read the
+same one).
 """
 
 from __future__ import annotations
@@ -17,12 +19,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from promptcache.contract import SessionShimEnv
+from promptcache.contract import GatewayPolicyEnv
 
 from .extproc import ExtProcClient
 from .process import free_port, terminate
 
-STARTED_LINE = "session shim listening on"
+STARTED_LINE = "gateway policy step listening on"
 
 
 class ShimProcess:
@@ -34,14 +36,19 @@ class ShimProcess:
         env: Mapping[str, str],
         upstream_port: int,
         workdir: Path,
+        salt_key_file: Path | None = None,
     ) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
-        self.log_path = workdir / "session-shim.log"
+        self.log_path = workdir / "gateway-policy.log"
         full = {k: v for k, v in os.environ.items() if not k.startswith("PROMPTCACHE_")}
         full.update(env)
-        full[SessionShimEnv.LISTEN] = f"127.0.0.1:{self.port}"
-        full[SessionShimEnv.UPSTREAM] = f"127.0.0.1:{upstream_port}"
+        full[GatewayPolicyEnv.LISTEN] = f"127.0.0.1:{self.port}"
+        full[GatewayPolicyEnv.UPSTREAM] = f"127.0.0.1:{upstream_port}"
+        if GatewayPolicyEnv.SALT_KEY_FILE in env:
+            if salt_key_file is None:
+                raise AssertionError("the rendered step reads a salt key: pass the pool's")
+            full[GatewayPolicyEnv.SALT_KEY_FILE] = str(salt_key_file)
         full["NO_PROXY"] = full["no_proxy"] = "127.0.0.1,localhost"
         self.env = full
         self.args = [sys.executable, "-m", "promptcache.cli", *args]
@@ -68,11 +75,11 @@ class ShimProcess:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                raise RuntimeError(f"session shim exited {self._proc.returncode}:\n{self.log()}")
+                raise RuntimeError(f"policy step exited {self._proc.returncode}:\n{self.log()}")
             if STARTED_LINE in self.log():
                 return
             time.sleep(0.1)
-        raise TimeoutError(f"session shim not started after {timeout_s}s:\n{self.log()}")
+        raise TimeoutError(f"policy step not started after {timeout_s}s:\n{self.log()}")
 
     def client(self) -> ExtProcClient:
         return ExtProcClient(self.target)

@@ -215,11 +215,11 @@ ShimFactory = Callable[..., Awaitable[RunningShim]]
 async def make_shim(upstream: Upstream) -> AsyncIterator[ShimFactory]:
     running: list[RunningShim] = []
 
-    async def factory(**overrides: Any) -> RunningShim:
+    async def factory(secret: bytes | None = None, **overrides: Any) -> RunningShim:
         settings = ShimSettings(
             **{"listen": "127.0.0.1:0", "upstream": upstream.target, **overrides}
         )
-        shim = await start(settings)
+        shim = await start(settings, secret)
         running.append(shim)
         return shim
 

@@ -65,22 +65,25 @@ def test_environment_then_flags_win() -> None:
     [
         (["--listen", "9002"], {}, "--listen='9002' is not HOST:PORT (e.g. 0.0.0.0:8000)"),
         ([], {SessionShimEnv.UPSTREAM: "epp"},
-         "PROMPTCACHE_SESSION_SHIM_UPSTREAM='epp' is not HOST:PORT (e.g. 0.0.0.0:8000)"),
+         "PROMPTCACHE_GATEWAY_POLICY_UPSTREAM='epp' is not HOST:PORT (e.g. 0.0.0.0:8000)"),
         (["--upstream", "127.0.0.1:99999"], {},
          "--upstream='127.0.0.1:99999' is not HOST:PORT (e.g. 0.0.0.0:8000)"),
         (["--session-header", "x session"], {},
          "--session-header='x session' is not an HTTP header name: use lower-case letters, "
-         "digits and !#$%&'*+-.^_`|~ (at most 256 characters)"),
+         "digits and !#$%&'*+-.^_`|~ (at most 256 characters) (empty: do not read one)"),
         (["--max-body-bytes", "lots"], {}, "--max-body-bytes='lots' is not an integer"),
         ([], {SessionShimEnv.MAX_BODY_BYTES: "1e6"},
-         "PROMPTCACHE_SESSION_SHIM_MAX_BODY_BYTES='1e6' is not an integer"),
+         "PROMPTCACHE_GATEWAY_POLICY_MAX_BODY_BYTES='1e6' is not an integer"),
         (["--max-body-bytes", "0"], {}, "--max-body-bytes=0 must be at least 1"),
         (["--max-body-bytes", "100", "--max-buffered-bytes", "10"], {},
          "--max-buffered-bytes=10 must be at least --max-body-bytes=100"),
         (["--drain-seconds", "-1"], {}, "--drain-seconds=-1.0 must be in [0, 3600]"),
         (["--drain-seconds", "soon"], {}, "--drain-seconds='soon' is not a number"),
-        (["--user-field", " "], {}, "--user-field='' is not a body field name: use letters, "
-         "digits and _, not starting with a digit (at most 128 characters)"),
+        (["--user-field", "1user"], {}, "--user-field='1user' is not a body field name: use "
+         "letters, digits and _, not starting with a digit (at most 128 characters) (empty: "
+         "do not read one)"),
+        (["--isolation-mode", "Strict"], {},
+         "--isolation-mode='Strict' is not one of Shared, PerKey, Required"),
     ],
 )  # fmt: skip
 def test_bad_settings_name_the_setting(argv: list[str], env: dict[str, str], message: str) -> None:
@@ -101,7 +104,7 @@ def test_bad_setting_exits_2_with_one_line() -> None:
     )  # fmt: skip
     assert proc.returncode == 2
     assert proc.stderr == (
-        "promptcache session-shim: --listen='nowhere' is not HOST:PORT (e.g. 0.0.0.0:8000)\n"
+        "promptcache gateway-policy: --listen='nowhere' is not HOST:PORT (e.g. 0.0.0.0:8000)\n"
     )
 
 
@@ -112,7 +115,7 @@ def test_cli_works_without_the_gateway_extra() -> None:
         _cli("--help", prelude=hide), capture_output=True, text=True, timeout=60, check=False
     )
     assert help_proc.returncode == 0
-    assert "session-shim" in help_proc.stdout
+    assert "gateway-policy" in help_proc.stdout
     version = subprocess.run(
         _cli("version", prelude=hide), capture_output=True, text=True, timeout=60, check=False
     )
@@ -122,7 +125,7 @@ def test_cli_works_without_the_gateway_extra() -> None:
     )
     assert shim.returncode == 3
     assert shim.stderr == (
-        "promptcache session-shim: needs 'grpc'; install the gateway extra: "
+        "promptcache gateway-policy: needs 'grpc'; install the gateway extra: "
         "pip install 'promptcache[gateway]'\n"
     )
 
@@ -153,16 +156,19 @@ def test_process_logs_its_setup_and_stops_on_sigterm(tmp_path: Path) -> None:
             stdout=out, stderr=subprocess.STDOUT, env=env,
         )  # fmt: skip
         try:
-            started = _wait_for_line(log, "session shim listening on 127.0.0.1:0", proc)
+            started = _wait_for_line(log, "gateway policy step listening on 127.0.0.1:0", proc)
             assert "relaying ext_proc to the Endpoint Picker at 127.0.0.1:9" in started
-            assert "header 'x-session-affinity' from body field 'user'" in started
+            assert (
+                "session header 'x-session-affinity' from prompt_cache_key or body field 'user'"
+                in started
+            )
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=TIMEOUT) == 0
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=10)
-    assert "session shim stopped" in log.read_text()
+    assert "gateway policy step stopped" in log.read_text()
 
 
 def test_port_in_use_exits_1(tmp_path: Path) -> None:
@@ -178,4 +184,4 @@ def test_port_in_use_exits_1(tmp_path: Path) -> None:
             capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
     assert proc.returncode == 1, proc.stderr
-    assert f"session shim cannot start: cannot listen on 127.0.0.1:{port}" in proc.stderr
+    assert f"gateway policy step cannot start: cannot listen on 127.0.0.1:{port}" in proc.stderr

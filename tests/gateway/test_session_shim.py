@@ -20,7 +20,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from hypothesis import given
 from hypothesis import strategies as st
 
-from promptcache.gateway.session_shim import MAX_SESSION_ID_CHARS, session_from_body
+from promptcache.front.settings import FrontSettings
+from promptcache.gateway.session_shim import MAX_SESSION_ID_CHARS, decide, session_from_body
 
 from .conftest import (
     SESSION,
@@ -100,9 +101,21 @@ async def test_empty_header_is_replaced_by_user(
 async def test_unusable_user_is_ignored(
     make_shim: ShimFactory, upstream: Upstream, gateway_for: Any, user: Any
 ) -> None:
+    """Never a session; either passed on exactly as sent, or refused with the error the
+    front itself gives that body (e.g. control characters in `user`)."""
     gw = gateway_for(await make_shim())
-    sent = [headers_msg({}), body_msg(json.dumps({"model": "m", "user": user}).encode())]
+    raw = json.dumps({"model": "m", "user": user}).encode()
+    sent = [headers_msg({}), body_msg(raw)]
     responses = await gw.exchange(*sent)
+    decision = decide(
+        "POST", "/v1/chat/completions", {}, raw, front=FrontSettings(), secret=None,
+        session_header="", user_field="user",
+    )  # fmt: skip
+    if decision.refusal is not None:
+        (answer,) = responses
+        assert answer.immediate_response.body == decision.refusal.body_bytes()
+        assert upstream.fake.streams == []
+        return
     (stream,) = upstream.fake.streams
     assert stream.received == sent  # exactly what the gateway sent
     assert echoed(responses) == "-"
@@ -165,27 +178,32 @@ async def test_request_without_body_is_not_held(
     assert await read_rest(call) == []
 
 
-async def test_body_over_the_cap_streams_through_unread(
+def refusal(responses: list[Any]) -> tuple[int, dict[str, Any]]:
+    """The (status, JSON body) of the one immediate response the step answered with."""
+    (only,) = responses
+    assert only.WhichOneof("response") == "immediate_response"
+    answer = only.immediate_response
+    return int(answer.status.code), json.loads(answer.body)
+
+
+async def test_body_over_the_cap_gets_the_fronts_413_never_passes_unread(
     make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
 ) -> None:
-    gw = gateway_for(await make_shim(max_body_bytes=100, max_buffered_bytes=1000))
+    """A body the step cannot read would route without its salt or session: refused, with
+    the front's own error, and the picker is never asked."""
+    shim = await make_shim(max_body_bytes=100, max_buffered_bytes=1000)
+    gw = gateway_for(shim)
     raw = chat("erin", pad=300)
-    first, rest = body_msg(raw[:150], end_of_stream=False), body_msg(raw[150:])
     call = gw.open()
-    head = headers_msg({})
-    await call.write(head)
-    await call.write(first)
-    # Past the cap the held messages go on at once, before the body has ended.
-    await eventually(lambda: len(upstream.fake.streams) == 1)
-    stream = upstream.fake.streams[0]
-    await eventually(lambda: len(stream.received) == 2)
-    assert stream.received == [head, first]
-    await call.write(rest)
+    await call.write(headers_msg({}))
+    await call.write(body_msg(raw[:150], end_of_stream=False))
     await call.done_writing()
-    responses = [r async for r in call]
-    assert stream.received == [head, first, rest]
-    assert stream.session() == []
-    assert echoed(responses) == "-"
+    status, body = refusal([r async for r in call])
+    assert status == 413
+    assert body["error"]["code"] == "request_too_large"
+    assert "accepts at most 100" in body["error"]["message"]
+    assert upstream.fake.streams == []
+    assert shim.shim.budget.used == 0
 
 
 async def test_shared_budget_bounds_all_streams(
@@ -201,9 +219,11 @@ async def test_shared_budget_bounds_all_streams(
     await eventually(lambda: shim.shim.budget.used == 250)
     b = gw.open()
     await b.write(headers_msg({}))
-    await b.write(body_msg(raw_b))  # does not fit beside a's bytes: passed on unread
+    await b.write(body_msg(raw_b))  # does not fit beside a's bytes: 503, retryable
     await b.done_writing()
-    assert echoed([r async for r in b]) == "-"
+    status, body = refusal([r async for r in b])
+    assert status == 503
+    assert body["error"]["type"] == "overloaded_error"
     await a.write(body_msg(raw_a[250:]))
     await a.done_writing()
     assert echoed([r async for r in a]) == "alice"
@@ -279,7 +299,7 @@ async def test_epp_failing_at_once_fails_the_gateway_stream(
     await eventually(lambda: shim.shim.budget.used == 0)
 
 
-async def test_gateway_going_away_cancels_the_epp_stream(
+async def test_gateway_going_away_frees_what_was_held(
     make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
 ) -> None:
     shim = await make_shim()
@@ -287,11 +307,25 @@ async def test_gateway_going_away_cancels_the_epp_stream(
     call = gw.open()
     await call.write(headers_msg({}))
     await call.write(body_msg(b'{"user": "ivy", "messages": [', end_of_stream=False))
-    await eventually(lambda: len(upstream.fake.streams) == 1)
     await eventually(lambda: shim.shim.budget.used > 0)  # the body is held, not yet sent
     call.cancel()
-    # The EPP's stream ends too (no stream left open per departed client) and the held
-    # bytes are freed.
+    # The held bytes are freed, and the picker was never asked about a request that never
+    # arrived whole.
+    await eventually(lambda: shim.shim.budget.used == 0)
+    assert upstream.fake.streams == []
+
+
+async def test_gateway_going_away_mid_answer_cancels_the_epp_stream(
+    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
+) -> None:
+    shim = await make_shim()
+    gw = gateway_for(shim)
+    call = gw.open()
+    await call.write(headers_msg({}))
+    await call.write(body_msg(chat("ivy")))
+    await eventually(lambda: len(upstream.fake.streams) == 1)
+    call.cancel()
+    # The picker's stream ends too: no stream left open per departed client.
     await asyncio.wait_for(upstream.fake.streams[0].ended.wait(), TIMEOUT)
     await eventually(lambda: shim.shim.budget.used == 0)
 

@@ -1,9 +1,10 @@
-"""The Endpoint Picker pod with and without the session shim (spec/004's `user` field).
+"""The Endpoint Picker pod with and without the gateway's policy step.
 
-With session affinity and `useUserField`, the gateway must reach the shim (which copies
-`user` into the session header) and the shim the EPP; otherwise the pod is as before.
-The wiring is checked through the shim's own command-line parser, so the renderer and
-`promptcache session-shim` cannot drift apart.
+When isolation derives salts or sessions are on, the gateway must reach the policy step
+(tenant salt, sessions from the body, Required refusals) and the step the picker, over the
+pod's loopback in plain gRPC; otherwise the picker is alone on the Service's port. The
+wiring is checked through the step's own command-line parser, so the renderer and
+`promptcache gateway-policy` cannot drift apart.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from hypothesis import strategies as st
 
 from promptcache._version import __version__
 from promptcache.api import parse_resource
-from promptcache.contract import EPP_EXT_PROC_PORT, SessionShimEnv
+from promptcache.contract import EPP_EXT_PROC_PORT, FrontEnv, GatewayPolicyEnv, IsolationMode
 from promptcache.gateway.command import settings_from
 from promptcache.gateway.settings import ShimSettings
 from promptcache.render import render
+from promptcache.render.epp import CONFIG_HASH_ANNOTATION
 from tests.render.schemas import validate_manifest
 from tests.render.strategies import resources
 
@@ -59,8 +61,8 @@ def env_of(container: dict[str, Any]) -> dict[str, str]:
 
 
 def shim_settings(container: dict[str, Any]) -> ShimSettings:
-    """What `promptcache session-shim` makes of the rendered container (args are the CLI's)."""
-    assert container["args"] == ["session-shim"]
+    """What `promptcache gateway-policy` makes of the rendered container (args are the CLI's)."""
+    assert container["args"] == ["gateway-policy"]
     return settings_from(argparse.Namespace(), env_of(container))
 
 
@@ -80,26 +82,36 @@ def grpc_target(manifests: list[dict[str, Any]]) -> tuple[str, int]:
     return found[0]
 
 
-def test_user_field_puts_the_shim_in_front_of_the_epp() -> None:
+def test_the_policy_step_fronts_the_picker() -> None:
     manifests = rendered(sessionAffinity={"enabled": True, "header": "x-conversation"})
     pods = containers(manifests)
-    assert list(pods) == ["epp", "session-shim"]
-    epp, shim = pods["epp"], pods["session-shim"]
+    assert list(pods) == ["epp", "gateway-policy"]
+    epp, shim = pods["epp"], pods["gateway-policy"]
     epp_port = int(flag(epp["args"], "--grpc-port"))
     assert epp_port != EPP_EXT_PROC_PORT
     assert "grpc" not in {p["name"] for p in epp["ports"]}
+    # Transport as rendered: the step dials plain gRPC over loopback, so the picker must
+    # not serve TLS there.
+    assert "--secure-serving=false" in epp["args"]
     settings = shim_settings(shim)
     assert settings.upstream == f"127.0.0.1:{epp_port}"
     assert settings.listen == f"0.0.0.0:{EPP_EXT_PROC_PORT}"
     assert settings.session_header == "x-conversation"
     assert settings.user_field == "user"
-    assert grpc_target(manifests) == ("session-shim", EPP_EXT_PROC_PORT)
+    assert settings.isolation_mode is IsolationMode.PER_KEY
+    assert grpc_target(manifests) == ("gateway-policy", EPP_EXT_PROC_PORT)
     assert shim["image"] == f"ghcr.io/promptcache/promptcache-operator:{__version__}"
     assert shim["securityContext"]["readOnlyRootFilesystem"] is True
     assert shim["securityContext"]["runAsNonRoot"] is True
     assert shim["readinessProbe"]["tcpSocket"] == {"port": "grpc"}
     assert shim["livenessProbe"]["tcpSocket"] == {"port": "grpc"}
-    # The memory limit covers every body the shim may hold, plus its runtime.
+    # It refuses with 413 exactly what the front would.
+    model = next(
+        m for m in manifests if m["kind"] == "Deployment" and m is not epp_deployment(manifests)
+    )
+    front = next(c for c in model["spec"]["template"]["spec"]["containers"] if c["name"] != "vllm")
+    assert settings.max_body_bytes == int(env_of(front)[FrontEnv.MAX_BODY_BYTES])
+    # The memory limit covers every body the step may hold, plus its runtime.
     limit_mib = int(shim["resources"]["limits"]["memory"].removesuffix("Mi"))
     assert limit_mib * 1024**2 >= settings.max_buffered_bytes + 64 * 1024**2
     assert (
@@ -110,47 +122,93 @@ def test_user_field_puts_the_shim_in_front_of_the_epp() -> None:
     validate_manifest(epp_deployment(manifests))
 
 
+def test_the_step_reads_the_fronts_salt_secret_and_settings() -> None:
+    manifests = rendered(isolation={"mode": "Required", "header": "x-tenant"})
+    epp_pod = epp_deployment(manifests)["spec"]["template"]["spec"]
+    model = next(
+        m for m in manifests if m["kind"] == "Deployment" and m is not epp_deployment(manifests)
+    )
+    model_pod = model["spec"]["template"]["spec"]
+    (salt,) = [v for v in epp_pod["volumes"] if "secret" in v]
+    assert salt in model_pod["volumes"]  # the very Secret (and key) the front mounts
+    shim = containers(manifests)["gateway-policy"]
+    front = next(c for c in model_pod["containers"] if c["name"] != "vllm")
+    front_env, shim_env = env_of(front), env_of(shim)
+    for name in (
+        FrontEnv.ISOLATION_MODE,
+        FrontEnv.ISOLATION_HEADER,
+        FrontEnv.ISOLATION_FIELD,
+        FrontEnv.HONOR_MAX_LEN,
+        FrontEnv.SALT_KEY_FILE,
+    ):
+        assert shim_env[name] == front_env[name], name
+    (mount,) = shim["volumeMounts"]
+    assert mount["name"] == salt["name"]
+    assert shim_env[FrontEnv.SALT_KEY_FILE].startswith(mount["mountPath"] + "/")
+    settings = shim_settings(shim)
+    assert settings.isolation_mode is IsolationMode.REQUIRED
+    assert settings.session_header == ""  # sessions are off: the step names none
+
+
 def test_the_image_can_be_chosen() -> None:
     manifests = rendered(
         sessionAffinity={"enabled": True},
         gateway={"sessionShimImage": "registry.example/promptcache-operator@sha256:" + "a" * 64},
     )
-    assert containers(manifests)["session-shim"]["image"].startswith("registry.example/")
+    assert containers(manifests)["gateway-policy"]["image"].startswith("registry.example/")
 
 
-def test_without_user_field_or_sessions_the_pod_is_unchanged() -> None:
-    plain = rendered()
-    for spec in (
-        {"sessionAffinity": {"enabled": True, "useUserField": False}},
-        {"sessionAffinity": {"enabled": False, "useUserField": True}},
-    ):
-        manifests = rendered(**spec)
-        pods = containers(manifests)
-        assert list(pods) == ["epp"]
-        assert int(flag(pods["epp"]["args"], "--grpc-port")) == EPP_EXT_PROC_PORT
-        assert grpc_target(manifests) == ("epp", EPP_EXT_PROC_PORT)
-        assert pods["epp"]["ports"] == containers(plain)["epp"]["ports"]
+def test_shared_without_sessions_keeps_the_picker_alone_on_tls() -> None:
+    manifests = rendered(isolation={"mode": "Shared"})
+    pods = containers(manifests)
+    assert list(pods) == ["epp"]
+    assert int(flag(pods["epp"]["args"], "--grpc-port")) == EPP_EXT_PROC_PORT
+    assert grpc_target(manifests) == ("epp", EPP_EXT_PROC_PORT)
+    assert "--secure-serving=false" not in pods["epp"]["args"]
+    # Sessions (prompt_cache_key names them even without `user`), or salts: the step.
+    with_sessions = {"enabled": True, "useUserField": False}
+    assert "gateway-policy" in containers(
+        rendered(isolation={"mode": "Shared"}, sessionAffinity=with_sessions)
+    )
+    assert "gateway-policy" in containers(rendered(isolation={"mode": "PerKey"}))
 
 
 def test_shim_env_names_are_the_contracts() -> None:
     manifests = rendered(sessionAffinity={"enabled": True})
-    names = set(env_of(containers(manifests)["session-shim"]))
-    declared = {v for k, v in vars(SessionShimEnv).items() if k.isupper()}
+    names = set(env_of(containers(manifests)["gateway-policy"]))
+    declared = {v for k, v in vars(GatewayPolicyEnv).items() if k.isupper()}
     assert names == declared
+
+
+def test_a_config_change_rolls_the_picker() -> None:
+    """The picker reads its config once: the pod template carries the config's hash."""
+
+    def annotation(**spec: Any) -> str:
+        template = epp_deployment(rendered(**spec))["spec"]["template"]
+        return str(template["metadata"]["annotations"][CONFIG_HASH_ANNOTATION])
+
+    base = annotation()
+    assert base == annotation()
+    assert annotation(prefixCache={"weights": {"queue": 2.5}}) != base
+    assert annotation(gateway={"picker": "gie-v1.5"}) != base
+    assert annotation(model={"name": "org/model", "replicas": 5}) == base  # not the config
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(resources(), st.booleans())
 def test_the_gateway_always_reaches_one_ext_proc_port(doc: dict[str, Any], user: bool) -> None:
     doc["spec"]["sessionAffinity"]["useUserField"] = user
-    manifests = render(parse_resource(doc))
+    pcd = parse_resource(doc)
+    manifests = render(pcd)
     pods = containers(manifests)
-    shim = doc["spec"]["sessionAffinity"]["enabled"] and user
+    step = pcd.spec.isolation.mode != "Shared" or pcd.spec.session_affinity.enabled
     target = grpc_target(manifests)
     epp_port = int(flag(pods["epp"]["args"], "--grpc-port"))
-    if shim:
-        assert target == ("session-shim", EPP_EXT_PROC_PORT)
-        assert shim_settings(pods["session-shim"]).upstream == f"127.0.0.1:{epp_port}"
+    if step:
+        assert target == ("gateway-policy", EPP_EXT_PROC_PORT)
+        assert shim_settings(pods["gateway-policy"]).upstream == f"127.0.0.1:{epp_port}"
+        assert "--secure-serving=false" in pods["epp"]["args"]
     else:
         assert target == ("epp", epp_port)
-        assert "session-shim" not in pods
+        assert "gateway-policy" not in pods
+        assert "--secure-serving=false" not in pods["epp"]["args"]

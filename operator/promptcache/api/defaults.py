@@ -24,6 +24,7 @@ from promptcache.api.constants import (
     DEFAULT_MODEL_SERVER_USER,
     DEFAULT_SESSION_SHIM_IMAGE,
 )
+from promptcache.api.spec import PickerName
 
 
 class OperatorDefaults(BaseModel):
@@ -41,6 +42,9 @@ class OperatorDefaults(BaseModel):
     """The Endpoint Picker's static ClusterRole (the chart installs it); each picker gets a
     RoleBinding to it in its namespace. Empty: each picker gets a Role of its own (what
     `promptcache render` gives, for installs without the chart)."""
+    picker: PickerName = "llm-d-router"
+    """Endpoint Picker for resources without `spec.gateway.picker`: `llm-d-router` (v0.10.0)
+    or `gie-v1.5` (the upstream GIE EPP v1.5.0); see docs/endpoint-picker.md."""
     model_server_user: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = DEFAULT_MODEL_SERVER_USER
     """UID (and GID, fsGroup) of the vLLM container, whose upstream image declares no
     non-root user; `none` to leave it to the platform (OpenShift's restricted SCC assigns
@@ -61,6 +65,7 @@ _METAVARS = {
     "model_server_user": "UID",
     "endpoint_picker_cluster_role": "NAME",
     "pod_monitors": "BOOL",
+    "picker": "{llm-d-router,gie-v1.5}",
 }
 
 

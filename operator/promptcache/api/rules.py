@@ -39,6 +39,49 @@ def _unique_tier_names(prefix_cache: Any) -> bool:
     return len(names) == len(set(names))
 
 
+GIE_PICKER = "gie-v1.5"
+"""`contract.PickerTarget.GIE`, spelled out: the API package stays free of the contract's enum."""
+
+
+def picker_refusals(spec: Any, picker: str) -> list[str]:
+    """What `picker` cannot honour in `spec`, as the messages the rules below use.
+
+    The rules check an explicit `gateway.picker`; the renderer calls this with the picker
+    it resolved (the operator's default when the field is empty), so both say the same."""
+    refused = []
+    if picker == GIE_PICKER and spec.prefix_cache.tiers:
+        refused.append(GIE_TIERS_MESSAGE)
+    if picker == GIE_PICKER and spec.session_affinity.enabled:
+        refused.append(GIE_SESSIONS_MESSAGE)
+    if picker == GIE_PICKER and spec.prefix_cache.lru_capacity_per_server != GIE_LRU_CAPACITY:
+        refused.append(GIE_LRU_MESSAGE)
+    return refused
+
+
+GIE_LRU_CAPACITY = 31250
+"""The per-pod prefix LRU GIE v1.5.0 uses whatever `lruCapacityPerServer` says."""
+GIE_LRU_MESSAGE = (
+    "prefixCache.lruCapacityPerServer cannot be honoured by gateway.picker gie-v1.5: it "
+    f"sizes each pod's prefix index from num_gpu_blocks under autoTune, else {GIE_LRU_CAPACITY} "
+    f"blocks; leave prefixCache.lruCapacityPerServer at {GIE_LRU_CAPACITY} or set "
+    "gateway.picker to llm-d-router"
+)
+
+
+GIE_TIERS_MESSAGE = (
+    "prefixCache.tiers cannot be honoured by gateway.picker gie-v1.5: its prefix producers "
+    "all write one shared attribute and its prefix-cache-scorer ignores its parameters, so "
+    "tiers would overwrite each other; remove prefixCache.tiers or set gateway.picker to "
+    "llm-d-router"
+)
+GIE_SESSIONS_MESSAGE = (
+    "sessionAffinity.enabled cannot be honoured by gateway.picker gie-v1.5: it has no "
+    "session-affinity plugin; set sessionAffinity.enabled to false (prefix affinity still "
+    "draws a conversation's next turn to the pod holding it) or set gateway.picker to "
+    "llm-d-router"
+)
+
+
 RULES: tuple[CrossFieldRule, ...] = (
     CrossFieldRule(
         scope="isolation",
@@ -122,6 +165,36 @@ RULES: tuple[CrossFieldRule, ...] = (
             or m.front.memory_budget_bytes >= m.front.max_request_bytes
         ),
         field_path=".front.memoryBudgetBytes",
+    ),
+    CrossFieldRule(
+        scope="spec",
+        cel=(
+            f"!has(self.gateway.picker) || self.gateway.picker != '{GIE_PICKER}' "
+            "|| !has(self.prefixCache.tiers) || size(self.prefixCache.tiers) == 0"
+        ),
+        message=GIE_TIERS_MESSAGE,
+        holds=lambda m: GIE_TIERS_MESSAGE not in picker_refusals(m, m.gateway.picker or ""),
+        field_path=".prefixCache.tiers",
+    ),
+    CrossFieldRule(
+        scope="spec",
+        cel=(
+            f"!has(self.gateway.picker) || self.gateway.picker != '{GIE_PICKER}' "
+            "|| !self.sessionAffinity.enabled"
+        ),
+        message=GIE_SESSIONS_MESSAGE,
+        holds=lambda m: GIE_SESSIONS_MESSAGE not in picker_refusals(m, m.gateway.picker or ""),
+        field_path=".sessionAffinity.enabled",
+    ),
+    CrossFieldRule(
+        scope="spec",
+        cel=(
+            f"!has(self.gateway.picker) || self.gateway.picker != '{GIE_PICKER}' "
+            f"|| self.prefixCache.lruCapacityPerServer == {GIE_LRU_CAPACITY}"
+        ),
+        message=GIE_LRU_MESSAGE,
+        holds=lambda m: GIE_LRU_MESSAGE not in picker_refusals(m, m.gateway.picker or ""),
+        field_path=".prefixCache.lruCapacityPerServer",
     ),
 )
 

@@ -20,7 +20,7 @@ from promptcache.api.base import (
     OptionalHeaderName,
     Quantity,
 )
-from promptcache.api.constants import DEFAULT_EPP_IMAGE, DEFAULT_VLLM_IMAGE
+from promptcache.api.constants import DEFAULT_VLLM_IMAGE
 from promptcache.api.rules import enforce_rules
 from promptcache.contract import (
     DEFAULT_CACHED_PROMPT_TOKENS_HEADER,
@@ -43,6 +43,8 @@ from promptcache.contract.front import (
 IsolationModeName = Annotated[IsolationMode, Strict(False)]
 """The contract's enum; lax so YAML's plain string `PerKey` is accepted."""
 FailureMode = Literal["FailOpen", "FailClose"]
+PickerName = Literal["llm-d-router", "gie-v1.5"]
+"""`contract.PickerTarget`'s values (a test keeps the two equal)."""
 PullPolicy = Literal["Always", "IfNotPresent", "Never"]
 
 
@@ -278,8 +280,15 @@ class RouteSpec(ApiModel):
 class GatewaySpec(ApiModel):
     """The InferencePool and its Endpoint Picker."""
 
-    epp_image: ImageRef = DEFAULT_EPP_IMAGE
-    """Endpoint Picker image; the generated config targets this release."""
+    picker: PickerName | None = None
+    """Which Endpoint Picker the generated config and Deployment are for: `llm-d-router`
+    (v0.10.0) or `gie-v1.5` (the upstream Gateway API Inference Extension EPP v1.5.0, no
+    session affinity and no prefix tiers). Empty: the operator's default (the chart's
+    `defaultPicker`, flag `--picker`; `llm-d-router` unless changed)."""
+    epp_image: ImageRef | None = None
+    """Endpoint Picker image. Empty: the pinned release of `picker`
+    (`ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.10.0` or
+    `registry.k8s.io/gateway-api-inference-extension/epp:v1.5.0`)."""
     replicas: Annotated[int, Field(ge=1, le=5)] = 1
     """Endpoint Picker replicas; above 1 they elect a leader (approximate prefix indexes are
     per replica, so active-active would split them)."""
@@ -288,11 +297,11 @@ class GatewaySpec(ApiModel):
     extra_flags: Annotated[list[str], Field(max_length=32)] = Field(default_factory=list)
     """Extra Endpoint Picker flags, appended last (e.g. `-v=4`)."""
     session_shim_image: ImageRef | None = None
-    """Image of the session shim, the Endpoint Picker pod's second container when
-    `sessionAffinity.useUserField` is on (it copies the body's `user` into the session header
-    before the Endpoint Picker routes); the operator image runs it. Empty: the operator's
-    default (the chart's `defaultImages.sessionShim`, else the operator image of this
-    release)."""
+    """Image of the gateway's policy step, the Endpoint Picker pod's second container when
+    isolation is not `Shared` or sessions are on (it puts the tenant's salt and the session
+    into the request before the Endpoint Picker routes); the operator image runs it. Empty:
+    the operator's default (the chart's `defaultImages.sessionShim`, else the operator image
+    of this release)."""
     route: RouteSpec = Field(default_factory=RouteSpec)
 
 

@@ -10,6 +10,7 @@ same grammar and bounds. None of them defines its own copy.
 - `settings`: the `Setting` declaration (flag, variable, parser, default) and
   the parsers; `front` and `shim` declare each process' settings with it.
 - `cache_size`: `SG_PROMPT_EMBEDS_CACHE_GIB`, its bound, parser and format.
+- `picker`: which Endpoint Picker a rendered gateway targets, and the operator's default.
 
 This package imports nothing of this project but itself and nothing heavy (no
 torch, no Kubernetes client): every plane loads it. The layering is enforced by
@@ -49,6 +50,7 @@ from promptcache.contract.names import (
     FRONT_HEALTH_PATH,
     FRONT_READY_PATH,
     MISSING_PROMPT_EMBEDS_IDS_FIELD,
+    PROMPT_CACHE_KEY_FIELD,
     PROMPT_CACHE_MAX_LEN_FIELD,
     PROMPT_EMBEDS_NOT_CACHED_ERROR_CODE,
     SALT_KEY_FILE,
@@ -61,8 +63,9 @@ from promptcache.contract.names import (
     IsolationMode,
     needs_salt_key,
 )
+from promptcache.contract.picker import DEFAULT_PICKER, DEFAULT_PICKER_ENV, PickerTarget
 from promptcache.contract.settings import Setting, SettingInputError, format_bool
-from promptcache.contract.shim import SHIM_SETTINGS, SessionShimEnv
+from promptcache.contract.shim import SHIM_SETTINGS, GatewayPolicyEnv, SessionShimEnv
 
 __all__ = [
     "BODY_FIELD_PATTERN",
@@ -70,6 +73,8 @@ __all__ = [
     "DEFAULT_CACHED_PROMPT_TOKENS_HEADER",
     "DEFAULT_ISOLATION_FIELD",
     "DEFAULT_ISOLATION_HEADER",
+    "DEFAULT_PICKER",
+    "DEFAULT_PICKER_ENV",
     "DEFAULT_PROMPT_TOKENS_HEADER",
     "DEFAULT_SESSION_HEADER",
     "EPP_EXT_PROC_PORT",
@@ -82,6 +87,7 @@ __all__ = [
     "MISSING_PROMPT_EMBEDS_IDS_FIELD",
     "OPTIONAL_BODY_FIELD_PATTERN",
     "OPTIONAL_HEADER_NAME_PATTERN",
+    "PROMPT_CACHE_KEY_FIELD",
     "PROMPT_CACHE_MAX_LEN_FIELD",
     "PROMPT_EMBEDS_NOT_CACHED_ERROR_CODE",
     "SALT_KEY_FILE",
@@ -93,8 +99,10 @@ __all__ = [
     "SHIM_SETTINGS",
     "VLLM_LOCAL_PORT",
     "FrontEnv",
+    "GatewayPolicyEnv",
     "GrammarError",
     "IsolationMode",
+    "PickerTarget",
     "SessionShimEnv",
     "Setting",
     "SettingInputError",

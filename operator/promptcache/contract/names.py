@@ -17,6 +17,8 @@ SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR: Final[str] = "SG_PROMPT_EMBEDS_CACHE_GIB"
 DEFAULT_ISOLATION_HEADER: Final[str] = "x-prompt-cache-isolation-key"
 DEFAULT_ISOLATION_FIELD: Final[str] = "prompt_cache_isolation_key"
 PROMPT_CACHE_MAX_LEN_FIELD: Final[str] = "prompt_cache_max_len"
+PROMPT_CACHE_KEY_FIELD: Final[str] = "prompt_cache_key"
+"""OpenAI's cache-routing hint: names a session for routing, never an isolation key."""
 DEFAULT_SESSION_HEADER: Final[str] = "x-session-affinity"
 SESSION_USER_FIELD: Final[str] = "user"
 # --- spec/004: what clients get back --------------------------------------------

@@ -1,14 +1,18 @@
-"""The session shim's settings: each variable, flag, parser and default, declared once.
+"""The gateway policy step's settings: each variable, flag, parser and default, declared once.
 
-The renderer writes these variables into the Endpoint Picker pod's `session-shim`
-container; `promptcache session-shim` reads them (flags winning) into `ShimSettings`.
+The renderer writes these variables into the Endpoint Picker pod's `gateway-policy`
+container; `promptcache gateway-policy` reads them (flags winning) into `ShimSettings`.
+The isolation settings are the cache front's own declarations (same variables, parsers and
+defaults), so the step and the front derive the same salt from the same configuration.
+(The step was the "session shim": `SessionShimEnv` and `promptcache session-shim` remain
+as deprecated names.)
 """
 
 from __future__ import annotations
 
 from typing import Any, Final
 
-from promptcache.contract.front import FrontEnv
+from promptcache.contract.front import FRONT_SETTINGS, FrontEnv
 from promptcache.contract.names import (
     DEFAULT_SESSION_HEADER,
     EPP_EXT_PROC_PORT,
@@ -19,64 +23,85 @@ from promptcache.contract.settings import (
     Setting,
     as_float,
     as_int,
-    parse_body_field,
-    parse_header_name,
     parse_host_port,
+    parse_optional_body_field,
+    parse_optional_header_name,
 )
 
 
-class SessionShimEnv:
-    """Environment variables the renderer sets on the `session-shim` container.
+class GatewayPolicyEnv:
+    """Environment variables the renderer sets on the `gateway-policy` container.
 
-    Each has a matching `promptcache session-shim` flag; the flag wins when both are given.
+    Each has a matching `promptcache gateway-policy` flag; the flag wins when both are given.
     """
 
-    LISTEN: Final[str] = "PROMPTCACHE_SESSION_SHIM_LISTEN"
-    """HOST:PORT the shim serves ext_proc on (what the gateway dials)."""
-    UPSTREAM: Final[str] = "PROMPTCACHE_SESSION_SHIM_UPSTREAM"
-    """HOST:PORT of the Endpoint Picker's own ext_proc port."""
+    LISTEN: Final[str] = "PROMPTCACHE_GATEWAY_POLICY_LISTEN"
+    """HOST:PORT the step serves ext_proc on (what the gateway dials)."""
+    UPSTREAM: Final[str] = "PROMPTCACHE_GATEWAY_POLICY_UPSTREAM"
+    """HOST:PORT of the Endpoint Picker's own ext_proc port (plain gRPC over loopback)."""
     SESSION_HEADER: Final[str] = FrontEnv.SESSION_HEADER
-    """The session-affinity header the EPP's session filter reads (the front's name too)."""
-    USER_FIELD: Final[str] = "PROMPTCACHE_SESSION_SHIM_USER_FIELD"
-    """The body field copied into the header when the header is absent."""
-    MAX_BODY_BYTES: Final[str] = "PROMPTCACHE_SESSION_SHIM_MAX_BODY_BYTES"
-    """Largest body one request may buffer for inspection; larger ones pass through as is."""
-    MAX_BUFFERED_BYTES: Final[str] = "PROMPTCACHE_SESSION_SHIM_MAX_BUFFERED_BYTES"
-    """Body bytes all streams together may hold; beyond it requests pass through unread."""
-    DRAIN_SECONDS: Final[str] = "PROMPTCACHE_SESSION_SHIM_DRAIN_SECONDS"
+    """The session-affinity header the EPP's session filter reads; empty: name no sessions."""
+    USER_FIELD: Final[str] = "PROMPTCACHE_GATEWAY_POLICY_USER_FIELD"
+    """The body field naming the session after `prompt_cache_key`; empty: none."""
+    MAX_BODY_BYTES: Final[str] = "PROMPTCACHE_GATEWAY_POLICY_MAX_BODY_BYTES"
+    """Largest body one request may have; larger ones get the front's HTTP 413."""
+    MAX_BUFFERED_BYTES: Final[str] = "PROMPTCACHE_GATEWAY_POLICY_MAX_BUFFERED_BYTES"
+    """Body bytes all streams together may hold; beyond it requests get HTTP 503."""
+    DRAIN_SECONDS: Final[str] = "PROMPTCACHE_GATEWAY_POLICY_DRAIN_SECONDS"
     """How long in-flight streams may finish after SIGTERM."""
+    ISOLATION_MODE: Final[str] = FrontEnv.ISOLATION_MODE
+    ISOLATION_HEADER: Final[str] = FrontEnv.ISOLATION_HEADER
+    ISOLATION_FIELD: Final[str] = FrontEnv.ISOLATION_FIELD
+    SALT_KEY_FILE: Final[str] = FrontEnv.SALT_KEY_FILE
+    HONOR_MAX_LEN: Final[str] = FrontEnv.HONOR_MAX_LEN
 
+
+SessionShimEnv = GatewayPolicyEnv
+"""Deprecated name of `GatewayPolicyEnv`."""
 
 DEFAULT_SHIM_LISTEN: Final[str] = f"0.0.0.0:{EPP_EXT_PROC_PORT}"
 """Where the gateway dials: the port the EPP Service targets."""
 DEFAULT_SHIM_UPSTREAM: Final[str] = f"127.0.0.1:{EPP_LOCAL_GRPC_PORT}"
 """The EPP's own ext_proc port, inside the pod."""
-DEFAULT_SHIM_MAX_BODY_BYTES: Final[int] = 4 * 1024**2
-"""A 128k-token chat is about 0.5 MiB of JSON; bigger bodies (prompt-embeds payloads) pass
-through unread: such clients can send the header."""
+DEFAULT_SHIM_MAX_BODY_BYTES: Final[int] = 32 * 1024**2
+"""The front's default; the renderer sets the resource's `front.maxRequestBytes`, so the
+step refuses with 413 exactly what the front would. Nothing passes unread (that would route
+without the tenant's salt or session)."""
 DEFAULT_SHIM_MAX_BUFFERED_BYTES: Final[int] = 64 * 1024**2
-"""All streams together; with the per-request cap it bounds what the shim holds."""
+"""All streams together; with the per-request cap it bounds what the step holds."""
 DEFAULT_SHIM_DRAIN_SECONDS: Final[float] = 30.0
 """In-flight streams may finish this long after SIGTERM (the EPP pod allows 130 s)."""
 MAX_SHIM_DRAIN_SECONDS: Final[float] = 3600.0
 
+ISOLATION_FIELDS: Final[tuple[str, ...]] = (
+    "isolation_mode",
+    "isolation_header",
+    "isolation_field",
+    "salt_key_file",
+    "honor_prompt_cache_max_len",
+)
+"""The front's settings the step shares, declaration and all."""
+
 SHIM_SETTINGS: Final[tuple[Setting[Any], ...]] = (
-    Setting("listen", "--listen", SessionShimEnv.LISTEN, parse_host_port, DEFAULT_SHIM_LISTEN,
+    Setting("listen", "--listen", GatewayPolicyEnv.LISTEN, parse_host_port, DEFAULT_SHIM_LISTEN,
             "HOST:PORT to serve ext_proc on (what the gateway dials)"),
-    Setting("upstream", "--upstream", SessionShimEnv.UPSTREAM, parse_host_port,
-            DEFAULT_SHIM_UPSTREAM, "HOST:PORT of the Endpoint Picker's own ext_proc port"),
-    Setting("session_header", "--session-header", SessionShimEnv.SESSION_HEADER,
-            parse_header_name, DEFAULT_SESSION_HEADER,
-            "header the EPP's session filter reads; added from the body when absent",
+    Setting("upstream", "--upstream", GatewayPolicyEnv.UPSTREAM, parse_host_port,
+            DEFAULT_SHIM_UPSTREAM,
+            "HOST:PORT of the Endpoint Picker's own ext_proc port (plain gRPC, loopback)"),
+    Setting("session_header", "--session-header", GatewayPolicyEnv.SESSION_HEADER,
+            parse_optional_header_name, DEFAULT_SESSION_HEADER,
+            "header the EPP's session filter reads; added from the body when absent; "
+            "empty: name no sessions", empty_is_unset=False),
+    Setting("user_field", "--user-field", GatewayPolicyEnv.USER_FIELD,
+            parse_optional_body_field, SESSION_USER_FIELD,
+            "body field naming the session after prompt_cache_key; empty: none",
             empty_is_unset=False),
-    Setting("user_field", "--user-field", SessionShimEnv.USER_FIELD, parse_body_field,
-            SESSION_USER_FIELD, "body field naming the session", empty_is_unset=False),
-    Setting("max_body_bytes", "--max-body-bytes", SessionShimEnv.MAX_BODY_BYTES, as_int,
-            DEFAULT_SHIM_MAX_BODY_BYTES,
-            "largest body read per request; larger ones pass through unread"),
-    Setting("max_buffered_bytes", "--max-buffered-bytes", SessionShimEnv.MAX_BUFFERED_BYTES,
+    Setting("max_body_bytes", "--max-body-bytes", GatewayPolicyEnv.MAX_BODY_BYTES, as_int,
+            DEFAULT_SHIM_MAX_BODY_BYTES, "largest request body; larger ones get HTTP 413"),
+    Setting("max_buffered_bytes", "--max-buffered-bytes", GatewayPolicyEnv.MAX_BUFFERED_BYTES,
             as_int, DEFAULT_SHIM_MAX_BUFFERED_BYTES,
-            "body bytes all requests together may hold; beyond, pass through unread"),
-    Setting("drain_seconds", "--drain-seconds", SessionShimEnv.DRAIN_SECONDS, as_float,
+            "body bytes all requests together may hold; beyond, HTTP 503"),
+    Setting("drain_seconds", "--drain-seconds", GatewayPolicyEnv.DRAIN_SECONDS, as_float,
             DEFAULT_SHIM_DRAIN_SECONDS, "how long open streams may finish after SIGTERM"),
+    *(s for s in FRONT_SETTINGS if s.field in ISOLATION_FIELDS),
 )  # fmt: skip

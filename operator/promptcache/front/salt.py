@@ -1,43 +1,24 @@
-"""Turning an isolation key into a vLLM `cache_salt`, and checking salts.
-
-The salt is `HMAC-SHA256(secret, key)`, not the key itself: a salt derived
-without a secret could be recomputed by anyone who guesses a tenant's key,
-and the prefix-cache timing side channel would be open again. The digest is
-written in URL-safe base64 without padding (43 characters), which vLLM accepts:
-at most 128 characters and none of `@`, `/`, `\\` or NUL.
-"""
+"""The tenant salt, as the front uses it; defined once in `promptcache.salt` (the gateway's
+policy step derives the same salt before routing)."""
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
-import secrets
-from typing import Final
+from promptcache.salt import (
+    KEYED_SALT_PREFIX,
+    UNCACHEABLE_SALT_PREFIX,
+    VLLM_SALT_FORBIDDEN,
+    VLLM_SALT_MAX_CHARS,
+    derive_salt,
+    is_valid_vllm_salt,
+    random_salt,
+)
 
-VLLM_SALT_MAX_CHARS: Final[int] = 128
-VLLM_SALT_FORBIDDEN: Final[frozenset[str]] = frozenset({"@", "/", "\\", "\0"})
-KEYED_SALT_PREFIX: Final[str] = "pck1-"
-"""Marks a salt derived from an isolation key (version 1 of the derivation)."""
-UNCACHEABLE_SALT_PREFIX: Final[str] = "pcn1-"
-"""Marks a one-off salt that makes a request share nothing (prompt_cache_max_len 0)."""
-
-
-def _encode(digest: bytes) -> str:
-    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
-
-
-def derive_salt(secret: bytes, isolation_key: str) -> str:
-    """The salt for one isolation key; equal keys give equal salts under one secret."""
-    digest = hmac.new(secret, isolation_key.encode("utf-8"), hashlib.sha256).digest()
-    return KEYED_SALT_PREFIX + _encode(digest)
-
-
-def random_salt() -> str:
-    """A salt no other request will ever carry, so nothing cached is reused."""
-    return UNCACHEABLE_SALT_PREFIX + _encode(secrets.token_bytes(32))
-
-
-def is_valid_vllm_salt(value: str) -> bool:
-    """Whether vLLM would accept this `cache_salt` (non-empty, short, no forbidden chars)."""
-    return 0 < len(value) <= VLLM_SALT_MAX_CHARS and not (set(value) & VLLM_SALT_FORBIDDEN)
+__all__ = [
+    "KEYED_SALT_PREFIX",
+    "UNCACHEABLE_SALT_PREFIX",
+    "VLLM_SALT_FORBIDDEN",
+    "VLLM_SALT_MAX_CHARS",
+    "derive_salt",
+    "is_valid_vllm_salt",
+    "random_salt",
+]

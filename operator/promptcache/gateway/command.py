@@ -1,9 +1,10 @@
-"""`promptcache session-shim`: flags and environment variables into `ShimSettings`.
+"""`promptcache gateway-policy`: flags and environment variables into `ShimSettings`.
 
-Every setting has a flag and an environment variable (`contract.SessionShimEnv`, set by
-the renderer on the EPP pod's `session-shim` container); the flag wins. This module
+Every setting has a flag and an environment variable (`contract.GatewayPolicyEnv`, set by
+the renderer on the EPP pod's `gateway-policy` container); the flag wins. This module
 imports no gRPC: the CLI lists the sub-command in every install, and only running it
-needs the `gateway` extra (`pip install 'promptcache[gateway]'`).
+needs the `gateway` extra (`pip install 'promptcache[gateway]'`). `session-shim` is the
+command's deprecated old name.
 """
 
 from __future__ import annotations
@@ -15,10 +16,13 @@ from collections.abc import Mapping
 
 from promptcache.contract.settings import add_flags, collect
 from promptcache.contract.shim import SHIM_SETTINGS
+from promptcache.front.settings import SettingsError, read_salt_key
 from promptcache.gateway.settings import ShimSettings, ShimSettingsError
 
 EXIT_BAD_SETTINGS = 2
 EXIT_MISSING_EXTRA = 3
+COMMAND = "gateway-policy"
+DEPRECATED_ALIAS = "session-shim"
 
 
 def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> ShimSettings:
@@ -27,34 +31,40 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> ShimS
 
 
 def run(args: argparse.Namespace) -> int:
-    """The `session-shim` sub-command's body."""
+    """The `gateway-policy` sub-command's body."""
     try:
         settings = settings_from(args, os.environ)
-    except ShimSettingsError as error:
-        print(f"promptcache session-shim: {error}", file=sys.stderr)
+        secret = read_salt_key(settings.front_settings())
+    except (ShimSettingsError, SettingsError) as error:
+        print(f"promptcache {COMMAND}: {error}", file=sys.stderr)
         return EXIT_BAD_SETTINGS
     try:
-        # gRPC only when the shim really runs: `promptcache` works without the extra.
+        # gRPC only when the step really runs: `promptcache` works without the extra.
         from promptcache.gateway.session_shim import serve  # noqa: PLC0415
     except ModuleNotFoundError as error:
         print(
-            f"promptcache session-shim: needs {error.name!r}; install the gateway extra: "
+            f"promptcache {COMMAND}: needs {error.name!r}; install the gateway extra: "
             "pip install 'promptcache[gateway]'",
             file=sys.stderr,
         )
         return EXIT_MISSING_EXTRA
-    return serve(settings)
+    return serve(settings, secret)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the `session-shim` sub-command to the `promptcache` CLI."""
+    """Add the `gateway-policy` sub-command (alias `session-shim`) to the `promptcache` CLI."""
     parser = subparsers.add_parser(
-        "session-shim",
-        help="run the Endpoint Picker's session shim (body `user` -> session header)",
-        description="An ext_proc proxy in front of the llm-d Endpoint Picker: when a request "
-        "has no session header and its JSON body has a usable `user`, the header is added "
-        "before the EPP routes. Every flag can also be set by its environment variable; "
-        "the flag wins.",
+        COMMAND,
+        aliases=[DEPRECATED_ALIAS],
+        help="run the gateway's policy step in the Endpoint Picker pod (tenant salt, "
+        "sessions, Required isolation) before the picker routes",
+        description="An ext_proc proxy in front of the Endpoint Picker. It derives the "
+        "tenant's cache_salt from the isolation key exactly as the cache front does (same "
+        "HMAC, same secret, same modes) and puts it in the body the picker hashes, drops any "
+        "salt the client sent, refuses a keyless request in Required mode with the front's "
+        "error, and names the session from prompt_cache_key or `user` when the session "
+        "header is absent. Every flag can also be set by its environment variable; the flag "
+        f"wins. `{DEPRECATED_ALIAS}` is a deprecated name of this command.",
     )
     add_flags(parser, SHIM_SETTINGS)
     parser.set_defaults(func=run)

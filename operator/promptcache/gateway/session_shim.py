@@ -1,24 +1,27 @@
-"""The session shim: an ext_proc proxy that lets a body's `user` field name the session.
+"""The gateway's policy step: an ext_proc proxy in the Endpoint Picker pod, before the picker.
 
-spec/004 lets clients name their session in the `x-session-affinity` header or in the
-body's `user` field. The llm-d Endpoint Picker's session plugins read headers (or
-attributes other plugins publish) only; no v0.10.0 plugin reads `user`. The cache front
-copies `user` into the header too, but it runs inside the model-server pod, after the EPP
-has picked it: too late for routing. A Gateway API RequestHeaderModifier sets fixed values
-and cannot read a body.
+The picker hashes the body's `cache_salt` into the first prefix block, but the cache front
+derives the tenant's salt inside the model-server pod, after the pick: too late. So this
+step, on the port the EPP Service targets, relays every ext_proc stream to the picker on
+the pod's loopback and, per request, before the picker sees it:
 
-So the copy happens on the ext_proc path itself, before the EPP decides. The shim runs as
-a second container in the EPP pod, on the port the EPP Service targets, and relays every
-ext_proc stream to the EPP on localhost. It holds a request's headers until its body has
-arrived; when the session header is absent (or empty) and the body carries a usable
-`user`, it adds the header to the headers it forwards. Every other message, both ways,
-passes through unchanged, and the EPP's status ends the gateway's stream as it is. The
-EPP echoes the request headers it saw in its header mutation, so the model-server pod
-(and the cache front) get the same header. An explicit header always wins.
+- derives the tenant's `cache_salt` from the isolation key with the cache front's own
+  policy function (`promptcache.front.policy.apply_policy`: same HMAC, same secret, same
+  modes, same errors) and puts it in the body, so tenants with the same prompt build
+  separate prefix entries and the front, re-deriving the same salt, forwards the same value;
+- drops any `cache_salt` the client sent, so a forged salt cannot steer routing;
+- answers a request the front would refuse (Required mode without a key, a malformed key)
+  itself, with the front's status and error body, without asking the picker;
+- names the session, for pickers with a session plugin, from `prompt_cache_key` (OpenAI's
+  cache-routing hint) or the body's `user` when the session header is absent. A session
+  names routing only, never isolation. An explicit header always wins.
 
-Memory is bounded: a request buffers at most `max_body_bytes` of body and all requests
-together at most `max_buffered_bytes`; beyond either, the request is passed on unread
-(routed as if it had no `user`). See docs/endpoint-picker.md.
+It holds a request's headers until its body has arrived. Memory is bounded: a request may
+hold at most `max_body_bytes` of body (more gets the front's HTTP 413) and all requests
+together at most `max_buffered_bytes` (more gets HTTP 503, retryable); nothing passes
+unread, since that would route without the tenant's salt or session. Every other message,
+both ways, passes through unchanged, and the picker's status ends the gateway's stream as it
+is. See docs/endpoint-picker.md.
 
     >>> running = await start(ShimSettings(listen="127.0.0.1:0", upstream="127.0.0.1:9012"))
     >>> running.port  # the gateway (or a test) dials 127.0.0.1:<port>
@@ -29,6 +32,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
+import functools
 import json
 import logging
 import signal
@@ -39,16 +44,27 @@ from typing import Any, Final
 import grpc
 import grpc.aio
 from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from envoy.type.v3 import http_status_pb2
+from multidict import CIMultiDict
 
+from promptcache.contract import CACHE_SALT_FIELD, PROMPT_CACHE_KEY_FIELD
+from promptcache.front import errors as front_errors
+from promptcache.front.errors import FrontError
+from promptcache.front.policy import apply_policy
+from promptcache.front.routes import RouteClass, canonical_target, check_route
+from promptcache.front.settings import FrontSettings
 from promptcache.gateway.settings import ShimSettings
 
-log = logging.getLogger("promptcache.session_shim")
+log = logging.getLogger("promptcache.gateway_policy")
 
 MAX_SESSION_ID_CHARS: Final[int] = 256
 """Longer `user` values are not used as a session (a header has to carry them)."""
 _OFFLOAD_BYTES: Final[int] = 256 * 1024
 """Bodies at least this big are parsed on a worker thread, off the event loop."""
+_CHUNK_BYTES: Final[int] = 1024 * 1024
+"""Largest body message sent to the picker (gRPC servers refuse messages over 4 MiB)."""
 _QUEUE_DEPTH: Final[int] = 16
 """Messages waiting for the EPP per stream: back-pressure instead of an unbounded queue."""
 _NOT_FORWARDED_METADATA: Final[frozenset[str]] = frozenset(
@@ -56,29 +72,95 @@ _NOT_FORWARDED_METADATA: Final[frozenset[str]] = frozenset(
 )
 
 
-def session_from_body(raw: bytes, field: str = "user") -> str | None:
-    """The body's `field` as a session id, or None when absent or unusable in a header.
+def _usable_session(value: Any) -> str | None:
+    """A client-sent session name, if it can be a header value; else None (ignored)."""
+    if not isinstance(value, str):
+        return None
+    text = value.strip()
+    if not text or len(text) > MAX_SESSION_ID_CHARS:
+        return None
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in text):
+        return None
+    return text
 
-    A client controls `user`, so only a string of 1-256 characters (after trimming
-    spaces) without control characters is used; anything else is ignored, never
-    forwarded, and the request is routed as if `user` were absent."""
+
+def session_of(body: dict[str, Any], user_field: str) -> str | None:
+    """The session a body names: `prompt_cache_key`, else `user_field` (when set).
+
+    A client controls both, so only a string of 1-256 characters (after trimming spaces)
+    without control characters is used; anything else is ignored, never forwarded."""
+    for field in (PROMPT_CACHE_KEY_FIELD, user_field):
+        if field and (value := _usable_session(body.get(field))) is not None:
+            return value
+    return None
+
+
+def _json_object(raw: bytes) -> dict[str, Any] | None:
     if raw.lstrip()[:1] != b"{":
         return None  # not a JSON object: not worth parsing (multipart, binary, ...)
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         return None
-    if not isinstance(body, dict):
-        return None
-    value = body.get(field)
-    if not isinstance(value, str):
-        return None
-    value = value.strip()
-    if not value or len(value) > MAX_SESSION_ID_CHARS:
-        return None
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
-        return None
-    return value
+    return body if isinstance(body, dict) else None
+
+
+def session_from_body(raw: bytes, field: str = "user") -> str | None:
+    """The body's session (`prompt_cache_key`, else `field`), or None."""
+    body = _json_object(raw)
+    return None if body is None else session_of(body, field)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the step does with one complete request."""
+
+    body: bytes | None = None
+    """The body to forward when it changed (salt added or a client salt dropped)."""
+    session: str | None = None
+    """The session header value to add, when the body names one."""
+    refusal: FrontError | None = None
+    """The front's answer, sent to the client instead of asking the picker."""
+
+
+def decide(
+    method: str,
+    target: str,
+    headers: dict[str, str],
+    raw: bytes,
+    *,
+    front: FrontSettings,
+    secret: bytes | None,
+    session_header: str,
+    user_field: str,
+) -> Decision:
+    """Pure: the salt the front would derive, in the body the picker hashes; the session.
+
+    Classifies the request target with the front's own functions and runs the front's own
+    `apply_policy` on a copy of the body, so every decision (salt, refusal, error body) is
+    the front's; the body forwarded is the client's own minus any `cache_salt` it sent, plus
+    the derived one. Only routes the front salts are rewritten."""
+    try:
+        route = check_route(method, canonical_target(target).path)
+    except FrontError as error:
+        return Decision(refusal=error)
+    body = _json_object(raw)
+    if body is None or route.kind is not RouteClass.SALTED:
+        return Decision()  # the front answers it; nothing to salt or name
+    lowered = CIMultiDict(headers)
+    try:
+        plan = apply_policy(route, lowered, copy.deepcopy(body), front, secret)
+    except FrontError as error:
+        return Decision(refusal=error)
+    changed = body.pop(CACHE_SALT_FIELD, None) is not None
+    if plan.salt is not None:
+        body[CACHE_SALT_FIELD] = plan.salt
+        changed = True
+    session = None
+    if session_header and not (lowered.get(session_header) or "").strip():
+        session = session_of(body, user_field)
+    encoded = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+    return Decision(body=encoded if changed else None, session=session)
 
 
 class _Budget:
@@ -99,13 +181,12 @@ class _Budget:
 
 
 class _Inspector:
-    """Per-stream state: hold the request headers until the body says who the session is.
+    """Per-stream state: hold the request headers until the whole body has arrived.
 
-    `feed` returns the messages to forward now; when it returns None the body is complete
-    and the caller decides the session (`body()`, then `decide()`)."""
+    `feed` returns the messages to forward now, or a `FrontError` to answer with; when it
+    returns None the body is complete and the caller decides (`body()`, then `apply()`)."""
 
-    def __init__(self, header: str, max_body_bytes: int, budget: _Budget) -> None:
-        self.header = header
+    def __init__(self, max_body_bytes: int, budget: _Budget) -> None:
         self.max_body_bytes = max_body_bytes
         self.budget = budget
         self.active = True
@@ -113,44 +194,70 @@ class _Inspector:
         self.chunks: list[Any] = []
         self.size = 0
 
-    def feed(self, msg: Any) -> list[Any] | None:
+    def feed(self, msg: Any) -> list[Any] | FrontError | None:
         if not self.active:
             return [msg]
         kind = msg.WhichOneof("request")
         if kind == "request_headers" and self.held is None:
-            headers = msg.request_headers
-            if headers.end_of_stream or self._explicit(headers.headers):
+            if msg.request_headers.end_of_stream:
                 self.active = False
-                return [msg]
+                return [msg]  # no body: nothing to salt or name (GET /v1/models, ...)
             self.held = msg
             return []
         if kind == "request_body" and self.held is not None:
             n = len(msg.request_body.body)
-            if self.size + n > self.max_body_bytes or not self.budget.take(n):
-                return [*self.release(), msg]  # too big to read: pass on unread
+            if self.size + n > self.max_body_bytes:
+                size, limit = self.size + n, self.max_body_bytes
+                self.release()
+                return too_large(size, limit)
+            if not self.budget.take(n):
+                self.release()
+                return busy()
             self.size += n
             self.chunks.append(msg)
             return None if msg.request_body.end_of_stream else []
         return [*self.release(), msg]  # trailers, responses, anything else: stop holding
 
-    def _explicit(self, header_map: Any) -> bool:
-        """Whether the client named a session itself (a non-empty header)."""
-        return any(
-            h.key.lower() == self.header and (h.raw_value or h.value).strip()
-            for h in header_map.headers
-        )
+    def headers(self) -> dict[str, str]:
+        if self.held is None:
+            return {}
+        return {
+            h.key.lower(): (h.raw_value.decode(errors="replace") if h.raw_value else h.value)
+            for h in self.held.request_headers.headers.headers
+        }
 
     def body(self) -> bytes:
         return b"".join(c.request_body.body for c in self.chunks)
 
-    def decide(self, session: str | None) -> list[Any]:
-        """Add the header when there is a session, then forward what was held."""
-        if session is not None and self.held is not None:
-            entries = self.held.request_headers.headers.headers
+    def apply(self, decision: Decision, session_header: str) -> list[Any]:
+        """Rewrite what was held per the decision, then forward it."""
+        if self.held is None:
+            return self.release()
+        entries = self.held.request_headers.headers.headers
+        if decision.session is not None:
             for i in reversed(range(len(entries))):
-                if entries[i].key.lower() == self.header:
+                if entries[i].key.lower() == session_header:
                     del entries[i]  # present but empty: the EPP would ignore it anyway
-            entries.append(base_pb2.HeaderValue(key=self.header, raw_value=session.encode()))
+            entries.append(
+                base_pb2.HeaderValue(key=session_header, raw_value=decision.session.encode())
+            )
+        if decision.body is not None:
+            for entry in entries:
+                if entry.key.lower() == "content-length":
+                    entry.raw_value, entry.value = str(len(decision.body)).encode(), ""
+            # The rewritten body, in chunks no bigger than gRPC's default message limit
+            # allows (the picker's server keeps it), the last one ending the stream.
+            end = self.chunks[-1].request_body.end_of_stream
+            pieces = [
+                decision.body[i : i + _CHUNK_BYTES]
+                for i in range(0, len(decision.body), _CHUNK_BYTES)
+            ] or [b""]
+            self.chunks = [
+                pb.ProcessingRequest(
+                    request_body=pb.HttpBody(body=piece, end_of_stream=end and i == len(pieces) - 1)
+                )
+                for i, piece in enumerate(pieces)
+            ]
         return self.release()
 
     def release(self) -> list[Any]:
@@ -159,6 +266,44 @@ class _Inspector:
         self.budget.give(self.size)
         self.held, self.chunks, self.size, self.active = None, [], 0, False
         return out
+
+
+def too_large(size: int, limit: int) -> FrontError:
+    """The front's 413, said at the gateway (what the front would answer anyway)."""
+    return FrontError(
+        413,
+        front_errors.REQUEST_TOO_LARGE,
+        f"the request body has at least {size} bytes; this server accepts at most {limit}. "
+        "Send prompt embeddings the server has seen by identifier instead of inline",
+    )
+
+
+def busy() -> FrontError:
+    return FrontError(
+        503,
+        front_errors.FRONT_OVERLOADED,
+        "the gateway is holding as many request bytes as it may; retry shortly",
+    )
+
+
+def immediate(error: FrontError) -> Any:
+    """The ext_proc answer that sends the front's error to the client directly."""
+    return pb.ProcessingResponse(
+        immediate_response=pb.ImmediateResponse(
+            status=http_status_pb2.HttpStatus(code=error.status),
+            headers=pb.HeaderMutation(
+                set_headers=[
+                    base_pb2.HeaderValueOption(
+                        header=base_pb2.HeaderValue(
+                            key="content-type", raw_value=b"application/json"
+                        )
+                    )
+                ]
+            ),
+            body=error.body_bytes(),
+            details=error.code,
+        )
+    )
 
 
 def _forwarded_metadata(context: grpc.aio.ServicerContext[Any, Any]) -> list[tuple[str, Any]]:
@@ -172,45 +317,90 @@ def _forwarded_metadata(context: grpc.aio.ServicerContext[Any, Any]) -> list[tup
 
 
 class SessionShim(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
-    """Relays ext_proc streams to the EPP, adding the session header from `user`."""
+    """Relays ext_proc streams to the picker after applying the gateway's policy."""
 
-    def __init__(self, settings: ShimSettings, channel: grpc.aio.Channel) -> None:
+    def __init__(
+        self, settings: ShimSettings, channel: grpc.aio.Channel, secret: bytes | None = None
+    ) -> None:
         self.settings = settings
+        self.front = settings.front_settings()
+        self.secret = secret
         self._stub = pb_grpc.ExternalProcessorStub(channel)
         self.budget = _Budget(settings.max_buffered_bytes)
 
-    async def _session(self, raw: bytes) -> str | None:
-        field = self.settings.user_field
+    async def _decide(self, inspector: _Inspector) -> Decision:
+        held = inspector.headers()
+        method, target = held.get(":method", "POST"), held.get(":path", "")
+        raw = inspector.body()
+        headers = {k: v for k, v in held.items() if not k.startswith(":")}
+        run = functools.partial(
+            decide, method, target, headers, raw, front=self.front, secret=self.secret,
+            session_header=self.settings.session_header, user_field=self.settings.user_field,
+        )  # fmt: skip
         if len(raw) >= _OFFLOAD_BYTES:
-            return await asyncio.to_thread(session_from_body, raw, field)
-        return session_from_body(raw, field)
+            return await asyncio.to_thread(run)
+        return run()
 
     async def _pump(self, incoming: AsyncIterator[Any], out: asyncio.Queue[Any]) -> None:
-        """Gateway → EPP: forward in order, holding headers while the body is read."""
-        inspector = _Inspector(
-            self.settings.session_header, self.settings.max_body_bytes, self.budget
-        )
+        """Gateway → picker: forward in order, holding headers while the body is read; a
+        refusal goes on the queue as the `FrontError` to answer with."""
+        inspector = _Inspector(self.settings.max_body_bytes, self.budget)
         try:
             async for msg in incoming:
                 forward = inspector.feed(msg)
                 if forward is None:
-                    forward = inspector.decide(await self._session(inspector.body()))
+                    decision = await self._decide(inspector)
+                    if decision.refusal is not None:
+                        inspector.release()
+                        forward = decision.refusal
+                    else:
+                        forward = inspector.apply(decision, self.settings.session_header)
+                if isinstance(forward, FrontError):
+                    await out.put(forward)
+                    return
                 for item in forward:
                     await out.put(item)
             for item in inspector.release():  # the gateway half-closed mid-body
                 await out.put(item)
         finally:
             inspector.release()
-        await out.put(None)  # half-close toward the EPP
+            await out.put(None)  # half-close toward the picker
 
     async def Process(  # noqa: N802 - the gRPC method name
         self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[Any]:
         out: asyncio.Queue[Any] = asyncio.Queue(maxsize=_QUEUE_DEPTH)
         pump = asyncio.create_task(self._pump(request_iterator, out))
+        try:
+            # The picker is dialled only once there is something to ask it: a request the
+            # step answers itself never reaches it.
+            first = await out.get()
+            if isinstance(first, FrontError):
+                yield immediate(first)
+                return
+            if first is None:
+                return
+            async for response in self._relay(first, out, pump, context):
+                yield response
+        finally:
+            pump.cancel()
+            # Stop reading from the gateway before answering it: a read still pending
+            # when the status goes out would turn that status into INTERNAL.
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await pump
 
+    async def _relay(
+        self,
+        first: Any,
+        out: asyncio.Queue[Any],
+        pump: asyncio.Task[None],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[Any]:
         async def upstream_requests() -> AsyncIterator[Any]:
+            yield first
             while (item := await out.get()) is not None:
+                if isinstance(item, FrontError):
+                    return  # cannot happen after the first message; never forward it
                 yield item
 
         call = self._stub.Process(
@@ -220,7 +410,7 @@ class SessionShim(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         )
 
         def pump_done(task: asyncio.Task[None]) -> None:
-            # Reading from the gateway failed: the EPP's side must not wait for more.
+            # Reading from the gateway failed: the picker's side must not wait for more.
             if not task.cancelled() and task.exception() is not None:
                 call.cancel()
 
@@ -234,12 +424,10 @@ class SessionShim(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         finally:
             call.cancel()
             pump.cancel()
-            # Stop reading from the gateway before answering it: a read still pending
-            # when the status goes out would turn that status into INTERNAL.
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await pump
         if failed is not None:
-            # The EPP's own verdict (or UNAVAILABLE when it is down) ends the gateway's
+            # The picker's own verdict (or UNAVAILABLE when it is down) ends the gateway's
             # stream as it is, so the gateway's failure mode applies unchanged.
             await context.abort(failed.code(), failed.details() or "")
 
@@ -264,10 +452,15 @@ class RunningShim:
         await self.channel.close()
 
 
-async def start(settings: ShimSettings) -> RunningShim:
-    """Bind `settings.listen` (port 0 picks a free one) and relay to `settings.upstream`."""
+async def start(settings: ShimSettings, secret: bytes | None = None) -> RunningShim:
+    """Bind `settings.listen` (port 0 picks a free one) and relay to `settings.upstream`.
+
+    `secret`: the salt HMAC key (`front.settings.read_salt_key`), needed by salting modes."""
+    if secret is None and settings.front_settings().needs_salt_key:
+        raise ValueError(f"isolation mode {settings.isolation_mode.value} needs the salt key")
+    # Plain gRPC: the picker is on the pod's loopback (docs/endpoint-picker.md, 'Transport').
     channel = grpc.aio.insecure_channel(settings.upstream)
-    shim = SessionShim(settings, channel)
+    shim = SessionShim(settings, channel, secret)
     # No SO_REUSEPORT: a second shim on the port must fail, not take half the streams.
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     pb_grpc.add_ExternalProcessorServicer_to_server(shim, server)
@@ -282,13 +475,17 @@ async def start(settings: ShimSettings) -> RunningShim:
     return RunningShim(server, channel, shim, port)
 
 
-async def _serve(settings: ShimSettings, signals: Sequence[signal.Signals]) -> None:
-    running = await start(settings)
+async def _serve(
+    settings: ShimSettings, secret: bytes | None, signals: Sequence[signal.Signals]
+) -> None:
+    running = await start(settings, secret)
     log.info(
-        "session shim listening on %s (port %d), relaying ext_proc to the Endpoint Picker at "
-        "%s; header %r from body field %r when absent; bodies up to %d bytes inspected "
-        "(%d bytes for all requests)",
-        settings.listen, running.port, settings.upstream, settings.session_header,
+        "gateway policy step listening on %s (port %d), relaying ext_proc to the Endpoint "
+        "Picker at %s; isolation %s (header %r, field %r); session header %r from "
+        "prompt_cache_key or body field %r when absent; bodies up to %d bytes (%d bytes for "
+        "all requests)",
+        settings.listen, running.port, settings.upstream, settings.isolation_mode.value,
+        settings.isolation_header, settings.isolation_field, settings.session_header,
         settings.user_field, settings.max_body_bytes, settings.max_buffered_bytes,
     )  # fmt: skip
     stopping = asyncio.Event()
@@ -298,17 +495,19 @@ async def _serve(settings: ShimSettings, signals: Sequence[signal.Signals]) -> N
     try:
         await stopping.wait()
     finally:
-        log.info("session shim stopping: draining open streams for %ss", settings.drain_seconds)
+        log.info(
+            "gateway policy step stopping: draining open streams for %ss", settings.drain_seconds
+        )
         await running.stop()
-        log.info("session shim stopped")
+        log.info("gateway policy step stopped")
 
 
-def serve(settings: ShimSettings) -> int:
-    """Run until SIGTERM or SIGINT, then drain; the `session-shim` sub-command's body."""
+def serve(settings: ShimSettings, secret: bytes | None = None) -> int:
+    """Run until SIGTERM or SIGINT, then drain; the `gateway-policy` sub-command's body."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
-        asyncio.run(_serve(settings, (signal.SIGTERM, signal.SIGINT)))
+        asyncio.run(_serve(settings, secret, (signal.SIGTERM, signal.SIGINT)))
     except OSError as error:
-        log.error("session shim cannot start: %s", error)
+        log.error("gateway policy step cannot start: %s", error)
         return 1
     return 0

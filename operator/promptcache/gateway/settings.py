@@ -1,8 +1,9 @@
-"""What the session shim needs to run, validated once, free of gRPC imports.
+"""What the gateway's policy step needs to run, validated once, free of gRPC imports.
 
-Kept apart from the proxy so `promptcache session-shim --help` and settings errors work
-without the `gateway` extra, and so the renderer's defaults and the shim's agree by
-importing the same definitions from `promptcache.contract.shim`.
+Kept apart from the proxy so `promptcache gateway-policy --help` and settings errors work
+without the `gateway` extra, and so the renderer's defaults and the step's agree by
+importing the same definitions from `promptcache.contract.shim`. The isolation settings
+are the cache front's (`FrontSettings`): the step runs the front's own policy function.
 """
 
 from __future__ import annotations
@@ -10,13 +11,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from promptcache.contract import (
+    DEFAULT_ISOLATION_FIELD,
+    DEFAULT_ISOLATION_HEADER,
     DEFAULT_SESSION_HEADER,
+    SALT_KEY_FILE,
     SESSION_USER_FIELD,
     GrammarError,
+    IsolationMode,
     SettingInputError,
     check_body_field,
     check_header_name,
 )
+from promptcache.contract.front import DEFAULT_HONOR_MAX_LEN, DEFAULT_ISOLATION_MODE
 from promptcache.contract.settings import split_host_port
 from promptcache.contract.shim import (
     DEFAULT_SHIM_DRAIN_SECONDS,
@@ -26,30 +32,39 @@ from promptcache.contract.shim import (
     DEFAULT_SHIM_UPSTREAM,
     MAX_SHIM_DRAIN_SECONDS,
 )
+from promptcache.front.settings import FrontSettings, SettingsError
 
 
 class ShimSettingsError(ValueError):
-    """A setting the shim cannot run with; the message names it and the fix."""
+    """A setting the policy step cannot run with; the message names it and the fix."""
 
 
 @dataclass(frozen=True, slots=True)
 class ShimSettings:
-    """The shim's whole configuration (flags over environment over these defaults)."""
+    """The policy step's whole configuration (flags over environment over these defaults)."""
 
     listen: str = DEFAULT_SHIM_LISTEN
     upstream: str = DEFAULT_SHIM_UPSTREAM
     session_header: str = DEFAULT_SESSION_HEADER
+    """Empty: the step names no sessions (the picker has no session plugin, or sessions
+    are off)."""
     user_field: str = SESSION_USER_FIELD
+    """Empty: the body's `user` does not name sessions (`prompt_cache_key` still does)."""
     max_body_bytes: int = DEFAULT_SHIM_MAX_BODY_BYTES
     max_buffered_bytes: int = DEFAULT_SHIM_MAX_BUFFERED_BYTES
     drain_seconds: float = DEFAULT_SHIM_DRAIN_SECONDS
+    isolation_mode: IsolationMode = DEFAULT_ISOLATION_MODE
+    isolation_header: str = DEFAULT_ISOLATION_HEADER
+    isolation_field: str = DEFAULT_ISOLATION_FIELD
+    salt_key_file: str = SALT_KEY_FILE
+    honor_prompt_cache_max_len: bool = DEFAULT_HONOR_MAX_LEN
 
     def __post_init__(self) -> None:
         try:
             split_host_port("--listen", self.listen)
             split_host_port("--upstream", self.upstream)
-            check_header_name("--session-header", self.session_header, optional=False)
-            check_body_field("--user-field", self.user_field, optional=False)
+            check_header_name("--session-header", self.session_header, optional=True)
+            check_body_field("--user-field", self.user_field, optional=True)
         except (SettingInputError, GrammarError) as exc:
             raise ShimSettingsError(str(exc)) from None
         if self.max_body_bytes < 1:
@@ -63,3 +78,21 @@ class ShimSettings:
             raise ShimSettingsError(
                 f"--drain-seconds={self.drain_seconds} must be in [0, {MAX_SHIM_DRAIN_SECONDS:g}]"
             )
+        self.front_settings()  # the isolation settings, checked by the front's own rules
+
+    def front_settings(self) -> FrontSettings:
+        """The cache front's settings for the same isolation policy (its function decides)."""
+        try:
+            return FrontSettings(
+                isolation_mode=self.isolation_mode,
+                isolation_header=self.isolation_header,
+                isolation_field=self.isolation_field,
+                salt_key_file=self.salt_key_file,
+                honor_prompt_cache_max_len=self.honor_prompt_cache_max_len,
+                session_header="",
+                session_from_user=False,
+                prompt_tokens_header="",
+                cached_prompt_tokens_header="",
+            )
+        except SettingsError as error:
+            raise ShimSettingsError(str(error)) from None

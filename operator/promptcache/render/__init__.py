@@ -15,6 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 from promptcache.api import BUILT_IN_DEFAULTS, OperatorDefaults, PromptCacheDeployment
+from promptcache.api.rules import picker_refusals
+from promptcache.contract import PickerTarget
 from promptcache.render.epp import (
     epp_cluster_role_binding,
     epp_config_map,
@@ -24,6 +26,7 @@ from promptcache.render.epp import (
     epp_service,
     epp_service_account,
 )
+from promptcache.render.epp_config import picker_of
 from promptcache.render.gateway import http_route, inference_pool
 from promptcache.render.model_server import (
     model_server_deployment,
@@ -33,10 +36,27 @@ from promptcache.render.model_server import (
 from promptcache.render.monitoring import MONITORING_KINDS, pod_monitors
 from promptcache.render.names import Names, RenderError, names_of
 
-__all__ = ["GATEWAY_KINDS", "MONITORING_KINDS", "Names", "RenderError", "names_of", "render"]
+__all__ = [
+    "GATEWAY_KINDS",
+    "MONITORING_KINDS",
+    "Names",
+    "RenderError",
+    "names_of",
+    "render",
+    "with_default_picker",
+]
 
 GATEWAY_KINDS = frozenset({"InferencePool", "HTTPRoute"})
 """Kinds whose CRDs come from Gateway API / GIE and may be missing from a cluster."""
+
+
+def with_default_picker(pcd: PromptCacheDeployment, default: PickerTarget) -> PromptCacheDeployment:
+    """The resource with an empty `gateway.picker` set to the operator's default."""
+    if pcd.spec.gateway.picker is not None:
+        return pcd
+    gateway = pcd.spec.gateway.model_copy(update={"picker": default.value})
+    spec = pcd.spec.model_copy(update={"gateway": gateway})
+    return pcd.model_copy(update={"spec": spec})
 
 
 def render(
@@ -44,7 +64,13 @@ def render(
 ) -> list[dict[str, Any]]:
     """Every child of the resource, in an order that applies cleanly (RBAC and config first).
 
-    `defaults` fills what the resource leaves empty (the operator's, or `render`'s flags)."""
+    `defaults` fills what the resource leaves empty (the operator's, or `render`'s flags).
+    Raises `RenderError` when the picker the resource resolves to cannot honour a field
+    (the API server refuses the same when `gateway.picker` names it)."""
+    pcd = with_default_picker(pcd, PickerTarget(defaults.picker))
+    refused = picker_refusals(pcd.spec, picker_of(pcd).value)
+    if refused:
+        raise RenderError("spec", "; ".join(refused), reason="PickerCannotHonour")
     names = names_of(pcd)
     picker_role = defaults.endpoint_picker_cluster_role
     rbac: list[dict[str, Any] | None] = (

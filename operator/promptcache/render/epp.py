@@ -2,28 +2,36 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Any, Final
 
 from promptcache.api import BUILT_IN_DEFAULTS, OperatorDefaults, PromptCacheDeployment
+from promptcache.api.constants import DEFAULT_EPP_IMAGE, DEFAULT_GIE_EPP_IMAGE
 from promptcache.contract import (
     EPP_EXT_PROC_PORT,
     EPP_LOCAL_GRPC_PORT,
+    SALT_KEY_MOUNT_DIR,
     SESSION_USER_FIELD,
-    SessionShimEnv,
+    GatewayPolicyEnv,
+    PickerTarget,
 )
 from promptcache.contract.shim import (
     DEFAULT_SHIM_LISTEN,
-    DEFAULT_SHIM_MAX_BODY_BYTES,
     DEFAULT_SHIM_MAX_BUFFERED_BYTES,
     DEFAULT_SHIM_UPSTREAM,
+    ISOLATION_FIELDS,
+    SHIM_SETTINGS,
 )
 from promptcache.render.epp_config import (
     endpoint_picker_config,
     endpoint_picker_config_text,
     needs_experimental_plugins,
+    picker_of,
 )
+from promptcache.render.front import SALT_VOLUME, front_env, salt_secret, salt_volume
 from promptcache.render.names import Component, Names, metadata, selector_labels
+from promptcache.render.quantities import mebibytes
 from promptcache.render.security import container_security_context, pod_security_context
 
 GRPC_PORT: Final[int] = EPP_EXT_PROC_PORT
@@ -34,19 +42,41 @@ CONFIG_DIR: Final[str] = "/config"
 CONFIG_KEY: Final[str] = "config.yaml"
 POOL_GROUP: Final[str] = "inference.networking.k8s.io"
 _READ: Final[list[str]] = ["get", "list", "watch"]
-SESSION_SHIM_CONTAINER: Final[str] = "session-shim"
+SESSION_SHIM_CONTAINER: Final[str] = "gateway-policy"
+"""The policy step's container (it was the session shim)."""
+POLICY_COMMAND: Final[str] = "gateway-policy"
+"""`promptcache gateway-policy` (`promptcache.gateway.command.COMMAND`)."""
 TERMINATION_GRACE_SECONDS: Final[int] = 130
 SHIM_DRAIN_SECONDS: Final[int] = TERMINATION_GRACE_SECONDS - 10
 """Open ext_proc streams (one per in-flight request) may finish before the pod is killed."""
+DEFAULT_IMAGES: Final[dict[PickerTarget, str]] = {
+    PickerTarget.LLM_D_ROUTER: DEFAULT_EPP_IMAGE,
+    PickerTarget.GIE: DEFAULT_GIE_EPP_IMAGE,
+}
+
+
+CONFIG_HASH_ANNOTATION: Final[str] = "serving.promptcache.io/epp-config-sha256"
+
+
+def config_hash(pcd: PromptCacheDeployment) -> str:
+    """SHA-256 of the ConfigMap's config text, the picker's whole configuration file."""
+    return hashlib.sha256(endpoint_picker_config_text(pcd).encode()).hexdigest()
+
+
+def epp_image(pcd: PromptCacheDeployment) -> str:
+    """`gateway.eppImage`, else the pinned release of the chosen picker."""
+    return pcd.spec.gateway.epp_image or DEFAULT_IMAGES[picker_of(pcd)]
 
 
 def uses_session_shim(pcd: PromptCacheDeployment) -> bool:
-    """Whether the body's `user` must reach the EPP: then the session shim fronts it.
+    """Whether the gateway's policy step fronts the picker: whenever isolation derives salts
+    (the tenant's salt must be in the body the picker hashes, and a client's own must not)
+    or the body names sessions (`prompt_cache_key`, `user`; the picker reads headers only).
+    See docs/endpoint-picker.md, 'The gateway's policy step'."""
+    return pcd.spec.isolation.mode != "Shared" or pcd.spec.session_affinity.enabled
 
-    The EPP reads the session from a header only (docs/endpoint-picker.md, 'How a `user`
-    field reaches the Endpoint Picker')."""
-    session = pcd.spec.session_affinity
-    return session.enabled and session.use_user_field
+
+uses_policy_step = uses_session_shim
 
 
 def epp_args(pcd: PromptCacheDeployment, names: Names) -> list[str]:
@@ -65,7 +95,15 @@ def epp_args(pcd: PromptCacheDeployment, names: Names) -> list[str]:
         "--metrics-endpoint-auth=false",
         "--tracing=false",
     ]  # fmt: skip
-    if needs_experimental_plugins(endpoint_picker_config(pcd)):
+    if uses_session_shim(pcd):
+        # The policy step dials the picker in plain gRPC over the pod's loopback (the two
+        # containers share it); without this flag the picker would serve TLS there and no
+        # request would route. Alone on the Service's port the picker keeps its TLS default.
+        args.append("--secure-serving=false")
+    # GIE v1.5.0 has no such flag (an unknown flag stops it); it has no Alpha plugins either.
+    if picker_of(pcd) is PickerTarget.LLM_D_ROUTER and needs_experimental_plugins(
+        endpoint_picker_config(pcd)
+    ):
         args.append("--allow-experimental-plugins")
     if gateway.replicas > 1:
         args.append("--ha-enable-leader-election")
@@ -81,38 +119,63 @@ def session_shim_image(pcd: PromptCacheDeployment, defaults: OperatorDefaults) -
     return pcd.spec.gateway.session_shim_image or defaults.session_shim_image
 
 
-def session_shim_container(
-    pcd: PromptCacheDeployment, defaults: OperatorDefaults = BUILT_IN_DEFAULTS
-) -> dict[str, Any]:
-    """The ext_proc proxy that copies the body's `user` into the session header.
+_ISOLATION_ENV: Final[frozenset[str]] = frozenset(
+    s.env for s in SHIM_SETTINGS if s.field in ISOLATION_FIELDS
+)
 
-    It owns the `grpc` port the Service targets and relays to the EPP on localhost; its
-    memory limit covers the bodies it may hold (`MAX_BUFFERED_BYTES`) plus the runtime."""
+
+def _policy_body_limits(pcd: PromptCacheDeployment) -> tuple[int, int]:
+    """(per request, all requests): the front's own limit, so the step refuses with 413
+    only what the front would; all requests together hold at least the default budget."""
+    per_request = pcd.spec.front.max_request_bytes
+    return per_request, max(DEFAULT_SHIM_MAX_BUFFERED_BYTES, per_request)
+
+
+def session_shim_container(
+    pcd: PromptCacheDeployment, names: Names, defaults: OperatorDefaults = BUILT_IN_DEFAULTS
+) -> dict[str, Any]:
+    """The gateway's policy step: tenant salt, sessions from the body, Required refusals.
+
+    It owns the `grpc` port the Service targets and relays to the picker on the pod's
+    loopback in plain gRPC. It mounts the front's salt Secret and gets the front's isolation
+    settings, so it derives the very salt the front derives. Its memory limit covers the
+    bodies it may hold (parsed and copied once) plus the runtime."""
+    session = pcd.spec.session_affinity
+    per_request, budget = _policy_body_limits(pcd)
+    names_sessions = session.enabled and picker_of(pcd) is PickerTarget.LLM_D_ROUTER
     env = {
-        SessionShimEnv.LISTEN: DEFAULT_SHIM_LISTEN,
-        SessionShimEnv.UPSTREAM: DEFAULT_SHIM_UPSTREAM,
-        SessionShimEnv.SESSION_HEADER: pcd.spec.session_affinity.header,
-        SessionShimEnv.USER_FIELD: SESSION_USER_FIELD,
-        SessionShimEnv.MAX_BODY_BYTES: str(DEFAULT_SHIM_MAX_BODY_BYTES),
-        SessionShimEnv.MAX_BUFFERED_BYTES: str(DEFAULT_SHIM_MAX_BUFFERED_BYTES),
-        SessionShimEnv.DRAIN_SECONDS: str(SHIM_DRAIN_SECONDS),
+        GatewayPolicyEnv.LISTEN: DEFAULT_SHIM_LISTEN,
+        GatewayPolicyEnv.UPSTREAM: DEFAULT_SHIM_UPSTREAM,
+        GatewayPolicyEnv.SESSION_HEADER: session.header if names_sessions else "",
+        GatewayPolicyEnv.USER_FIELD: SESSION_USER_FIELD if session.use_user_field else "",
+        GatewayPolicyEnv.MAX_BODY_BYTES: str(per_request),
+        GatewayPolicyEnv.MAX_BUFFERED_BYTES: str(budget),
+        GatewayPolicyEnv.DRAIN_SECONDS: str(SHIM_DRAIN_SECONDS),
+        # The front's own isolation variables, with the very values the front gets.
+        **{k: v for k, v in front_env(pcd, names).items() if k in _ISOLATION_ENV},
     }
+    mounts: list[dict[str, Any]] = []
+    if salt_secret(pcd, names) is not None:
+        mounts.append({"name": SALT_VOLUME, "mountPath": SALT_KEY_MOUNT_DIR, "readOnly": True})
     tcp = {"tcpSocket": {"port": "grpc"}}
-    return {
+    container: dict[str, Any] = {
         "name": SESSION_SHIM_CONTAINER,
         "image": session_shim_image(pcd, defaults),
         "imagePullPolicy": "IfNotPresent",
-        "args": ["session-shim"],
+        "args": [POLICY_COMMAND],
         "env": [{"name": k, "value": v} for k, v in env.items()],
         "ports": [{"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"}],
         "livenessProbe": {**tcp, "initialDelaySeconds": 5, "periodSeconds": 10},
         "readinessProbe": {**tcp, "periodSeconds": 2},
         "resources": {
             "requests": {"cpu": "100m", "memory": "128Mi"},
-            "limits": {"memory": "256Mi"},
+            "limits": {"memory": mebibytes(3 * budget + 128 * 1024**2)},
         },
         "securityContext": container_security_context(),
     }
+    if mounts:
+        container["volumeMounts"] = mounts
+    return container
 
 
 def epp_deployment(
@@ -128,7 +191,7 @@ def epp_deployment(
     grpc_port = [] if shim else [{"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"}]
     container = {
         "name": "epp",
-        "image": pcd.spec.gateway.epp_image,
+        "image": epp_image(pcd),
         "imagePullPolicy": "IfNotPresent",
         "args": epp_args(pcd, names),
         "env": [
@@ -146,6 +209,10 @@ def epp_deployment(
         "securityContext": container_security_context(),
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
     }
+    volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": names.epp}}]
+    salt = salt_volume(pcd, names) if shim else None
+    if salt is not None:
+        volumes.append(salt)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -158,7 +225,10 @@ def epp_deployment(
                     "labels": {
                         **selector_labels(names, Component.ENDPOINT_PICKER),
                         "app.kubernetes.io/part-of": "promptcache",
-                    }
+                    },
+                    # The picker reads its config only at start: a changed config (weights,
+                    # tiers, target) changes this hash, and so rolls the picker out.
+                    "annotations": {CONFIG_HASH_ANNOTATION: config_hash(pcd)},
                 },
                 "spec": {
                     "serviceAccountName": names.epp,
@@ -166,9 +236,9 @@ def epp_deployment(
                     "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
                     "containers": [
                         container,
-                        *([session_shim_container(pcd, defaults)] if shim else []),
+                        *([session_shim_container(pcd, names, defaults)] if shim else []),
                     ],
-                    "volumes": [{"name": "config", "configMap": {"name": names.epp}}],
+                    "volumes": volumes,
                 },
             },
         },

@@ -101,6 +101,12 @@ def _env(pcd: PromptCacheDeployment, has_salt: bool) -> list[dict[str, str]]:
     return [{"name": name, "value": value} for name, value in values]
 
 
+def front_env(pcd: PromptCacheDeployment, names: Names) -> dict[str, str]:
+    """The cache front's environment by name (the gateway's policy step shares some)."""
+    has_salt = salt_secret(pcd, names) is not None
+    return {e["name"]: e["value"] for e in _env(pcd, has_salt)}
+
+
 def _resources(pcd: PromptCacheDeployment) -> dict[str, Any]:
     front = pcd.spec.front.resources
     limits: dict[str, Any] = dict(front.limits)

@@ -3,8 +3,9 @@
 The generated config and the status both say what the picker will use, not what was
 asked: the block size after its floor, the per-pod index capacity after autoTune. The
 rules differ between pickers, so each is a `PickerTarget`; `picker_target` chooses the
-one the resource deploys (llm-d-router today; the upstream GIE v1.5 picker has no
-64-token floor and ignores `lruCapacityPerServer`, see ../shared/reference/endpoint-picker.md).
+one the resource deploys (`spec.gateway.picker`, filled from the operator's defaults by
+`render`): llm-d-router, or the upstream GIE v1.5 picker, which has no 64-token floor and
+ignores `lruCapacityPerServer` (docs/endpoint-picker.md).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 from promptcache.api import PromptCacheDeployment
 from promptcache.api.constants import EPP_MIN_BLOCK_SIZE_TOKENS
+from promptcache.contract import DEFAULT_PICKER
 
 DEFAULT_LRU_CAPACITY_PER_SERVER = 31250
 """The approximate prefix producer's own default per-pod capacity (both pickers)."""
@@ -54,7 +56,13 @@ LLM_D_ROUTER = PickerTarget(
 """llm-d-router v0.10.0 (the default image): 64-token floor (llm-d-router #1158)."""
 
 
+GIE_V1_5 = PickerTarget(name="gie-v1.5", min_block_size_tokens=1, honours_lru_capacity=False)
+"""The upstream GIE EPP v1.5.0: no floor; the per-pod LRU is `num_gpu_blocks` under autoTune,
+else its own 31250 whatever `lruCapacityPerServer` says (so the API refuses another value)."""
+
+TARGETS: dict[str, PickerTarget] = {t.name: t for t in (LLM_D_ROUTER, GIE_V1_5)}
+
+
 def picker_target(pcd: PromptCacheDeployment) -> PickerTarget:
-    """The picker the resource deploys (one today; a spec field will choose it)."""
-    del pcd
-    return LLM_D_ROUTER
+    """The picker the resource deploys (`spec.gateway.picker`, else the built-in default)."""
+    return TARGETS[pcd.spec.gateway.picker or DEFAULT_PICKER.value]

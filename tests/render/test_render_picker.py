@@ -1,0 +1,126 @@
+"""`spec.gateway.picker`: each Endpoint Picker gets only what its binary accepts.
+
+GIE v1.5.0 decodes only the `inference.networking.x-k8s.io/v1alpha1` config, stops on
+flags it does not know (`--allow-experimental-plugins`, `--drain-timeout`), has no 64-token
+block floor, and cannot honour prefix tiers, sessions or a custom LRU size: the API refuses
+those with one message, in the CLI (pydantic) and at the API server (the same rule as CEL,
+checked in e2e/test_crd_validation.py), and the renderer refuses them when the operator's
+default picker is GIE.
+"""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, get_args
+
+import pytest
+import yaml
+
+from promptcache.api import InvalidResourceError, OperatorDefaults, parse_resource
+from promptcache.api.rules import GIE_LRU_MESSAGE, GIE_SESSIONS_MESSAGE, GIE_TIERS_MESSAGE
+from promptcache.api.spec import PickerName
+from promptcache.contract import PickerTarget
+from promptcache.render import RenderError, render, with_default_picker
+
+BASE: dict[str, Any] = {
+    "apiVersion": "serving.promptcache.io/v1alpha1",
+    "kind": "PromptCacheDeployment",
+    "metadata": {"name": "chat", "namespace": "serving"},
+    "spec": {"model": {"name": "org/model", "replicas": 2}, "isolation": {"mode": "Shared"}},
+}
+
+
+def doc_with(**spec: Any) -> dict[str, Any]:
+    doc = copy.deepcopy(BASE)
+    doc["spec"].update(spec)
+    return doc
+
+
+def epp(manifests: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
+    (dep,) = [
+        m for m in manifests if m["kind"] == "Deployment" and m["metadata"]["name"].endswith("-epp")
+    ]
+    (cm,) = [m for m in manifests if m["kind"] == "ConfigMap"]
+    (container,) = [c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "epp"]
+    return container, cm["data"]["config.yaml"]
+
+
+def test_api_names_every_picker_target() -> None:
+    assert set(get_args(PickerName)) == {t.value for t in PickerTarget}
+
+
+def test_gie_gets_its_config_dialect_image_and_flags() -> None:
+    small = {"autoTune": False, "blockSizeTokens": 16}
+    container, text = epp(render(parse_resource(doc_with(
+        gateway={"picker": "gie-v1.5"}, prefixCache=small
+    ))))  # fmt: skip
+    config = yaml.safe_load(text)
+    assert config["apiVersion"] == "inference.networking.x-k8s.io/v1alpha1"
+    assert container["image"] == "registry.k8s.io/gateway-api-inference-extension/epp:v1.5.0"
+    assert "--allow-experimental-plugins" not in container["args"]
+    assert not any(a.startswith("--drain-timeout") for a in container["args"])
+    producer = next(p for p in config["plugins"] if p["type"] == "approx-prefix-cache-producer")
+    assert producer["parameters"]["blockSizeTokens"] == 16  # no floor on GIE
+    assert "raised to 64" not in text
+    assert "gie-v1.5" in text.splitlines()[0]
+
+
+def test_llm_d_router_keeps_its_dialect_and_the_floor() -> None:
+    small = {"autoTune": False, "blockSizeTokens": 16}
+    for picker in (None, "llm-d-router"):
+        gateway = {} if picker is None else {"picker": picker}
+        container, text = epp(render(parse_resource(doc_with(
+            gateway=gateway, prefixCache=small, sessionAffinity={"enabled": True}
+        ))))  # fmt: skip
+        config = yaml.safe_load(text)
+        assert config["apiVersion"] == "llm-d.ai/v1alpha1"
+        assert container["image"] == "ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.10.0"
+        assert "--allow-experimental-plugins" in container["args"]
+        producer = next(p for p in config["plugins"] if p["type"] == "approx-prefix-cache-producer")
+        assert producer["parameters"]["blockSizeTokens"] == 64
+        assert "raised to 64" in text
+
+
+REFUSED = [
+    pytest.param({"prefixCache": {"tiers": [{"name": "coarse"}]}}, GIE_TIERS_MESSAGE, id="tiers"),
+    pytest.param({"sessionAffinity": {"enabled": True}}, GIE_SESSIONS_MESSAGE, id="sessions"),
+    pytest.param({"prefixCache": {"lruCapacityPerServer": 8000}}, GIE_LRU_MESSAGE, id="lru"),
+]
+
+
+@pytest.mark.parametrize(("spec", "message"), REFUSED)
+def test_gie_refuses_what_it_cannot_honour(spec: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidResourceError) as refused:
+        parse_resource(doc_with(gateway={"picker": "gie-v1.5"}, **spec))
+    assert any(message in str(p) for p in refused.value.problems), refused.value.problems
+    # The same resource without a picker is fine for llm-d-router...
+    pcd = parse_resource(doc_with(**spec))
+    render(pcd)
+    # ...and refused with the same message when the operator's default is GIE.
+    with pytest.raises(RenderError) as failed:
+        render(pcd, OperatorDefaults(picker="gie-v1.5"))
+    assert message in str(failed.value)
+
+
+def test_an_explicit_picker_beats_the_operator_default() -> None:
+    pcd = parse_resource(doc_with(gateway={"picker": "llm-d-router"}))
+    assert with_default_picker(pcd, PickerTarget.GIE).spec.gateway.picker == "llm-d-router"
+    unset = parse_resource(doc_with())
+    assert with_default_picker(unset, PickerTarget.GIE).spec.gateway.picker == "gie-v1.5"
+
+
+def test_cli_refuses_with_the_same_message(tmp_path: Path) -> None:
+    path = tmp_path / "pcd.yaml"
+    path.write_text(yaml.safe_dump(doc_with(prefixCache={"tiers": [{"name": "coarse"}]})))
+    cli = [sys.executable, "-m", "promptcache.cli", "render", "-f", str(path)]
+    ok = subprocess.run(cli, capture_output=True, text=True, check=False)
+    assert ok.returncode == 0, ok.stderr
+    refused = subprocess.run(
+        [*cli, "--picker", "gie-v1.5"], capture_output=True, text=True, check=False
+    )
+    assert refused.returncode == 2
+    assert GIE_TIERS_MESSAGE in refused.stderr
+    assert "Traceback" not in refused.stderr

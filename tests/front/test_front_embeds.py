@@ -417,3 +417,52 @@ async def test_identical_reupload_is_not_loaded_again_but_a_different_one_is() -
         kinds=kinds,
     )
     assert calls == [p.data, p.data, q.data]
+
+
+async def _upload_as(
+    http: aiohttp.ClientSession, url: str, key: str, data: str
+) -> tuple[int, int, bytes]:
+    """Upload one payload as tenant `key`; return status, and the metrics text after."""
+    body = {"model": "m", "prompt_embeds": data}
+    async with http.post(
+        url + COMPLETIONS, json=body, headers={"x-prompt-cache-isolation-key": key}
+    ) as resp:
+        status = resp.status
+    async with http.get(url + "/metrics") as resp:
+        text = await resp.read()
+    return status, len(text), text
+
+
+def _front_series(text: bytes) -> dict[str, str]:
+    """The front's own series (vLLM's part of the scrape is the stand-in's, not compared)."""
+    out = {}
+    for line in text.decode().splitlines():
+        if line.startswith("promptcache_front_") and "_created" not in line:
+            name, _, value = line.rpartition(" ")
+            out[name] = value
+    return out
+
+
+async def test_metrics_do_not_reveal_whether_another_tenant_sent_a_payload(
+    standin: Standin, make_front: MakeFront, http: aiohttp.ClientSession
+) -> None:
+    """Tenant B uploads P. Whether tenant A uploaded P before must not change what B's
+    request does to /metrics (it used to: B's upload then made a cache lookup)."""
+    p = _payload(7)
+    fresh = await make_front(isolation_mode=IsolationMode.PER_KEY)
+    _, _, before = await _upload_as(http, fresh.url, "tenant-a", _payload(8).data)
+    status, _, alone = await _upload_as(http, fresh.url, "tenant-b", p.data)
+    assert status == 200
+
+    seen = await make_front(isolation_mode=IsolationMode.PER_KEY)
+    await _upload_as(http, seen.url, "tenant-a", p.data)  # A sends P first
+    _, _, before_seen = await _upload_as(http, seen.url, "tenant-a", _payload(8).data)
+    status, _, after_a = await _upload_as(http, seen.url, "tenant-b", p.data)
+    assert status == 200
+
+    def delta(after: bytes, before: bytes) -> dict[str, float]:
+        a, b = _front_series(after), _front_series(before)
+        return {k: float(v) - float(b.get(k, "0")) for k, v in a.items() if "bytes" not in k}
+
+    # what B's upload changed is the same whether or not A had sent P
+    assert delta(alone, before) == delta(after_a, before_seen)

@@ -8,7 +8,9 @@ import time
 from urllib.parse import urlsplit
 
 import aiohttp
+import pytest
 
+from promptcache.contract import IsolationMode
 from promptcache.front.standin import StandinUpstream
 
 from .conftest import MakeFront
@@ -16,6 +18,9 @@ from .conftest import MakeFront
 Standin = tuple[StandinUpstream, str]
 CHAT = "/v1/chat/completions"
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+KEYED = {"x-prompt-cache-isolation-key": "tenant-a"}
+MODES = [IsolationMode.SHARED, IsolationMode.PER_KEY, IsolationMode.REQUIRED]
+pytestmark = pytest.mark.parametrize("mode", MODES, ids=[m.value for m in MODES])
 
 
 async def _open(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -30,6 +35,7 @@ async def _slow_body(
     reader, writer = await _open(url)
     writer.write(
         f"POST {CHAT} HTTP/1.1\r\nHost: f\r\nContent-Type: application/json\r\n"
+        "x-prompt-cache-isolation-key: tenant-a\r\n"
         f"Content-Length: {length}\r\n\r\n{{".encode()
     )
     await writer.drain()
@@ -37,14 +43,16 @@ async def _slow_body(
 
 
 async def test_slow_bodies_do_not_lock_tenants_out_and_time_out_with_408(
-    standin: Standin, make_front: MakeFront, http: aiohttp.ClientSession
+    standin: Standin, make_front: MakeFront, mode: IsolationMode, http: aiohttp.ClientSession
 ) -> None:
     upstream, _ = standin
-    front = await make_front(max_in_flight=2, max_body_reads=64, body_timeout_seconds=1.5)
+    front = await make_front(
+        isolation_mode=mode, max_in_flight=2, max_body_reads=64, body_timeout_seconds=1.5
+    )
     slow = [await _slow_body(front.url) for _ in range(8)]
     await asyncio.sleep(0.2)
     started = time.monotonic()
-    async with http.post(front.url + CHAT, json=BODY) as resp:
+    async with http.post(front.url + CHAT, json=BODY, headers=KEYED) as resp:
         assert resp.status == 200
     assert time.monotonic() - started < 1.0  # not behind the idle senders
     for reader, writer in slow:
@@ -56,26 +64,26 @@ async def test_slow_bodies_do_not_lock_tenants_out_and_time_out_with_408(
 
 
 async def test_the_body_read_cap_answers_503_with_its_own_code(
-    standin: Standin, make_front: MakeFront, http: aiohttp.ClientSession
+    standin: Standin, make_front: MakeFront, mode: IsolationMode, http: aiohttp.ClientSession
 ) -> None:
-    front = await make_front(max_body_reads=2, body_timeout_seconds=5)
+    front = await make_front(isolation_mode=mode, max_body_reads=2, body_timeout_seconds=5)
     slow = [await _slow_body(front.url) for _ in range(2)]
     await asyncio.sleep(0.2)
-    async with http.post(front.url + CHAT, json=BODY) as resp:
+    async with http.post(front.url + CHAT, json=BODY, headers=KEYED) as resp:
         assert resp.status == 503
         assert (await resp.json())["error"]["code"] == "body_reads_saturated"
         assert resp.headers["Retry-After"] == "1"
     for _, writer in slow:
         writer.close()
     await asyncio.sleep(0.2)
-    async with http.post(front.url + CHAT, json=BODY) as resp:
+    async with http.post(front.url + CHAT, json=BODY, headers=KEYED) as resp:
         assert resp.status == 200
 
 
 async def test_a_connection_that_never_finishes_its_headers_is_closed(
-    standin: Standin, make_front: MakeFront
+    standin: Standin, make_front: MakeFront, mode: IsolationMode
 ) -> None:
-    front = await make_front(header_timeout_seconds=1.0)
+    front = await make_front(isolation_mode=mode, header_timeout_seconds=1.0)
     reader, writer = await _open(front.url)
     started = time.monotonic()
     writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: f\r\n")
@@ -95,9 +103,8 @@ async def _missing_ids_request(http: aiohttp.ClientSession, url: str, n: int) ->
     ids = [f"blake3:{i:064x}" for i in range(n)]
     body = json.dumps({"model": "m", "prompt_embeds": ids + ids[: n // 4]}).encode()
     t0 = time.monotonic()
-    async with http.post(
-        url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
-    ) as resp:
+    headers = {"Content-Type": "application/json", **KEYED}
+    async with http.post(url + "/v1/completions", data=body, headers=headers) as resp:
         assert resp.status == 409
         error = (await resp.json())["error"]
     elapsed = time.monotonic() - t0
@@ -106,9 +113,11 @@ async def _missing_ids_request(http: aiohttp.ClientSession, url: str, n: int) ->
 
 
 async def test_thousands_of_unknown_ids_are_linear_and_healthz_stays_fast(
-    standin: Standin, make_front: MakeFront, http: aiohttp.ClientSession
+    standin: Standin, make_front: MakeFront, mode: IsolationMode, http: aiohttp.ClientSession
 ) -> None:
-    front = await make_front(max_prompt_embeds_references=40_000, max_body_bytes=8 << 20)
+    front = await make_front(
+        isolation_mode=mode, max_prompt_embeds_references=40_000, max_body_bytes=8 << 20
+    )
     probes: list[float] = []
 
     async def probe() -> None:
@@ -130,11 +139,11 @@ async def test_thousands_of_unknown_ids_are_linear_and_healthz_stays_fast(
 
 
 async def test_more_references_than_allowed_is_400_before_any_lookup(
-    standin: Standin, make_front: MakeFront, http: aiohttp.ClientSession
+    standin: Standin, make_front: MakeFront, mode: IsolationMode, http: aiohttp.ClientSession
 ) -> None:
-    front = await make_front(max_prompt_embeds_references=10)
+    front = await make_front(isolation_mode=mode, max_prompt_embeds_references=10)
     body = {"model": "m", "prompt_embeds": [f"blake3:{i:064x}" for i in range(11)]}
-    async with http.post(front.url + "/v1/completions", json=body) as resp:
+    async with http.post(front.url + "/v1/completions", json=body, headers=KEYED) as resp:
         assert resp.status == 400
         error = (await resp.json())["error"]
     assert error["code"] == "invalid_prompt_embeds"

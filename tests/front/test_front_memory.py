@@ -16,13 +16,16 @@ import os
 import socket
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 import pytest
 
+from promptcache.contract import IsolationMode
 from promptcache.front.standin import StandinUpstream
 
 from .amplification import JSON, Attack, attacks, dense_payload
+from .conftest import SECRET
 
 MAX_BODY = 16 << 20
 BUDGET = 96 << 20
@@ -46,8 +49,17 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture
-async def front_process(standin: tuple[StandinUpstream, str]) -> AsyncIterator[tuple[str, int]]:
+MODES = [IsolationMode.SHARED, IsolationMode.PER_KEY, IsolationMode.REQUIRED]
+KEYED = {"x-prompt-cache-isolation-key": "tenant-a"}
+
+
+@pytest.fixture(params=MODES, ids=[m.value for m in MODES])
+async def front_process(
+    request: pytest.FixtureRequest, standin: tuple[StandinUpstream, str], tmp_path: Path
+) -> AsyncIterator[tuple[str, int]]:
+    mode: IsolationMode = request.param
+    salt = tmp_path / "salt-key"
+    salt.write_bytes(SECRET)
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROMPTCACHE_")}
     proc = await asyncio.create_subprocess_exec(
@@ -64,6 +76,10 @@ async def front_process(standin: tuple[StandinUpstream, str]) -> AsyncIterator[t
         str(BUDGET),
         "--prompt-embeds-cache-gib",
         "0.25",
+        "--isolation-mode",
+        mode.value,
+        "--salt-key-file",
+        str(salt),
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL,
         env=env,
@@ -83,7 +99,8 @@ async def front_process(standin: tuple[StandinUpstream, str]) -> AsyncIterator[t
 
 
 async def _send(http: aiohttp.ClientSession, url: str, attack: Attack) -> int:
-    async with http.post(url + attack.path, data=attack.body, headers=attack.headers) as resp:
+    headers = {**attack.headers, **KEYED}
+    async with http.post(url + attack.path, data=attack.body, headers=headers) as resp:
         await resp.read()
         return resp.status
 
@@ -94,12 +111,13 @@ async def test_amplification_requests_stay_within_the_memory_budget(
     url, pid = front_process
     # warm up: torch loaded, one payload verified and forwarded (what every embeds pod does)
     warm = {"model": "m", "prompt_embeds": dense_payload(64, 1024), "max_tokens": 1}
-    async with http.post(url + "/v1/completions", json=warm) as resp:
+    async with http.post(url + "/v1/completions", json=warm, headers=KEYED) as resp:
         assert resp.status == 200
     before = peak_rss(pid)
     for attack in attacks(MAX_BODY):
         for body in attack.setup:
-            async with http.post(url + "/v1/completions", data=body, headers=JSON) as resp:
+            headers = {**JSON, **KEYED}
+            async with http.post(url + "/v1/completions", data=body, headers=headers) as resp:
                 assert resp.status == 200, attack.name
 
         statuses = await asyncio.gather(*(_send(http, url, attack) for _ in range(4)))

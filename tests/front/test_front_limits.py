@@ -130,12 +130,13 @@ async def test_thousands_of_unknown_ids_are_linear_and_healthz_stays_fast(
 
     task = asyncio.create_task(probe())
     await asyncio.sleep(0.05)
-    small = min([await _missing_ids_request(http, front.url, 4_000) for _ in range(2)])
-    large = min([await _missing_ids_request(http, front.url, 16_000) for _ in range(2)])
+    small = min([await _missing_ids_request(http, front.url, 4_000) for _ in range(3)])
+    large = min([await _missing_ids_request(http, front.url, 16_000) for _ in range(3)])
     task.cancel()
     # 4x the ids: linear work takes ~4x (the old list-membership dedupe took ~16x, seconds)
-    assert large / small < 8, (small, large)
-    assert max(probes) < 2.5  # generous: the machine is shared; the quadratic stall was ~5 s
+    assert large / small < 10, (small, large)
+    # generous (the machine is shared): the quadratic dedupe stalled it 5-16 s here
+    assert max(probes) < 4.0
 
 
 async def test_more_references_than_allowed_is_400_before_any_lookup(

@@ -49,6 +49,8 @@ FORWARD_EXPANSION: Final = 4
 PROBE_TIMEOUT: Final = aiohttp.ClientTimeout(total=5)
 LINGER_SECONDS: Final = 2.0
 """aiohttp drains an unread request body this long before closing (its default: 10 s)."""
+SMALL_BODY_BYTES: Final = 1 << 20
+"""Bodies up to this size with a Content-Length are read in one call."""
 UPLOAD_FACTOR: Final = 2
 """Verifying an uploaded payload holds its decoded bytes and the loaded tensor."""
 
@@ -133,12 +135,20 @@ async def _read_body(request: web.Request, state: FrontState, charge: Charge) ->
             charge.take(declared)
         buffer = bytearray()
         async with asyncio.timeout(settings.body_timeout_seconds):
-            async for chunk in request.content.iter_chunked(1 << 16):
-                if declared is None:
-                    charge.take(len(chunk))
-                buffer += chunk
-                if len(buffer) > limit:
-                    raise _too_large(len(buffer), limit)
+            if declared is not None and declared <= SMALL_BODY_BYTES:
+                # the common case: one read (a copy of a small body costs nothing)
+                buffer += await request.content.readexactly(declared)
+            else:
+                async for chunk in request.content.iter_chunked(1 << 16):
+                    if declared is None:
+                        charge.take(len(chunk))
+                    buffer += chunk
+                    if len(buffer) > limit:
+                        raise _too_large(len(buffer), limit)
+    except asyncio.IncompleteReadError:
+        raise FrontError(
+            400, errors.INVALID_JSON, "the request body ended before its Content-Length"
+        ) from None
     except TimeoutError:
         raise FrontError(
             408,
@@ -418,6 +428,10 @@ async def _on_startup(app: web.Application) -> None:
         connector=connector,
         auto_decompress=True,
         skip_auto_headers=("User-Agent",),
+        # one session serves every tenant: it keeps no cookies at all (aiohttp's default
+        # jar already ignores cookies from an IP host such as 127.0.0.1; this says so
+        # and skips the jar's work on every request)
+        cookie_jar=aiohttp.DummyCookieJar(),
     )
 
 

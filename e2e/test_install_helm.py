@@ -30,6 +30,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from promptcache.api.defaults import OperatorDefaults, flag_of
 from pytest_cluster import Cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.helm]
@@ -64,8 +65,7 @@ def example_in(namespace: str, path: Path = EXAMPLE) -> list[dict[str, Any]]:
     return docs
 
 
-DEFAULT_FLAGS = ("--front-image", "--session-shim-image", "--model-server-user",
-                 "--endpoint-picker-cluster-role")  # fmt: skip
+DEFAULT_FLAGS = tuple(f"{flag_of(name)}=" for name in OperatorDefaults.model_fields)
 """The operator-wide defaults: `promptcache run` and `promptcache render` share them."""
 
 

@@ -556,7 +556,7 @@ def test_the_crd_upgrades_with_the_chart_and_uninstall_keeps_it_unless_asked(
         "apply", "--server-side", "-f", "-", input=yaml.safe_dump(new), check=False
     )
     assert refused.returncode != 0
-    assert 'unknown field "spec.canary"' in refused.stderr
+    assert "spec.canary" in refused.stderr, refused.stderr
 
     newer = _chart_with_a_new_crd_field(tmp_path, "canary")
     upgrade = fresh.helm(

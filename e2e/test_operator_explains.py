@@ -14,7 +14,10 @@ from __future__ import annotations
 import datetime
 import json
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -477,3 +480,76 @@ def test_gateway_ready_follows_the_gateway_controllers_verdict(
     status = get_json(cluster.kubectl, "pcd", "routed", "-n", ns)["status"]
     assert status["gateway"] == {"addresses": ["203.0.113.7"]}
     assert event(cluster, ns, "routed", "Accepted")["type"] == "Normal"
+
+
+# --------------------------------------------------------------------------- monitoring
+
+
+def monitoring_crds() -> list[str]:
+    cli = Path(__file__).resolve().parent / "cluster"
+    out = subprocess.run(
+        [sys.executable, str(cli), "which", "monitoring-crds"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
+    return out.stdout.split()
+
+
+def test_monitoring_says_when_the_prometheus_operator_is_missing_then_applies(
+    cluster: Cluster, env: dict[str, Any]
+) -> None:
+    ns, op = env["ns"], env["op"]
+    crds = monitoring_crds()
+    apply_yaml(cluster.kubectl, resource("watched", ns, monitoring={"enabled": True}))
+    cond = wait_condition(
+        cluster, ns, "watched", "MonitoringReady", "False", "PrometheusOperatorNotInstalled", op
+    )
+    assert cond["message"] == (
+        "spec.monitoring.enabled, but monitoring.coreos.com/v1 PodMonitor is not served: "
+        "install the Prometheus Operator CRDs (or scrape the pods yourself, "
+        "docs/monitoring.md); everything else is managed as usual"
+    )
+    shown(cluster, ns, "watched", cond["message"])
+    wait_condition(cluster, ns, "watched", "Ready", "True", "Available", op)
+    try:
+        for path in crds:
+            cluster.kubectl("apply", "--server-side", "-f", path)
+        for path in crds:
+            cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", path)
+        cond = wait_condition(
+            cluster, ns, "watched", "MonitoringReady", "True", "PodMonitorsApplied", op
+        )
+        uid = get_json(cluster.kubectl, "pcd", "watched", "-n", ns)["metadata"]["uid"]
+        monitors = get_json(
+            cluster.kubectl, "podmonitors", "-n", ns, "-l", "app.kubernetes.io/instance=watched"
+        )["items"]
+        assert sorted(m["metadata"]["name"] for m in monitors) == ["watched", "watched-epp"]
+        for m in monitors:
+            assert [r["uid"] for r in m["metadata"]["ownerReferences"]] == [uid]
+        # Turned off: the PodMonitors go, and so does the condition.
+        cluster.kubectl(
+            "patch",
+            "pcd",
+            "watched",
+            "-n",
+            ns,
+            "--type=merge",
+            "-p",
+            json.dumps({"spec": {"monitoring": {"enabled": False}}}),
+        )
+
+        def gone() -> Any:
+            left = get_json(
+                cluster.kubectl, "podmonitors", "-n", ns, "-l", "app.kubernetes.io/instance=watched"
+            )["items"]
+            obj = get_json(cluster.kubectl, "pcd", "watched", "-n", ns)
+            return not left and condition(obj, "MonitoringReady") is None
+
+        wait_for(
+            gone, f"PodMonitors and MonitoringReady removed\n{op.log_tail()}", timeout=TIMEOUT_S
+        )
+    finally:
+        for path in crds:
+            cluster.kubectl("delete", "-f", path, "--wait=false", check=False)

@@ -9,6 +9,7 @@ import pytest
 from promptcache.api import parse_resource
 from promptcache.render import render
 from promptcache.render.monitoring import RELABELINGS
+from tests.render.schemas import validate_manifest
 
 
 def doc(**monitoring: Any) -> Any:
@@ -43,6 +44,7 @@ def test_pod_monitors_select_the_pods_and_their_metrics_ports() -> None:
         assert endpoint["port"] in ports, f"{name}: no container port {endpoint['port']}"
         assert (endpoint["path"], endpoint["interval"]) == ("/metrics", "15s")
         assert endpoint["relabelings"] == RELABELINGS
+        validate_manifest(monitor)  # the pinned Prometheus Operator CRD, unknown fields refused
     assert {RELABELINGS[0]["targetLabel"], RELABELINGS[1]["targetLabel"]} == {
         "promptcache_deployment",
         "component",

@@ -211,6 +211,10 @@ def test_image_pull_back_off_names_the_image_and_the_field(
     degraded = wait_condition(cluster, ns, "pull", "Degraded", "True", "ImagePullBackOff", op)
     assert degraded["message"] == expected.removeprefix("0/1 model-server pods ready: ")
     assert event(cluster, ns, "pull", "ImagePullBackOff")["type"] == "Warning"
+    # The gauges the availability alerts read (docs/monitoring.md).
+    labels = {"namespace": ns, "promptcache_deployment": "pull"}
+    assert op.counter("promptcache_model_server_replicas_desired", **labels) == 1
+    assert op.counter("promptcache_model_server_replicas_ready", **labels) == 0
     # The kubelet pulls it after all: the status says so, and the transition is an Event.
     as_kubelet(
         cluster,

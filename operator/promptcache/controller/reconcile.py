@@ -245,7 +245,13 @@ class Reconciler:
                 self.kube, ROUTE.api_version, ROUTE.plural
             )
         monitoring = monitoring_enabled(pcd, self.settings.defaults)
-        if monitoring or not fresh:
+        # Ask discovery only for resources that monitor, or did (their PodMonitors may need
+        # removing): a cluster without the Prometheus Operator hears nothing of it otherwise.
+        was_monitored = any(
+            c.get("type") == ConditionType.MONITORING_READY
+            for c in (raw.get("status") or {}).get("conditions") or []
+        )
+        if monitoring or (was_monitored and not fresh):
             served["PodMonitor"] = await self.gateway_apis.served(
                 self.kube, MONITORING_API, POD_MONITOR.plural
             )

@@ -419,18 +419,17 @@ def test_gateway_ready_follows_the_gateway_controllers_verdict(
         cluster.kubectl, resource("routed", ns, gateway={"route": {"parentRefs": [{"name": "gw"}]}})
     )
     cond = wait_condition(cluster, ns, "routed", "GatewayReady", "False", "RoutePending", op)
-    assert cond["message"] == (
-        f"HTTPRoute routed-route: no status from Gateway {ns}/gw yet; check that the Gateway "
-        "exists and its controller is running"
-    )
-    shown(cluster, ns, "routed", cond["message"])
     route = get_json(
         cluster.kubectl, "httproute", "-n", ns, "-l", "app.kubernetes.io/instance=routed"
     )["items"][0]["metadata"]["name"]
     pool = get_json(
         cluster.kubectl, "inferencepool", "-n", ns, "-l", "app.kubernetes.io/instance=routed"
     )["items"][0]["metadata"]["name"]
-
+    assert cond["message"] == (
+        f"HTTPRoute {route}: no status from Gateway {ns}/gw yet; check that the Gateway "
+        "exists and its controller is running"
+    )
+    shown(cluster, ns, "routed", cond["message"])
     # The Gateway refuses the route: its own words reach the user.
     refused = {"Accepted": ("False", "NotAllowedByListeners", "no listener admits this namespace")}
     write_status(cluster, "httproute", ns, route, parent_status(ns, refused))

@@ -258,6 +258,15 @@ def test_window_counts_a_restarted_pod_from_zero() -> None:
     assert r.ratio == 0.75  # (5 + 10) / (10 + 10)
 
 
+def test_a_pod_first_scraped_late_adds_only_what_it_counts_afterwards() -> None:
+    """Its counters since it started cannot be placed in the window (its earlier scrapes
+    failed, or it is new): like increase(), count from its first sample in the window."""
+    w = HitWindow()
+    w.add(0, {})  # every scrape failed
+    assert w.add(10, {"a": (300, 800), "b": (0, 0)}).ratio is None
+    assert w.add(20, {"a": (330, 840), "b": (0, 0)}).ratio == 0.75
+
+
 def test_window_without_queries_has_no_ratio() -> None:
     w = HitWindow()
     w.add(0, {"a": (5, 10)})

@@ -7,11 +7,12 @@ for `WINDOW_S` and reports
 
     sum over pods of increase(hits) / sum over pods of increase(queries)
 
-between the oldest scrape still inside the window and the newest, the same thing
-`increase()` over the window computes in Prometheus. A counter that went down (the
-pod restarted) counts from zero, as `increase()` does; a pod absent from the older
-scrape contributes what it counted since it started. No queries in the window: no
-ratio (None), rather than a stale one. The span really covered is reported with it:
+between each pod's oldest scrape still inside the window and its newest, the same
+thing `increase()` over the window computes in Prometheus. A counter that went down
+(the pod restarted) counts from zero, as `increase()` does; a pod first seen in the
+newest scrape (new, or its earlier scrapes failed) contributes nothing yet, since what
+it counted before cannot be placed in time. No queries in the window: no ratio (None),
+rather than a stale one. The span really covered is reported with it:
 scrapes happen at every resync (60 s by default), so the first minutes after the
 operator starts cover less than the full window.
 """
@@ -41,9 +42,9 @@ class WindowedRatio:
     queries: float
 
 
-def _increase(new: float, old: float | None) -> float:
-    if old is None or new < old:
-        return new  # new pod, or a counter reset (restart): everything since it started
+def _increase(new: float, old: float) -> float:
+    if new < old:
+        return new  # a counter reset (restart): everything since it started
     return new - old
 
 
@@ -68,9 +69,11 @@ class HitWindow:
         old, new = self._snapshots[0], self._snapshots[-1]
         hits = queries = 0.0
         for pod, (h, q) in new.counters.items():
-            before = old.counters.get(pod)
-            hits += _increase(h, before[0] if before else None)
-            queries += _increase(q, before[1] if before else None)
+            # The pod's own oldest scrape in the window is its baseline.
+            # (A pod first seen in the newest scrape is its own baseline: it adds nothing yet.)
+            before = next(s.counters[pod] for s in self._snapshots if pod in s.counters)
+            hits += _increase(h, before[0])
+            queries += _increase(q, before[1])
         span = new.at - old.at
         if queries <= 0:
             return WindowedRatio(None, span, 0.0)

@@ -1,300 +1,405 @@
 #!/usr/bin/env python3
-"""How often the real Endpoint Picker sends a chat turn to the pod that holds its prefix.
+"""Routing quality as the cache hits and queueing it causes, on the real Endpoint Picker.
 
-Workload: N conversations x T turns with growing prompts (a system prompt shared
-by a few conversations, then alternating user/assistant messages), interleaved
-across conversations, routed over ext_proc through the real EPP with the config
-`promptcache render` generates for examples/minimal.yaml (4 replicas). A turn
-is a hit when it goes to the pod that served the same conversation's previous
-turn (that pod holds the conversation's prefix). Turn 1 has no prefix and is
-not counted.
+What a user buys from prefix-aware routing is GPU time: prompt tokens served from
+cache instead of prefilled again, and a shorter time to first token, without piling
+load on one pod. This benchmark measures exactly that, per router, in one run:
 
-Baselines measured in the same run on the same workload: the oracle (always
-the previous pod: 1.0 by construction, counted, not assumed) and a random
-router. The stand-in pods report load that follows the routing (a pod's queue
-and KV usage grow with the turns recently sent to it and drain over time), so
-the load scorers push back against piling conversations on one pod.
+* **Pods**: N stand-in vLLM pods (`promptcache.front.standin`): a block-level prefix
+  cache (16-token blocks, `num_gpu_blocks`, LRU, salt-scoped), an FCFS queue with
+  `max_num_seqs`, prefill cost per *uncached* token and a decode cost per token
+  (`EngineConfig.gpu_like(time_scale)`: an 8B model on an H100-class GPU, slowed
+  down `time_scale` times so a laptop can drive it). Their `/metrics` follow that
+  state, and the picker reads them as it reads vLLM's.
+* **Workload** (production-like, fixed seed): tenants with a shared system prompt
+  each (their conversations carry the tenant's `cache_salt`, as the gateway policy
+  step adds it), many multi-turn chats whose prompts grow turn by turn (the
+  stand-in's answers are sent back as history), and a few long-document sessions.
+  Sessions arrive as a Poisson process; a session's next turn follows its answer
+  after a think time. Load levels are multiples of the pool's *capacity*: the
+  request rate N pods sustain when each request prefills its whole history except
+  the system prompt (what routing that ignores prefixes gets, roughly).
+* **Routers**, each on fresh pods (empty caches) and the same trace: `random`;
+  `load-only` (the real picker with queue + kv-cache scorers, 1:1); `llm-d default`
+  (the real picker, prefix 3 / queue 2 / kv 2, plugin defaults); `generated` (the
+  real picker with the config `promptcache render` writes for examples/minimal.yaml);
+  `oracle` (knows every pod's cache and queue: sends each request where the latency
+  model predicts the earliest first token).
+* **Reported**: cached prompt-token fraction (from the pods' `usage`), TTFT p50/p99
+  measured by the client over real sockets (including the pick), the busiest pod's
+  share of requests; ratios against load-only and the oracle; one PNG per load level.
 
-Run: `python bench/epp_routing.py` (about a minute; `--full` for 200 x 10
-over 8 pods; `--cluster` to discover pods through the local control plane
-instead of a file). Needs the EPP binary (see docs/endpoint-picker.md).
+The picker is the upstream GIE v1.5.0 EPP that `e2e/cluster build` builds (GIE
+needs an API server: the pods are kwok pods of the local control plane; the
+stand-ins bind on their loopback IPs). Run: `python bench/epp_routing.py`
+(a few minutes; `--full` for more sessions, pods and load levels;
+`--out DIR` for the PNGs, default docs/img/).
 """
 
 from __future__ import annotations
 
 import argparse
-import random
+import asyncio
+import dataclasses
 import sys
 import tempfile
-import threading
 import time
-from collections import deque
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 
 import pytest_cluster  # e2e/: the same local control plane the tests use
-from epp.binary import EPP_VERSION, find_epp_binary, missing_reason
-from epp.extproc import ExtProcClient
-from epp.fake_pod import FakePod
-from epp.file_pool import FilePool
 from epp.launch import Launcher, routing_patch
-from epp.rendered import EXAMPLES, Rendered, load_example, render_resource
+from epp.pool import PoolOnCluster
+from epp.traffic import (
+    LLMD_DEFAULT,
+    LOAD_ONLY,
+    VARIANTS,
+    Pick,
+    Session,
+    Stats,
+    Target,
+    Workload,
+    for_gie,
+    oracle_router,
+    picker_router,
+    random_router,
+    run_trace,
+    schedule,
+    use_gie_picker,
+)
+from promptcache.front.standin import EngineConfig, FakePod
 
-GOAL = 0.9
+ROOT = Path(__file__).resolve().parents[1]
 
-
-@dataclass
-class Conversation:
-    cid: str
-    system: str
-    messages: list[dict[str, str]] = field(default_factory=list)
-    last_pod: str | None = None
-
-    def next_turn(self, rng: random.Random) -> list[dict[str, str]]:
-        """Add this turn's user message and return the whole prompt."""
-        self.messages.append({"role": "user", "content": words(rng, rng.randint(40, 90))})
-        return [{"role": "system", "content": self.system}, *self.messages]
-
-    def answered(self, rng: random.Random) -> None:
-        self.messages.append({"role": "assistant", "content": words(rng, rng.randint(60, 140))})
-
-
-VOCAB = [f"w{i:04d}" for i in range(2000)]
-
-
-def words(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(VOCAB) for _ in range(n))
-
-
-def workload(convs: int, turns: int, seed: int) -> list[tuple[int, int]]:
-    """(conversation, turn) in an interleaved order: turns of one conversation stay ordered."""
-    rng = random.Random(seed)
-    pending = {c: 0 for c in range(convs)}
-    order = []
-    while pending:
-        c = rng.choice(sorted(pending))
-        order.append((c, pending[c]))
-        pending[c] += 1
-        if pending[c] == turns:
-            del pending[c]
-    return order
-
-
-class LoadModel:
-    """Pod metrics that follow routing: recent turns queue up and fill the KV cache."""
-
-    def __init__(self, pods: list[FakePod], window: int, capacity: int) -> None:
-        self.pods = {p.address: p for p in pods}
-        self.recent: dict[str, deque[float]] = {a: deque() for a in self.pods}
-        self.window_s = window
-        self.capacity = capacity
-        self.lock = threading.Lock()
-
-    def routed(self, address: str) -> None:
-        now = time.monotonic()
-        with self.lock:
-            self.recent[address].append(now)
-            self._publish(now)
-
-    def _publish(self, now: float) -> None:
-        for addr, q in self.recent.items():
-            while q and now - q[0] > self.window_s:
-                q.popleft()
-            active = len(q)
-            self.pods[addr].set(
-                running=min(active, self.capacity),
-                waiting=max(0, active - self.capacity),
-                kv_cache_usage=min(1.0, active / (2.0 * self.capacity)),
-            )
+# --- driving it ---------------------------------------------------------------------------------
 
 
 @dataclass
-class Result:
-    hits: int
-    counted: int
-    pick_ms: float
-    per_pod: dict[str, int]
-
-    @property
-    def fraction(self) -> float:
-        return self.hits / self.counted
-
-    @property
-    def busiest_share(self) -> float:
-        """The busiest pod's share of all turns (1/pods is perfectly even)."""
-        return max(self.per_pod.values()) / sum(self.per_pod.values())
+class Row:
+    router: str
+    load: float
+    stats: Stats
 
 
-def run_policy(
-    client: ExtProcClient | None,
-    pods: list[str],
-    convs: int,
-    turns: int,
-    seed: int,
-    policy: str,
-    session_header: str | None,
-    pace_s: float,
-    load: LoadModel | None,
-) -> Result:
-    """Route the workload and count the turns that went to the previous turn's pod."""
-    rng = random.Random(seed)
-    systems = [words(rng, 250) for _ in range(max(1, convs // 10))]
-    conversations = [Conversation(f"conv-{c}", systems[c % len(systems)]) for c in range(convs)]
-    pick_rng = random.Random(seed + 1)
-    hits = counted = 0
-    latency = 0.0
-    per_pod = dict.fromkeys(pods, 0)
-    for c, turn in workload(convs, turns, seed):
-        conv = conversations[c]
-        body: dict[str, Any] = {
-            "model": "bench-model",
-            "messages": conv.next_turn(rng),
-            "max_tokens": 64,
-        }
-        if policy == "epp":
-            assert client is not None
-            headers = {session_header: conv.cid} if session_header else {}
-            t0 = time.perf_counter()
-            answer = client.pick(body, headers=headers)
-            latency += time.perf_counter() - t0
-            if answer.endpoint is None:
-                raise RuntimeError(f"EPP gave no endpoint: {answer}")
-            pod = answer.endpoint
-        elif policy == "oracle":
-            pod = conv.last_pod or pick_rng.choice(pods)
-        else:
-            pod = pick_rng.choice(pods)
-        if turn > 0:
-            counted += 1
-            hits += pod == conv.last_pod
-        conv.last_pod = pod
-        per_pod[pod] = per_pod.get(pod, 0) + 1
-        conv.answered(rng)
-        if load is not None:
-            load.routed(pod)
-        if pace_s:
-            time.sleep(pace_s)
-    return Result(hits, counted, latency / max(1, convs * turns) * 1000, per_pod)
+def plot(rows: list[Row], load: float, rate: float, out: Path, prefix: str) -> Path:
+    import matplotlib  # noqa: PLC0415 - only the bench draws
+
+    out.mkdir(parents=True, exist_ok=True)
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    mine = [r for r in rows if r.load == load]
+    names = [r.router for r in mine]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    palette = ["#999999", "#d98c3f", "#6a8fd1", "#2c7a3f", "#7a3f9e", "#c94f4f", "#3fa3a3"]
+    colors = [palette[i % len(palette)] for i in range(len(names))]
+    axes[0].bar(names, [r.stats.cached_fraction for r in mine], color=colors)
+    axes[0].set_title("prompt tokens served from cache")
+    axes[0].set_ylim(0, 1)
+    x = range(len(names))
+    axes[1].bar([i - 0.2 for i in x], [r.stats.ttft(0.5) for r in mine], 0.4, label="p50")
+    axes[1].bar([i + 0.2 for i in x], [r.stats.ttft(0.99) for r in mine], 0.4, label="p99")
+    axes[1].set_xticks(list(x), names)
+    axes[1].set_yscale("log")
+    axes[1].set_title("time to first token (s)")
+    axes[1].legend()
+    axes[2].bar(names, [r.stats.busiest for r in mine], color=colors)
+    axes[2].axhline(1 / len(mine[0].stats.per_pod), color="k", ls=":", lw=1)
+    axes[2].set_title("busiest pod's share of requests")
+    axes[2].set_ylim(0, 1)
+    for ax in axes:
+        ax.tick_params(axis="x", rotation=30)
+    fig.suptitle(f"Endpoint Picker routing: offered load {load:g}x capacity ({rate:.1f} req/s)")
+    fig.tight_layout()
+    path = out / f"{prefix}-load-{load:g}x.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
 
 
-def rendered_config(session: bool, pods: int, namespace: str = "bench") -> Rendered:
-    patch = routing_patch(replicas=pods, session=session)
-    return Rendered(render_resource(load_example(EXAMPLES / "minimal.yaml", namespace, patch)))
+def plot_curves(rows: list[Row], loads: list[float], out: Path, prefix: str) -> Path | None:
+    """One figure across load levels: cached fraction and TTFT p50/p99 per router."""
+    if len(loads) < 2:
+        return None
+    import matplotlib  # noqa: PLC0415
 
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
 
-def session_header_of(rendered: Rendered) -> str | None:
-    for p in rendered.epp_config["plugins"]:
-        if p["type"].startswith("session-affinity"):
-            return str(p["parameters"]["sessionIdConfig"]["sources"][0]["header"])
-    return None
-
-
-def measure(
-    args: argparse.Namespace, session: bool, capacity: int, workdir: Path, cluster: Any | None
-) -> Result:
-    """One EPP run on the workload, with pods from a file or from the local cluster."""
-    if cluster is None:
-        rendered = rendered_config(session, args.pods)
-        with FilePool(rendered, workdir, args.pods, net=78 if session else 77) as pool:
-            return drive(args, pool.epp, pool.pods, rendered, capacity)
-    launcher = Launcher(cluster, cluster.create_namespace("bench"), workdir)
-    try:
-        cpool = launcher(spec_patch=routing_patch(replicas=args.pods, session=session))
-        return drive(args, cpool.epp, [p.server for p in cpool.pods], cpool.rendered, capacity)
-    finally:
-        launcher.close()
-
-
-def drive(
-    args: argparse.Namespace, epp: Any, pods: list[FakePod], rendered: Rendered, capacity: int
-) -> Result:
-    load = LoadModel(pods, args.load_window, capacity)
-    with epp.client() as client:
-        return run_policy(
-            client,
-            [p.address for p in pods],
-            args.conversations,
-            args.turns,
-            args.seed,
-            "epp",
-            session_header_of(rendered),
-            args.pace,
-            load,
-        )
+    routers = list(dict.fromkeys(r.router for r in rows))
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    for name in routers:
+        pts = sorted((r.load, r.stats) for r in rows if r.router == name)
+        xs = [x for x, _ in pts]
+        axes[0].plot(xs, [s.cached_fraction for _, s in pts], marker="o", label=name)
+        axes[1].plot(xs, [s.ttft(0.5) for _, s in pts], marker="o", label=name)
+        axes[2].plot(xs, [s.ttft(0.99) for _, s in pts], marker="o", label=name)
+    axes[0].set_title("prompt tokens served from cache")
+    axes[0].set_ylim(0, 1)
+    axes[1].set_title("TTFT p50 (s)")
+    axes[2].set_title("TTFT p99 (s)")
+    for ax in axes:
+        ax.set_xlabel("offered load (x capacity)")
+    axes[1].set_yscale("log")
+    axes[2].set_yscale("log")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    path = out / f"{prefix}-curves.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--full", action="store_true", help="200 conversations x 10 turns over 8 pods")
-    ap.add_argument("--conversations", type=int, default=50)
-    ap.add_argument("--turns", type=int, default=8)
+    ap.add_argument("--full", action="store_true", help="8 pods, 5 load levels, 60 s of arrivals")
     ap.add_argument("--pods", type=int, default=4)
+    ap.add_argument("--window", type=float, default=20.0, help="seconds over which sessions arrive")
+    ap.add_argument("--loads", default="0.7,1.5", help="multiples of capacity")
+    ap.add_argument("--time-scale", type=float, default=6.0, help="slow the modelled GPU down")
+    ap.add_argument("--num-gpu-blocks", type=int, default=2048, help="KV blocks per pod")
+    ap.add_argument("--max-num-seqs", type=int, default=32)
+    ap.add_argument(
+        "--routers",
+        default=",".join(ROUTERS),
+        help=f"comma-separated; also: {', '.join(VARIANTS)}",
+    )
+    ap.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="NAME=FILE",
+        help="also route with this EndpointPickerConfig (repeatable)",
+    )
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--pace", type=float, default=0.02, help="seconds between requests")
-    ap.add_argument(
-        "--load-window", type=float, default=1.0, help="seconds a routed turn counts as load"
-    )
-    ap.add_argument(
-        "--pod-capacity", type=int, default=16, help="requests a pod runs before it queues"
-    )
-    ap.add_argument(
-        "--cluster", action="store_true", help="discover pods via the local control plane"
-    )
+    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "img")
+    ap.add_argument("--prefix", default="epp-routing", help="PNG file name prefix")
     args = ap.parse_args(argv)
     if args.full:
-        args.conversations, args.turns, args.pods = 200, 10, 8
-    if find_epp_binary() is None:
-        print(missing_reason(), file=sys.stderr)
-        return 2
+        args.pods, args.window, args.loads = 8, 60.0, "0.3,0.7,1.0,1.5,2.0"
+    loads = [float(x) for x in args.loads.split(",")]
+    extra = dict(c.split("=", 1) for c in args.config)
+    routers = [r.strip() for r in args.routers.split(",")] + list(extra)
+    wl = Workload()
+    engine = EngineConfig.gpu_like(
+        args.time_scale, num_gpu_blocks=args.num_gpu_blocks, max_num_seqs=args.max_num_seqs
+    )
+    rows: list[Row] = []
+    t_start = time.monotonic()
+    note = "not run"
+    picker = "none"
+    capacity = 0.0
 
-    addresses = [f"pod-{i}" for i in range(args.pods)]  # the baselines need names only
-    t0 = time.monotonic()
-    shape = (args.conversations, args.turns, args.seed)
-    oracle = run_policy(None, addresses, *shape, "oracle", None, 0, None)
-    rand = run_policy(None, addresses, *shape, "random", None, 0, None)
-    rows: list[tuple[str, Result]] = [("oracle (previous pod)", oracle), ("random pod", rand)]
-    regimes = [("pods keep up", args.pod_capacity), ("overloaded", max(1, args.pod_capacity // 2))]
-    cluster = pytest_cluster.start_local_cluster(gateway_crds=True) if args.cluster else None
-    try:
-        with tempfile.TemporaryDirectory(prefix="epp-bench-") as tmp:
-            for regime, capacity in regimes:
-                for session in (False, True):
-                    workdir = Path(tmp) / f"{capacity}-{session}"
-                    workdir.mkdir()
-                    label = f"EPP, {regime}: prefix+load" + (" +session" if session else "")
-                    rows.append((label, measure(args, session, capacity, workdir, cluster)))
-    finally:
-        if cluster is not None:
+    def reset(targets: list[Target]) -> None:
+        for t in targets:
+            t.pod.reset(dataclasses.replace(engine, model_name=t.pod.standin.config.model_name))
+
+    def calibrate(targets: list[Target]) -> float:
+        """Capacity: the request rate at which random routing's measured prefill work (the
+        uncached tokens per request of a light run) keeps every pod's prefill lane busy."""
+        reset(targets)
+        light = dataclasses.replace(wl, sessions=40)
+        trace = schedule(light.build(args.seed + 100), 4.0, light, args.seed + 101)
+        s = drive("random", {}, None, targets, trace, light, args.seed)
+        uncached = (s.prompt_tokens - s.cached_tokens) / max(1, len(s.ttft_s))
+        per_request = engine.step_overhead_s + uncached * engine.prefill_s_per_token
+        print(
+            f"  calibration: random routing prefills {uncached:.0f} of "
+            f"{s.prompt_tokens / max(1, len(s.ttft_s)):.0f} prompt tokens per request -> "
+            f"{per_request * 1e3:.0f} ms of prefill each",
+            file=sys.stderr,
+        )
+        return len(targets) / per_request
+
+    def sweep(pool: PoolOnCluster | None, targets: list[Target], configs: dict[str, str]) -> None:
+        nonlocal capacity
+        capacity = calibrate(targets)
+        for load in loads:
+            rate = load * capacity
+            # enough sessions that arrivals last --window seconds at this rate
+            n = max(20, round(args.window * rate / wl.mean_turns()))
+            trace = schedule(_sessions(wl, n, args.seed), rate, wl, args.seed + 1)
+            for router in routers:
+                reset(targets)
+                s = drive(router, configs, pool, targets, trace, wl, args.seed)
+                rows.append(Row(router, load, s))
+                print(
+                    f"  load {load:g}x {router:14} cached {s.cached_fraction:.3f} "
+                    f"ttft p50 {s.ttft(0.5):.3f}s p99 {s.ttft(0.99):.3f}s busiest "
+                    f"{s.busiest:.2f} ({len(s.ttft_s)} req, {s.errors} err, {s.wall_s:.0f} s, "
+                    f"{s.rate:.1f} req/s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+    if all(r in ("random", "oracle") for r in routers):  # no picker: plain loopback pods
+        pods = [FakePod(f"pod-{i}", f"127.0.79.{i + 1}", 8000).start() for i in range(args.pods)]
+        try:
+            sweep(None, [Target(p.name, p.url, p.address, p) for p in pods], {})
+        finally:
+            for p in pods:
+                p.stop()
+    else:
+        picker = use_gie_picker()
+        cluster = pytest_cluster.start_local_cluster(gateway_crds=True)
+        try:
+            with tempfile.TemporaryDirectory(prefix="epp-bench-") as tmp:
+                launcher = Launcher(cluster, cluster.create_namespace("bench"), Path(tmp))
+                try:
+                    pool = launcher(spec_patch=routing_patch(replicas=args.pods), start_epp=False)
+                    generated, note = for_gie(pool.rendered.epp_config_text)
+                    configs = {"load-only": LOAD_ONLY, "llm-d default": LLMD_DEFAULT, **VARIANTS}
+                    configs["generated"] = generated
+                    configs.update({k: Path(v).read_text() for k, v in extra.items()})
+                    targets = [
+                        Target(h.name, f"http://{h.endpoint}", h.endpoint, h.server)
+                        for h in pool.pods
+                    ]
+                    sweep(pool, targets, configs)
+                finally:
+                    launcher.close()
+        finally:
             pytest_cluster.stop_cluster(cluster)
-    elapsed = time.monotonic() - t0
-
-    print(
-        f"Endpoint Picker routing: llm-d-router {EPP_VERSION}, generated config of "
-        f"examples/minimal.yaml; {args.conversations} conversations x {args.turns} turns over "
-        f"{args.pods} pods ({'cluster' if args.cluster else 'file'} discovery), {elapsed:.0f} s"
-    )
-    print(
-        f"load: a turn counts {args.load_window:g} s; pods run {args.pod_capacity} at once "
-        f"('overloaded': {regimes[1][1]}) before queueing"
-    )
-    print(f"{'router':44} {'hits':>9} {'fraction':>8} {'/oracle':>8} {'busiest':>8} {'pick ms':>8}")
-    for label, r in rows:
-        print(
-            f"{label:44} {r.hits:>4}/{r.counted:<4} {r.fraction:>8.3f} "
-            f"{r.fraction / oracle.fraction:>8.3f} {r.busiest_share:>8.2f} {r.pick_ms:>8.2f}"
-        )
-    print(f"(busiest = the busiest pod's share of turns; {1 / args.pods:.2f} is even)")
-    for label, r in rows[2:]:
-        ratio = r.fraction / oracle.fraction
-        verdict = "meets" if ratio >= GOAL else "below"
-        times_random = r.fraction / rand.fraction
-        print(
-            f"{label}: {ratio:.3f} of oracle, {times_random:.1f}x random -> {verdict} goal {GOAL}"
-        )
+    report(args, rows, loads, capacity, engine, wl, note, time.monotonic() - t_start, picker)
     return 0
+
+
+def _sessions(wl: Workload, n: int, seed: int) -> list[Session]:
+    return dataclasses.replace(wl, sessions=n).build(seed)
+
+
+ROUTERS = ("random", "load-only", "llm-d default", "generated", "oracle")
+
+
+def drive(
+    router: str,
+    configs: dict[str, str],
+    pool: PoolOnCluster | None,
+    targets: list[Target],
+    trace: list[Session],
+    wl: Workload,
+    seed: int,
+) -> Stats:
+    """One router over one trace, on pods the caller just reset."""
+    client = None
+    if router == "random":
+        pick: Pick = random_router(targets, seed)
+    elif router == "oracle":
+        pick = oracle_router(targets, seed)
+    else:
+        assert pool is not None
+        epp = pool.start_epp(config_text=configs[router])  # a fresh picker: an empty index
+        client = epp.client()
+        pick = picker_router(client, targets)
+
+    async def go() -> Stats:
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(64))
+        return await run_trace(pick, targets, trace, wl, seed)
+
+    try:
+        return asyncio.run(go())
+    finally:
+        if client is not None:
+            client.close()
+        if pool is not None and pool.epp is not None:
+            pool.epp.stop()
+            pool.epp = None
+
+
+def report(
+    args: argparse.Namespace,
+    rows: list[Row],
+    loads: list[float],
+    capacity: float,
+    engine: EngineConfig,
+    wl: Workload,
+    note: str,
+    elapsed: float,
+    picker: str,
+) -> None:
+    print(
+        f"Routing by the real Endpoint Picker ({picker}), {args.pods} stand-in pods, "
+        f"{elapsed:.0f} s"
+    )
+    print(
+        f"pods: {engine.num_gpu_blocks} blocks x {engine.block_size} tokens, max_num_seqs "
+        f"{engine.max_num_seqs}, prefill {engine.prefill_s_per_token * 1e3:.2f} ms/token + "
+        f"{engine.step_overhead_s * 1e3:.0f} ms, decode {engine.decode_s_per_token * 1e3:.0f} "
+        f"ms/token (gpu_like x{args.time_scale:g})"
+    )
+    print(
+        f"workload: sessions arriving over {args.window:g} s, of {wl.turns[0]}-{wl.turns[1]} "
+        f"turns, {wl.tenants} "
+        f"tenants (system prompt {wl.system_tokens} tokens, own cache_salt), "
+        f"{wl.doc_share:.0%} long-document sessions ({wl.doc_tokens} tokens); capacity "
+        f"{capacity:.1f} req/s; generated config: {note}"
+    )
+    header = (
+        f"{'load':>5} {'router':14} {'cached':>7} {'/oracle':>8} {'/load-only':>10} "
+        f"{'p50 s':>7} {'p99 s':>7} {'p50/lo':>7} {'p99/lo':>7} {'busiest':>7} {'req':>5}"
+    )
+    print(header)
+    for load in loads:
+        mine = {r.router: r.stats for r in rows if r.load == load}
+        oracle, lo = mine.get("oracle"), mine.get("load-only")
+        for name, s in mine.items():
+            print(
+                f"{load:>5g} {name:14} {s.cached_fraction:>7.3f} "
+                f"{_ratio(s.cached_fraction, oracle.cached_fraction if oracle else None):>8} "
+                f"{_ratio(s.cached_fraction, lo.cached_fraction if lo else None):>10} "
+                f"{s.ttft(0.5):>7.3f} {s.ttft(0.99):>7.3f} "
+                f"{_ratio(s.ttft(0.5), lo.ttft(0.5) if lo else None):>7} "
+                f"{_ratio(s.ttft(0.99), lo.ttft(0.99) if lo else None):>7} {s.busiest:>7.2f} "
+                f"{len(s.ttft_s):>5}"
+            )
+        path = plot(rows, load, load * capacity, args.out, args.prefix)
+        print(f"      plot: {_shown(path)}")
+    curves = plot_curves(rows, loads, args.out, args.prefix)
+    if curves is not None:
+        print(f"curves: {_shown(curves)}")
+    goals(rows, loads)
+
+
+def _shown(path: Path) -> str:
+    return str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
+
+
+def _ratio(a: float, b: float | None) -> str:
+    return f"{a / b:.2f}" if b else "-"
+
+
+def goals(rows: list[Row], loads: list[float]) -> None:
+    """The issue's goals, for the generated config, at the nominal and overload levels."""
+    by = {(r.router, r.load): r.stats for r in rows}
+    nominal = min(loads, key=lambda x: abs(x - 0.7))
+    over = max(loads)
+    for router in ("generated", "llm-d default"):
+        g, lo, orc = (
+            by.get((router, nominal)),
+            by.get(("load-only", nominal)),
+            by.get(("oracle", nominal)),
+        )
+        if g and lo and orc:
+            a = g.cached_fraction / max(1e-9, orc.cached_fraction)
+            b = g.ttft(0.5) / lo.ttft(0.5)
+            print(
+                f"{router} @ {nominal:g}x: cached {a:.2f} of oracle (goal >= 0.9: "
+                f"{'met' if a >= 0.9 else 'missed'}), TTFT p50 {b:.2f}x load-only "
+                f"(goal <= 0.6: {'met' if b <= 0.6 else 'missed'})"
+            )
+        g, lo = by.get((router, over)), by.get(("load-only", over))
+        if g and lo:
+            c = g.ttft(0.99) / lo.ttft(0.99)
+            d = g.cached_fraction / max(1e-9, lo.cached_fraction)
+            print(
+                f"{router} @ {over:g}x: TTFT p99 {c:.2f}x load-only (goal <= 1.1: "
+                f"{'met' if c <= 1.1 else 'missed'}), cached {d:.2f}x load-only (goal >= 2: "
+                f"{'met' if d >= 2 else 'missed'})"
+            )
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from epp.process import free_port
 from epp.scenarios import prefixed, unique_text
 from pytest_cluster import Cluster, built_binary
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.prometheus]
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = ROOT / "charts" / "promptcache-operator" / "files"

@@ -38,17 +38,20 @@ def run(promtool: Path, *args: str, cwd: Path = ROOT) -> subprocess.CompletedPro
                           timeout=300, check=False)  # fmt: skip
 
 
+@pytest.mark.prometheus
 def test_rules_parse(promtool: Path) -> None:
     proc = run(promtool, "check", "rules", str(RULES))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "SUCCESS" in proc.stdout + proc.stderr
 
 
+@pytest.mark.prometheus
 def test_rule_unit_tests_pass(promtool: Path) -> None:
     proc = run(promtool, "test", "rules", str(UNIT_TESTS))
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.prometheus
 def test_a_wrong_threshold_fails_the_unit_tests(promtool: Path, tmp_path: Path) -> None:
     rules = RULES.read_text()
     assert "evictions_per_insert:rate5m > 0.8" in rules

@@ -15,7 +15,11 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from promptcache.api.errors import InvalidResourceError
+from promptcache.loading import load_resources
 from pytest_cluster import Cluster
 
 pytestmark = pytest.mark.cluster
@@ -128,3 +132,35 @@ def test_invalid_manifest_is_rejected_with_its_message(
     missing = cluster.kubectl("get", "pcd", name, "-n", namespace, check=False)
     assert missing.returncode != 0
     assert "NotFound" in missing.stderr
+
+
+_NAME_CHARS = "abcXYZ019.!#_-~`|'*+^$%& :/\"@\t"
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    header=st.text(alphabet=_NAME_CHARS, max_size=10),
+    field=st.text(alphabet=_NAME_CHARS, max_size=10),
+)
+def test_the_api_server_and_the_cli_agree_on_header_and_field_names(
+    cluster: Cluster, crd: str, namespace: str, header: str, field: str
+) -> None:
+    """The CRD pattern and the contract's grammar (API models, front, shim) accept the same
+    names: a name `promptcache render` refuses, the API server refuses, and the reverse."""
+    doc = {
+        "apiVersion": "serving.promptcache.io/v1alpha1",
+        "kind": "PromptCacheDeployment",
+        "metadata": {"name": "names", "namespace": namespace},
+        "spec": {"model": {"name": "m"}, "isolation": {"header": header, "bodyField": field}},
+    }
+    try:
+        load_resources(json.dumps(doc), source="generated")
+        cli_accepts = True
+    except InvalidResourceError:
+        cli_accepts = False
+    out = cluster.kubectl(
+        "apply", "--dry-run=server", "-f", "-", input=json.dumps(doc), check=False
+    )
+    assert (out.returncode == 0) is cli_accepts, (header, field, out.stderr)

@@ -17,9 +17,12 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kubernetes.client.exceptions import ApiException
+from tests.render import test_pod_template as pod_template_cases
 
-from promptcache.api.errors import InvalidResourceError
+from promptcache.api import InvalidResourceError, parse_resource
 from promptcache.loading import load_resources
+from promptcache.render import render
 from pytest_cluster import Cluster
 
 pytestmark = pytest.mark.cluster
@@ -164,3 +167,97 @@ def test_the_api_server_and_the_cli_agree_on_header_and_field_names(
         "apply", "--dry-run=server", "-f", "-", input=json.dumps(doc), check=False
     )
     assert (out.returncode == 0) is cli_accepts, (header, field, out.stderr)
+
+
+# Spellings of vLLM flags: each is refused or accepted identically by the API server (RE2 in
+# CEL) and by the CLI (Python `re`), with the same messages.
+EXTRA_ARG_SPELLINGS = [
+    "--port",
+    "--port=9000",
+    "--po",
+    "--no-enable-prefix-caching",
+    "--no_enable_prefix_caching",
+    "--enable-prefix",
+    "--served_model_name=x",
+    "--block-size.x",
+    "-tp",
+    "-tp=2",
+    "-t",
+    "-asc",
+    "--config",
+    "--model=x",
+    "--disable-log-stats",
+    "--max-num-batched-tokens 8",
+    "--max-num-batched-tokens=8 x",
+    "--max-num-seqs",
+    "--max-num-batched-tokens",
+    "--model-impl",
+    "--config-format",
+    "--no-enable-chunked-prefill",
+    "-pp",
+    "-O3",
+    "--speculative-config.num_speculative_tokens=3",
+    "--port\n",
+    "'",
+    "\\",
+]
+
+
+def test_api_server_and_cli_agree_on_every_extra_arg_spelling(
+    cluster: Cluster, crd: str, namespace: str
+) -> None:
+    for arg in EXTRA_ARG_SPELLINGS:
+        doc = {
+            "apiVersion": "serving.promptcache.io/v1alpha1",
+            "kind": "PromptCacheDeployment",
+            "metadata": {"name": "spelling", "namespace": namespace},
+            "spec": {"model": {"name": "m"}, "engine": {"extraArgs": [arg]}},
+        }
+        try:
+            parse_resource(doc)
+            cli = []
+        except InvalidResourceError as error:
+            cli = sorted((p.path, p.message) for p in error.problems)
+        try:
+            cluster.custom.create_namespaced_custom_object(
+                "serving.promptcache.io", "v1alpha1", namespace, "promptcachedeployments", doc,
+                dry_run="All",
+            )  # fmt: skip
+            server = []
+        except ApiException as error:
+            causes = json.loads(error.body)["details"]["causes"]
+            server = sorted(
+                (c["field"], re.sub(r'^Invalid value: ("[a-z]+": )?', "", c["message"]))
+                for c in causes
+            )
+        assert server == cli, arg
+
+
+POD_TEMPLATE_KINDS = sorted(pod_template_cases.KINDS)
+
+
+@pytest.mark.parametrize("where", ["model", "gateway"])
+@pytest.mark.parametrize("kind", POD_TEMPLATE_KINDS)
+def test_each_pod_template_override_is_stored_and_its_pod_accepted(
+    cluster: Cluster, crd: str, namespace: str, kind: str, where: str
+) -> None:
+    """The API server stores the overlay as written, and accepts the Deployment the renderer
+    merges it into (its own PodSpec validation: affinity, spread, volumes, ...)."""
+    overlay, path, expected = pod_template_cases.KINDS[kind]
+    doc = pod_template_cases.resource(where, overlay)
+    doc["metadata"] = {"name": f"pt-{where}-{kind.lower()}", "namespace": namespace}
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(doc))
+    stored = cluster.get_json("pcd", doc["metadata"]["name"], "-n", namespace)
+    assert stored["spec"][where]["podTemplate"] == overlay
+    component = "model-server" if where == "model" else "endpoint-picker"
+    deployment = next(
+        m for m in render(parse_resource(stored))
+        if m["kind"] == "Deployment"
+        and m["metadata"]["labels"]["app.kubernetes.io/component"] == component
+    )  # fmt: skip
+    out = cluster.kubectl("apply", "--dry-run=server", "-o", "json", "-f", "-",
+                          input=json.dumps(deployment))  # fmt: skip
+    node: Any = json.loads(out.stdout)["spec"]["template"]
+    for key in path:
+        node = node[key]
+    assert node == expected or (isinstance(expected, list) and node[: len(expected)] == expected)

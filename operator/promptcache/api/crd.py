@@ -9,7 +9,8 @@ translation and nothing else, so `crds/` can never drift from `api/`.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from types import UnionType
+from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
@@ -25,9 +26,19 @@ from promptcache.api.constants import (
     SINGULAR,
     VERSION,
 )
+from promptcache.api.podtemplate import (
+    GatewayContainerOverlay,
+    GatewayPodSpecOverlay,
+    ModelContainerOverlay,
+    ModelPodSpecOverlay,
+    PodMetadataOverlay,
+)
 from promptcache.api.rules import rules_for
 from promptcache.api.spec import (
+    AutoscalingSpec,
+    EngineSpec,
     IsolationSpec,
+    ModelSpec,
     PrefixCacheSpec,
     PromptCacheDeploymentSpec,
 )
@@ -35,6 +46,14 @@ from promptcache.api.status import PromptCacheDeploymentStatus
 
 _RULE_SCOPES: dict[type[BaseModel], str] = {
     PromptCacheDeploymentSpec: "spec",
+    ModelSpec: "model",
+    AutoscalingSpec: "autoscaling",
+    EngineSpec: "engine",
+    PodMetadataOverlay: "podMetadata",
+    ModelPodSpecOverlay: "modelPodSpec",
+    ModelContainerOverlay: "modelContainer",
+    GatewayPodSpecOverlay: "gatewayPodSpec",
+    GatewayContainerOverlay: "gatewayContainer",
     IsolationSpec: "isolation",
     PrefixCacheSpec: "prefixCache",
 }
@@ -145,11 +164,35 @@ def _attach_rules(schema: dict[str, Any], model: type[BaseModel], path: list[str
             schema["x-kubernetes-validations"] = rules
     for name, field in model.model_fields.items():
         annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            alias = field.alias or name
-            child = schema.get("properties", {}).get(alias)
-            if child is not None:
-                _attach_rules(child, annotation, [*path, alias])
+        alias = field.alias or name
+        child = schema.get("properties", {}).get(alias)
+        if child is None:
+            continue
+        model_type = _optional_model(annotation)
+        if model_type is not None:
+            _attach_rules(child, model_type, [*path, alias])
+        item = _list_item_model(annotation)
+        if item is not None and isinstance(child.get("items"), dict):
+            _attach_rules(child["items"], item, [*path, alias, "[]"])
+
+
+def _optional_model(annotation: Any) -> type[BaseModel] | None:
+    """`X` of a field typed `X` or `X | None` where X is a model."""
+    union = get_origin(annotation) in (Union, UnionType)
+    options = [a for a in get_args(annotation) if a is not type(None)] if union else [annotation]
+    if len(options) == 1 and isinstance(options[0], type) and issubclass(options[0], BaseModel):
+        return options[0]
+    return None
+
+
+def _list_item_model(annotation: Any) -> type[BaseModel] | None:
+    """`X` of a `list[X]` field whose items are models (rules attach to `items`)."""
+    if get_origin(annotation) is not list:
+        return None
+    (item,) = get_args(annotation)
+    while get_origin(item) is Annotated:
+        item = get_args(item)[0]
+    return item if isinstance(item, type) and issubclass(item, BaseModel) else None
 
 
 def _status_schema() -> dict[str, Any]:
@@ -160,10 +203,32 @@ def _status_schema() -> dict[str, Any]:
     return schema
 
 
+_WITHOUT_DEFAULTS: tuple[tuple[str, ...], ...] = (
+    ("model", "podTemplate"),
+    ("gateway", "podTemplate"),
+)
+"""Overlays the API server stores as written: no defaults filled in (the rules use `has`)."""
+
+
+def _drop_defaults(node: Any) -> None:
+    if isinstance(node, dict):
+        node.pop("default", None)
+        for child in node.values():
+            _drop_defaults(child)
+    elif isinstance(node, list):
+        for child in node:
+            _drop_defaults(child)
+
+
 def openapi_schema() -> dict[str, Any]:
     """The `openAPIV3Schema` of the resource."""
     spec = _model_schema(PromptCacheDeploymentSpec)
     _attach_rules(spec, PromptCacheDeploymentSpec, ["spec"])
+    for path in _WITHOUT_DEFAULTS:
+        node = spec
+        for key in path:
+            node = node["properties"][key]
+        _drop_defaults(node)
     return {
         "type": "object",
         "description": (

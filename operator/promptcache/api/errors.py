@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
+from promptcache.api.k8s import SUBPATH_MARK
 from promptcache.api.rules import RULE_SEPARATOR, field_path_of
 
 
@@ -114,7 +115,16 @@ def problems_from(error: ValidationError, *, prefix: Sequence[int | str] = ()) -
             problems.append(Problem(format_path(loc), message))
             continue
         for part in message.split(RULE_SEPARATOR):
+            if part.startswith(SUBPATH_MARK) and ": " in part:
+                sub, text = part[len(SUBPATH_MARK) :].split(": ", 1)
+                problems.append(Problem(f"{format_path(loc)}{_sub_path(sub)}", text))
+                continue
             field_path = field_path_of(part)
             extra = field_path.lstrip(".").split(".") if field_path else []
             problems.append(Problem(format_path([*loc, *extra]), part))
     return problems
+
+
+def _sub_path(sub: str) -> str:
+    """`a.b[0]` below a field: `.a.b[0]`; `[0].a`: `[0].a`."""
+    return sub if sub.startswith("[") else f".{sub}"

@@ -7,11 +7,25 @@ validator (so `promptcache render` refuses it offline with the same message).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from promptcache.contract import IsolationMode, needs_salt_key
+from promptcache.api.constants import DEFAULT_VLLM_IMAGE
+from promptcache.contract import (
+    ENDPOINT_PICKER_POD,
+    FLAG_WITH_SPACE_PATTERN,
+    MODEL_SERVER_POD,
+    OPERATOR_ANNOTATION_PREFIX,
+    OPERATOR_POD_LABELS,
+    OWNED_ENGINE_FLAGS,
+    IsolationMode,
+    OwnedEngineFlags,
+    OwnedPodParts,
+    needs_salt_key,
+    owned_flag_pattern,
+)
 
 M = TypeVar("M")
 _REQUIRED = IsolationMode.REQUIRED.value
@@ -23,7 +37,7 @@ class CrossFieldRule:
     """One rule over an object of the resource."""
 
     scope: str
-    """Which object the rule sits on: `spec`, `isolation`, `prefixCache`."""
+    """Which object the rule sits on: `spec`, `model`, `engine`, `isolation`, `prefixCache`, ..."""
     cel: str
     """The rule as CEL, evaluated by the API server with `self` bound to that object."""
     message: str
@@ -82,7 +96,197 @@ GIE_SESSIONS_MESSAGE = (
 )
 
 
+def _cel_string(text: str) -> str:
+    """A CEL single-quoted string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _no_extra_arg_matches(pattern: str, message: str) -> CrossFieldRule:
+    """`engine.extraArgs` has no item matching `pattern` (RE2 in CEL, `re.fullmatch` here:
+    both anchor at both ends, so they agree)."""
+    compiled = re.compile(pattern)
+    return CrossFieldRule(
+        scope="engine",
+        cel=f"!self.extraArgs.exists(a, a.matches({_cel_string(pattern)}))",
+        message=message,
+        holds=lambda m: not any(compiled.fullmatch(a) for a in m.extra_args),
+        field_path=".extraArgs",
+    )
+
+
+def _owned_flags_rule(group: OwnedEngineFlags) -> CrossFieldRule:
+    flags = ", ".join((*group.flags, *group.aliases))
+    return _no_extra_arg_matches(
+        owned_flag_pattern(group), f"must not set {flags} (in any spelling): {group.why}"
+    )
+
+
+ENGINE_RULES: tuple[CrossFieldRule, ...] = (
+    *(_owned_flags_rule(group) for group in OWNED_ENGINE_FLAGS),
+    _no_extra_arg_matches(
+        FLAG_WITH_SPACE_PATTERN,
+        "items are argv words: write a flag and its value as two items "
+        '("--max-num-batched-tokens", "8192") or as one "--max-num-batched-tokens=8192"',
+    ),
+)
+
+
+def _cel_list(items: tuple[str, ...]) -> str:
+    return "[" + ", ".join(_cel_string(i) for i in items) + "]"
+
+
+def _named(items: tuple[str, ...]) -> str:
+    return ", ".join(items)
+
+
+_OWNED_CONTAINER_FIELDS: tuple[tuple[str, str, str], ...] = (
+    ("command", "command", "the operator writes the command line: add flags with {flags}"),
+    ("args", "args", "the operator writes the command line: add flags with {flags}"),
+    ("image", "image", "set {image}"),
+    ("ports", "ports", "the Services and the probes depend on the operator's ports"),
+    ("livenessProbe", "liveness_probe", "the operator's probes know how the pod starts"),
+    ("readinessProbe", "readiness_probe", "the operator's probes know how the pod starts"),
+    ("startupProbe", "startup_probe", "the operator's probes know how the pod starts"),
+    ("resources", "resources", "{resources}"),
+    ("securityContext", "security_context", "the operator runs every container restricted"),
+)
+_FIXES: dict[str, dict[str, str]] = {
+    "vllm": {"flags": "engine.extraArgs", "image": "model.image",
+             "resources": "set model.resources"},
+    "epp": {"flags": "gateway.extraFlags", "image": "gateway.eppImage",
+            "resources": "the operator sizes the Endpoint Picker"},
+}  # fmt: skip
+
+
+def _pod_rules(pod: OwnedPodParts, spec_scope: str, container_scope: str) -> list[CrossFieldRule]:
+    main, volumes, paths, env = pod.container, pod.volumes, pod.mount_paths, pod.env
+    rules = [
+        CrossFieldRule(
+            scope=spec_scope,
+            cel=f"!has(self.containers) || self.containers.all(c, c.name == {_cel_string(main)})",
+            message=(
+                f"only the {main} container can be extended (env, volumeMounts); "
+                f"{_named(pod.other_containers)} and the rest of the pod are the operator's"
+            ),
+            holds=lambda m: all(c.name == main for c in m.containers),
+            field_path=".containers",
+        ),
+        CrossFieldRule(
+            scope=spec_scope,
+            cel=f"!has(self.volumes) || self.volumes.all(v, !(v.name in {_cel_list(volumes)}))",
+            message=f"volume names {_named(volumes)} are the operator's: name yours differently",
+            holds=lambda m: all(v.get("name") not in volumes for v in m.volumes),
+            field_path=".volumes",
+        ),
+        CrossFieldRule(
+            scope=spec_scope,
+            cel=(
+                "!has(self.containers) || self.containers.all(c, !has(c.volumeMounts) || "
+                f"c.volumeMounts.all(m, m.name in {_cel_list(volumes)} || "
+                "(has(self.volumes) && self.volumes.exists(v, v.name == m.name))))"
+            ),
+            message=(
+                "each volumeMount must name a volume of podTemplate.spec.volumes "
+                f"or one of the operator's ({_named(volumes)})"
+            ),
+            holds=lambda m: all(
+                mount.get("name") in volumes
+                or any(v.get("name") == mount.get("name") for v in m.volumes)
+                for c in m.containers
+                for mount in c.volume_mounts
+            ),
+            field_path=".containers",
+        ),
+        CrossFieldRule(
+            scope=container_scope,
+            cel=f"!has(self.env) || self.env.all(e, !(e.name in {_cel_list(env)}))",
+            message=f"env {_named(env)} are set by the operator: use other names",
+            holds=lambda m: all(e.get("name") not in env for e in m.env),
+            field_path=".env",
+        ),
+        CrossFieldRule(
+            scope=container_scope,
+            cel=(
+                "!has(self.volumeMounts) || "
+                f"self.volumeMounts.all(m, !(m.mountPath in {_cel_list(paths)}))"
+            ),
+            message=f"mount paths {_named(paths)} are the operator's: mount elsewhere",
+            holds=lambda m: all(v.get("mountPath") not in paths for v in m.volume_mounts),
+            field_path=".volumeMounts",
+        ),
+    ]
+    rules += [
+        CrossFieldRule(
+            scope=container_scope,
+            cel=f"!has(self.{alias})",
+            message=(
+                f"{alias} of the {main} container cannot be overridden: "
+                + why.format(**_FIXES[main])
+            ),
+            holds=_unset(attr),
+            field_path=f".{alias}",
+        )
+        for alias, attr, why in _OWNED_CONTAINER_FIELDS
+    ]
+    return rules
+
+
+def _unset(attr: str) -> Callable[[Any], bool]:
+    return lambda m: getattr(m, attr) is None
+
+
+POD_TEMPLATE_RULES: tuple[CrossFieldRule, ...] = (
+    CrossFieldRule(
+        scope="podMetadata",
+        cel=f"!has(self.labels) || !self.labels.exists(k, k in {_cel_list(OPERATOR_POD_LABELS)})",
+        message=(
+            f"labels {_named(OPERATOR_POD_LABELS)} are the operator's "
+            "(selectors match them): use other keys"
+        ),
+        holds=lambda m: not any(k in OPERATOR_POD_LABELS for k in m.labels),
+        field_path=".labels",
+    ),
+    CrossFieldRule(
+        scope="podMetadata",
+        cel=(
+            "!has(self.annotations) || !self.annotations.exists(k, "
+            f"k.startsWith({_cel_string(OPERATOR_ANNOTATION_PREFIX)}))"
+        ),
+        message=(
+            f"annotations under {OPERATOR_ANNOTATION_PREFIX} are the operator's "
+            "(e.g. the config hash that rolls the pods out): use other keys"
+        ),
+        holds=lambda m: not any(k.startswith(OPERATOR_ANNOTATION_PREFIX) for k in m.annotations),
+        field_path=".annotations",
+    ),
+    *_pod_rules(MODEL_SERVER_POD, "modelPodSpec", "modelContainer"),
+    *_pod_rules(ENDPOINT_PICKER_POD, "gatewayPodSpec", "gatewayContainer"),
+)
+
+
 RULES: tuple[CrossFieldRule, ...] = (
+    CrossFieldRule(
+        scope="autoscaling",
+        cel="self.minReplicas <= self.maxReplicas",
+        message="minReplicas must not exceed maxReplicas",
+        holds=lambda m: m.min_replicas <= m.max_replicas,
+        field_path=".minReplicas",
+    ),
+    CrossFieldRule(
+        scope="model",
+        cel=(
+            "!has(self.resources.gpuVendor) || self.resources.gpuVendor != 'amd' || "
+            f"self.image != {_cel_string(DEFAULT_VLLM_IMAGE)}"
+        ),
+        message=(
+            "AMD GPUs need a ROCm build of vLLM: set model.image (e.g. a vllm/vllm-openai-rocm "
+            "or rocm/vllm tag); the default image is built for CUDA"
+        ),
+        holds=lambda m: m.resources.vendor != "amd" or m.image != DEFAULT_VLLM_IMAGE,
+        field_path=".image",
+    ),
+    *ENGINE_RULES,
+    *POD_TEMPLATE_RULES,
     CrossFieldRule(
         scope="isolation",
         cel=f"self.mode != '{_REQUIRED}' || self.header != '' || self.bodyField != ''",

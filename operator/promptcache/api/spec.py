@@ -21,6 +21,7 @@ from promptcache.api.base import (
     Quantity,
 )
 from promptcache.api.constants import DEFAULT_VLLM_IMAGE
+from promptcache.api.podtemplate import GatewayPodTemplate, ModelPodTemplate
 from promptcache.api.rules import enforce_rules
 from promptcache.contract import (
     DEFAULT_CACHED_PROMPT_TOKENS_HEADER,
@@ -78,11 +79,29 @@ class Toleration(ApiModel):
     """How long a `NoExecute` taint is tolerated."""
 
 
+GpuVendor = Literal["nvidia", "amd"]
+
+
 class Resources(ApiModel):
     """Compute resources of one model-server pod."""
 
     gpus: Annotated[int, Field(ge=0, le=64)] = 1
-    """GPUs per pod, requested as `nvidia.com/gpu`. 0 runs on CPU (tests, tiny models)."""
+    """GPUs per pod, requested as the vendor's device-plugin resource (`nvidia.com/gpu`,
+    `amd.com/gpu`). Above 1, vLLM shards the model over them (`--tensor-parallel-size`).
+    0 runs on CPU (tests, tiny models)."""
+    gpu_vendor: GpuVendor | None = None
+    """Whose GPUs: `nvidia` (NVIDIA device plugin; the default) or `amd` (ROCm device plugin;
+    needs a ROCm build of vLLM in model.image). The pods tolerate the vendor's
+    `<vendor>.com/gpu:NoSchedule` taint."""
+
+    @property
+    def vendor(self) -> GpuVendor:
+        return self.gpu_vendor or "nvidia"
+
+    gpu_product: Annotated[str, Field(min_length=1, max_length=63)] | None = None
+    """A GPU model to schedule on, as the vendor's node labeller names it: NVIDIA GPU Feature
+    Discovery's `nvidia.com/gpu.product` (e.g. `NVIDIA-H100-80GB-HBM3`) or the ROCm node
+    labeller's `amd.com/gpu.product-name` (e.g. `AMD_Instinct_MI300X_OAM`)."""
     requests: dict[str, Quantity] = Field(default_factory=dict)
     """Extra resource requests, e.g. `cpu: "8"`, `memory: 64Gi`."""
     limits: dict[str, Quantity] = Field(default_factory=dict)
@@ -119,6 +138,14 @@ class ModelSpec(ApiModel):
     hf_token_secret_ref: SecretKeyRef | None = None
     """Secret holding a Hugging Face token, exposed as `HF_TOKEN`."""
     model_cache: ModelCache = Field(default_factory=ModelCache)
+    pod_template: ModelPodTemplate | None = None
+    """Merged onto each model-server pod (strategic merge): labels, annotations, affinity,
+    topology spread, pull secrets, priority/runtime class, scheduler, volumes, and env and
+    volumeMounts of the `vllm` container. The operator's parts cannot be overridden."""
+
+    @model_validator(mode="after")
+    def _rules(self) -> ModelSpec:
+        return enforce_rules(self, "model")
 
     @property
     def effective_served_name(self) -> str:
@@ -149,10 +176,18 @@ class EngineSpec(ApiModel):
     """Sequences vLLM runs at once (`--max-num-seqs`); more wait in its queue. Empty: vLLM's
     default, 256. The cache front's concurrency cap follows it unless
     `front.maxConcurrency` is set."""
-    extra_args: Annotated[list[str], Field(max_length=64)] = Field(default_factory=list)
-    """Extra `vllm serve` flags, appended last."""
+    extra_args: Annotated[list[Annotated[str, Field(max_length=4096)]], Field(max_length=64)] = (
+        Field(default_factory=list)
+    )
+    """Extra `vllm serve` arguments, appended last, one argv word per item. Flags the operator
+    sets or relies on (port, host, prefix caching, block size, API-server count, served model
+    name, tensor parallelism, ...) are refused in every spelling vLLM accepts."""
     env: Annotated[list[EnvVar], Field(max_length=64)] = Field(default_factory=list)
     """Extra environment for the vLLM container."""
+
+    @model_validator(mode="after")
+    def _rules(self) -> EngineSpec:
+        return enforce_rules(self, "engine")
 
 
 class PromptEmbedsSpec(ApiModel):
@@ -303,6 +338,8 @@ class GatewaySpec(ApiModel):
     the operator's default (the chart's `defaultImages.sessionShim`, else the operator image
     of this release)."""
     route: RouteSpec = Field(default_factory=RouteSpec)
+    pod_template: GatewayPodTemplate | None = None
+    """Merged onto each Endpoint Picker pod, like model.podTemplate (the `epp` container)."""
 
 
 class UsageHeadersSpec(ApiModel):
@@ -372,6 +409,37 @@ class MonitoringSpec(ApiModel):
     """Scrape interval of the PodMonitors."""
 
 
+AutoscalingMetric = Literal["WaitingRequests", "KVCacheUsage"]
+
+
+class AutoscalingSpec(ApiModel):
+    """Scale the model servers on their own load (a HorizontalPodAutoscaler on this resource's
+    scale subresource, fed per pod through the custom metrics API, e.g. by prometheus-adapter).
+
+    While it is on, the autoscaler owns `model.replicas`: leave it out of GitOps diffs."""
+
+    enabled: bool = False
+    min_replicas: Annotated[int, Field(ge=1, le=1000)] = 1
+    max_replicas: Annotated[int, Field(ge=1, le=1000)] = 4
+    metric: AutoscalingMetric = "WaitingRequests"
+    """`WaitingRequests`: vLLM's queue (`vllm:num_requests_waiting`) per pod.
+    `KVCacheUsage`: vLLM's KV-cache usage (`vllm:kv_cache_usage_perc`, 1 = full) per pod."""
+    target: Quantity | None = None
+    """Average per pod to hold: waiting requests (default 2) or KV-cache usage (default 800m,
+    i.e. 80 %)."""
+    custom_metric_name: Annotated[str, Field(pattern=r"^[a-zA-Z_][a-zA-Z0-9_:]*$",
+                                             max_length=253)] | None = None  # fmt: skip
+    """Name of the metric in the custom metrics API. Default `vllm_num_requests_waiting` or
+    `vllm_kv_cache_usage_perc`, the names the documented prometheus-adapter rule exposes."""
+    scale_down_stabilization_seconds: Annotated[int, Field(ge=0, le=3600)] = 300
+    """How long the load must stay low before pods are removed (model servers are slow to
+    start, so scaling down eagerly costs more than it saves)."""
+
+    @model_validator(mode="after")
+    def _rules(self) -> AutoscalingSpec:
+        return enforce_rules(self, "autoscaling")
+
+
 class PromptCacheDeploymentSpec(ApiModel):
     """Everything a platform team sets to get cache-aware LLM serving."""
 
@@ -384,6 +452,7 @@ class PromptCacheDeploymentSpec(ApiModel):
     gateway: GatewaySpec = Field(default_factory=GatewaySpec)
     front: FrontSpec = Field(default_factory=FrontSpec)
     monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec)
+    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
 
     @model_validator(mode="after")
     def _rules(self) -> PromptCacheDeploymentSpec:

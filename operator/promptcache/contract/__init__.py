@@ -11,6 +11,9 @@ same grammar and bounds. None of them defines its own copy.
   the parsers; `front` and `shim` declare each process' settings with it.
 - `cache_size`: `SG_PROMPT_EMBEDS_CACHE_GIB`, its bound, parser and format.
 - `picker`: which Endpoint Picker a rendered gateway targets, and the operator's default.
+- `engine`: the `vllm serve` flags the operator writes or relies on, and the pattern of every
+  spelling vLLM's parser reads as one of them (what `engine.extraArgs` may not carry).
+- `pods`: the parts of each rendered pod a `podTemplate` overlay may not touch.
 
 This package imports nothing of this project but itself and nothing heavy (no
 torch, no Kubernetes client): every plane loads it. The layering is enforced by
@@ -25,6 +28,13 @@ from promptcache.contract.cache_size import (
     cache_gib_to_bytes,
     format_cache_gib,
     parse_cache_gib,
+)
+from promptcache.contract.engine import (
+    FLAG_WITH_SPACE_PATTERN,
+    OWNED_ENGINE_FLAGS,
+    OwnedEngineFlags,
+    VllmFlag,
+    owned_flag_pattern,
 )
 from promptcache.contract.front import FRONT_SETTINGS, FrontEnv
 from promptcache.contract.grammar import (
@@ -64,6 +74,13 @@ from promptcache.contract.names import (
     needs_salt_key,
 )
 from promptcache.contract.picker import DEFAULT_PICKER, DEFAULT_PICKER_ENV, PickerTarget
+from promptcache.contract.pods import (
+    ENDPOINT_PICKER_POD,
+    MODEL_SERVER_POD,
+    OPERATOR_ANNOTATION_PREFIX,
+    OPERATOR_POD_LABELS,
+    OwnedPodParts,
+)
 from promptcache.contract.settings import Setting, SettingInputError, format_bool
 from promptcache.contract.shim import SHIM_SETTINGS, GatewayPolicyEnv, SessionShimEnv
 
@@ -77,16 +94,22 @@ __all__ = [
     "DEFAULT_PICKER_ENV",
     "DEFAULT_PROMPT_TOKENS_HEADER",
     "DEFAULT_SESSION_HEADER",
+    "ENDPOINT_PICKER_POD",
     "EPP_EXT_PROC_PORT",
     "EPP_LOCAL_GRPC_PORT",
+    "FLAG_WITH_SPACE_PATTERN",
     "FRONT_HEALTH_PATH",
     "FRONT_READY_PATH",
     "FRONT_SETTINGS",
     "HEADER_NAME_PATTERN",
     "MAX_CACHE_GIB",
     "MISSING_PROMPT_EMBEDS_IDS_FIELD",
+    "MODEL_SERVER_POD",
+    "OPERATOR_ANNOTATION_PREFIX",
+    "OPERATOR_POD_LABELS",
     "OPTIONAL_BODY_FIELD_PATTERN",
     "OPTIONAL_HEADER_NAME_PATTERN",
+    "OWNED_ENGINE_FLAGS",
     "PROMPT_CACHE_KEY_FIELD",
     "PROMPT_CACHE_MAX_LEN_FIELD",
     "PROMPT_EMBEDS_NOT_CACHED_ERROR_CODE",
@@ -102,10 +125,13 @@ __all__ = [
     "GatewayPolicyEnv",
     "GrammarError",
     "IsolationMode",
+    "OwnedEngineFlags",
+    "OwnedPodParts",
     "PickerTarget",
     "SessionShimEnv",
     "Setting",
     "SettingInputError",
+    "VllmFlag",
     "cache_gib_from_env",
     "cache_gib_to_bytes",
     "check_body_field",
@@ -115,5 +141,6 @@ __all__ = [
     "is_body_field",
     "is_header_name",
     "needs_salt_key",
+    "owned_flag_pattern",
     "parse_cache_gib",
 ]

@@ -64,8 +64,8 @@ async def missing_secret(kube: Kube, pcd: PromptCacheDeployment) -> str | None:
     return None
 
 
-def node_gpus(node: Mapping[str, Any]) -> int:
-    raw = (node.get("status", {}).get("allocatable") or {}).get(GPU_RESOURCE, 0)
+def node_gpus(node: Mapping[str, Any], resource: str = GPU_RESOURCE) -> int:
+    raw = (node.get("status", {}).get("allocatable") or {}).get(resource, 0)
     try:
         return int(str(raw))
     except ValueError:
@@ -85,25 +85,32 @@ def _eligible(
     ]
 
 
-def gpu_nodes_present(nodes: Sequence[Mapping[str, Any]], node_selector: Mapping[str, str]) -> bool:
+def gpu_nodes_present(
+    nodes: Sequence[Mapping[str, Any]],
+    node_selector: Mapping[str, str],
+    resource: str = GPU_RESOURCE,
+) -> bool:
     """Does any node matching the nodeSelector offer GPUs at all? None: the GPU node pool
     looks scaled to zero, and its autoscaler adds a node for the pending pods."""
-    return any(node_gpus(n) > 0 for n in _eligible(nodes, node_selector))
+    return any(node_gpus(n, resource) > 0 for n in _eligible(nodes, node_selector))
 
 
 def gpu_shortfall(
-    nodes: Sequence[Mapping[str, Any]], gpus: int, node_selector: Mapping[str, str]
+    nodes: Sequence[Mapping[str, Any]],
+    gpus: int,
+    node_selector: Mapping[str, str],
+    resource: str = GPU_RESOURCE,
 ) -> str | None:
     """A message when no node (matching the nodeSelector) offers `gpus` GPUs."""
     if gpus <= 0:
         return None
-    best = max((node_gpus(n) for n in _eligible(nodes, node_selector)), default=0)
+    best = max((node_gpus(n, resource) for n in _eligible(nodes, node_selector)), default=0)
     if best >= gpus:
         return None
-    where = "matching spec.model.nodeSelector" if node_selector else "in the cluster"
+    where = "matching the pod's nodeSelector" if node_selector else "in the cluster"
     return (
         f"spec.model.resources.gpus={gpus} but the largest node {where} offers {best} "
-        f"{GPU_RESOURCE}; lower gpus (e.g. tensor parallelism over fewer GPUs) or add a larger node"
+        f"{resource}; lower gpus (e.g. tensor parallelism over fewer GPUs) or add a larger node"
     )
 
 

@@ -41,7 +41,7 @@ from promptcache.controller.compare import needs_apply
 from promptcache.controller.conditions import Desired, now_rfc3339, transitions
 from promptcache.controller.diagnose import diagnose
 from promptcache.controller.gateway_status import gateway_view, route_parents
-from promptcache.controller.kube import ApiError, Kube, by_kind, kind_of
+from promptcache.controller.kube import ApiError, Kind, Kube, by_kind, kind_of
 from promptcache.controller.metrics import OperatorMetrics
 from promptcache.controller.options import DEFAULT_SCRAPE_PORT, DEFAULT_SCRAPE_TIMEOUT_SECONDS
 from promptcache.controller.salt import ensure_salt_secret
@@ -68,6 +68,7 @@ from promptcache.render import (
     names_of,
     render,
 )
+from promptcache.render.model_server import gpu_resource, node_selector
 from promptcache.render.monitoring import MONITORING_API, monitoring_enabled
 from promptcache.render.names import Component, selector_labels
 
@@ -81,6 +82,7 @@ POOL = by_kind("InferencePool")
 ROUTE = by_kind("HTTPRoute")
 GATEWAY = by_kind("Gateway")
 POD_MONITOR = by_kind("PodMonitor")
+HPA = by_kind("HorizontalPodAutoscaler")
 STATUS_ECHO_S = 10.0
 """How long a just-written status is trusted over a body that may not show it yet."""
 
@@ -228,11 +230,13 @@ class Reconciler:
             obs.degraded = Problem(Reason.SECRET_NOT_FOUND, message)
         else:
             nodes = await self.nodes.get(self.kube)
-            short = gpu_shortfall(nodes, spec.model.resources.gpus, spec.model.node_selector)
+            short = gpu_shortfall(
+                nodes, spec.model.resources.gpus, node_selector(pcd), gpu_resource(pcd)
+            )
             # No eligible GPU node at all looks like a GPU node pool scaled to zero: its
             # autoscaler adds a node for the pending pods, so the pods' own state says so (a
             # warning), not a failure. GPU nodes all too small for the pod are a failure.
-            if short and gpu_nodes_present(nodes, spec.model.node_selector):
+            if short and gpu_nodes_present(nodes, node_selector(pcd), gpu_resource(pcd)):
                 obs.degraded = Problem(Reason.INSUFFICIENT_GPUS, short)
 
         served = {
@@ -276,6 +280,8 @@ class Reconciler:
             await self._prune_pod_monitors(names, uid)
         if monitoring:
             obs.monitoring = self._monitoring_condition(names, served, by_kind_name)
+        if not spec.autoscaling.enabled and not fresh:
+            await self._prune(HPA, names.namespace, names.instance, uid)
 
         obs.model_server = by_kind_name.get(f"Deployment/{names.model_server}")
         obs.endpoint_picker = by_kind_name.get(f"Deployment/{names.epp}")
@@ -388,9 +394,13 @@ class Reconciler:
 
     async def _prune_route(self, names: Names, uid: str) -> None:
         """The HTTPRoute is rendered only with parentRefs; remove ours when they go away."""
-        live = await self.kube.get(ROUTE, names.namespace, names.route)
+        await self._prune(ROUTE, names.namespace, names.route, uid)
+
+    async def _prune(self, kind: Kind, namespace: str, name: str, uid: str) -> None:
+        """Delete a child the spec no longer renders, if it is ours."""
+        live = await self.kube.get(kind, namespace, name)
         if live is not None and controller_uid(live) == uid:
-            await self.kube.delete(ROUTE, names.namespace, names.route)
+            await self.kube.delete(kind, namespace, name)
 
     async def _gateway_condition(
         self,

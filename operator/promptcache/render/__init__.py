@@ -17,6 +17,7 @@ from typing import Any
 from promptcache.api import BUILT_IN_DEFAULTS, OperatorDefaults, PromptCacheDeployment
 from promptcache.api.rules import picker_refusals
 from promptcache.contract import PickerTarget
+from promptcache.render.autoscaling import autoscaler
 from promptcache.render.epp import (
     epp_cluster_role_binding,
     epp_config_map,
@@ -90,5 +91,6 @@ def render(
         inference_pool(pcd, names),
         http_route(pcd, names),
         *pod_monitors(pcd, names, defaults),
+        autoscaler(pcd, names),
     ]
     return [m for m in manifests if m is not None]

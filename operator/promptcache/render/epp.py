@@ -31,6 +31,7 @@ from promptcache.render.epp_config import (
 )
 from promptcache.render.front import SALT_VOLUME, front_env, salt_secret, salt_volume
 from promptcache.render.names import Component, Names, metadata, selector_labels
+from promptcache.render.overlay import apply_pod_template
 from promptcache.render.quantities import mebibytes
 from promptcache.render.security import container_security_context, pod_security_context
 
@@ -220,27 +221,31 @@ def epp_deployment(
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": selector_labels(names, Component.ENDPOINT_PICKER)},
-            "template": {
-                "metadata": {
-                    "labels": {
-                        **selector_labels(names, Component.ENDPOINT_PICKER),
-                        "app.kubernetes.io/part-of": "promptcache",
+            "template": apply_pod_template(
+                {
+                    "metadata": {
+                        "labels": {
+                            **selector_labels(names, Component.ENDPOINT_PICKER),
+                            "app.kubernetes.io/part-of": "promptcache",
+                        },
+                        # The picker reads its config only at start: a changed config
+                        # (weights, tiers, target) changes this hash, and so rolls it out.
+                        "annotations": {CONFIG_HASH_ANNOTATION: config_hash(pcd)},
                     },
-                    # The picker reads its config only at start: a changed config (weights,
-                    # tiers, target) changes this hash, and so rolls the picker out.
-                    "annotations": {CONFIG_HASH_ANNOTATION: config_hash(pcd)},
+                    "spec": {
+                        "serviceAccountName": names.epp,
+                        "securityContext": pod_security_context(),
+                        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+                        "containers": [
+                            container,
+                            *([session_shim_container(pcd, names, defaults)] if shim else []),
+                        ],
+                        "volumes": volumes,
+                    },
                 },
-                "spec": {
-                    "serviceAccountName": names.epp,
-                    "securityContext": pod_security_context(),
-                    "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
-                    "containers": [
-                        container,
-                        *([session_shim_container(pcd, names, defaults)] if shim else []),
-                    ],
-                    "volumes": volumes,
-                },
-            },
+                pcd.spec.gateway.pod_template,
+                "epp",
+            ),
         },
     }
 

@@ -5,45 +5,58 @@ from __future__ import annotations
 from typing import Any
 
 from promptcache.api import BUILT_IN_DEFAULTS, OperatorDefaults, PromptCacheDeployment
-from promptcache.contract import SERVING_PORT, VLLM_LOCAL_PORT
+from promptcache.contract import SERVING_PORT, VLLM_LOCAL_PORT, VllmFlag
 from promptcache.render.front import front_container, salt_volume
 from promptcache.render.names import Component, Names, metadata, selector_labels
+from promptcache.render.overlay import apply_pod_template
 from promptcache.render.security import container_security_context, pod_security_context
 
 VLLM_CONTAINER = "vllm"
 MODEL_CACHE_DIR = "/model-cache"
 GPU_RESOURCE = "nvidia.com/gpu"
+GPU_RESOURCES: dict[str, str] = {"nvidia": GPU_RESOURCE, "amd": "amd.com/gpu"}
+"""The device plugins' extended resource per `resources.gpuVendor`; each vendor's GPU nodes
+are conventionally tainted with the same key (`<resource>:NoSchedule`)."""
+GPU_PRODUCT_LABELS: dict[str, str] = {
+    "nvidia": "nvidia.com/gpu.product",  # NVIDIA GPU Feature Discovery / GPU Operator
+    "amd": "amd.com/gpu.product-name",  # ROCm node labeller / AMD GPU Operator
+}
 STARTUP_BUDGET_SECONDS = 30 * 60
 """Weight loading of a large model can take many minutes; the startup probe waits this long."""
 
 
 def vllm_args(pcd: PromptCacheDeployment) -> list[str]:
-    """`vllm serve MODEL --flags`: prefix caching on and sized, token details for usage headers."""
+    """`vllm serve MODEL --flags`: prefix caching on and sized, token details for usage headers.
+
+    `engine.extraArgs` come last; the API refuses any of them that would override a flag
+    written here (`contract.OWNED_ENGINE_FLAGS`)."""
     spec = pcd.spec
     behind_front = spec.front.enabled
     args = [
         spec.model.name,
-        "--served-model-name",
+        VllmFlag.SERVED_MODEL_NAME,
         spec.model.effective_served_name,
-        "--host",
+        VllmFlag.HOST,
         "127.0.0.1" if behind_front else "0.0.0.0",  # noqa: S104 - the pod's serving port
-        "--port",
+        VllmFlag.PORT,
         str(VLLM_LOCAL_PORT if behind_front else SERVING_PORT),
-        "--enable-prefix-caching",
-        "--enable-prompt-tokens-details",
-        "--api-server-count",
+        VllmFlag.ENABLE_PREFIX_CACHING,
+        VllmFlag.ENABLE_PROMPT_TOKENS_DETAILS,
+        VllmFlag.API_SERVER_COUNT,
         str(spec.engine.api_server_count),
-        "--block-size",
+        VllmFlag.BLOCK_SIZE,
         str(spec.engine.block_size),
-        "--gpu-memory-utilization",
+        VllmFlag.GPU_MEMORY_UTILIZATION,
         f"{spec.engine.gpu_memory_utilization:g}",
     ]
     if spec.engine.max_model_len is not None:
-        args += ["--max-model-len", str(spec.engine.max_model_len)]
+        args += [VllmFlag.MAX_MODEL_LEN, str(spec.engine.max_model_len)]
     if spec.engine.max_num_seqs is not None:
-        args += ["--max-num-seqs", str(spec.engine.max_num_seqs)]
+        args += [VllmFlag.MAX_NUM_SEQS, str(spec.engine.max_num_seqs)]
     if spec.prompt_embeds.enabled:
-        args.append("--enable-prompt-embeds")
+        args.append(VllmFlag.ENABLE_PROMPT_EMBEDS)
+    if spec.model.resources.gpus > 1:
+        args += [VllmFlag.TENSOR_PARALLEL_SIZE, str(spec.model.resources.gpus)]
     return args + list(spec.engine.extra_args)
 
 
@@ -74,13 +87,35 @@ def _vllm_env(pcd: PromptCacheDeployment) -> list[dict[str, Any]]:
     return env
 
 
+def gpu_resource(pcd: PromptCacheDeployment) -> str:
+    return GPU_RESOURCES[pcd.spec.model.resources.vendor]
+
+
+def node_selector(pcd: PromptCacheDeployment) -> dict[str, str]:
+    """model.nodeSelector, plus the vendor's product label when resources.gpuProduct is set
+    (model.nodeSelector wins on the same key)."""
+    res = pcd.spec.model.resources
+    product = {GPU_PRODUCT_LABELS[res.vendor]: res.gpu_product} if res.gpu_product else {}
+    return {**product, **pcd.spec.model.node_selector}
+
+
+def _tolerations(pcd: PromptCacheDeployment) -> list[dict[str, Any]]:
+    """The user's, plus the vendor's GPU taint when the pod asks for GPUs."""
+    model = pcd.spec.model
+    out = [t.model_dump(by_alias=True, exclude_none=True) for t in model.tolerations]
+    gpu = {"key": gpu_resource(pcd), "operator": "Exists", "effect": "NoSchedule"}
+    if model.resources.gpus > 0 and gpu not in out:
+        out.append(gpu)
+    return out
+
+
 def _vllm_resources(pcd: PromptCacheDeployment) -> dict[str, Any]:
     res = pcd.spec.model.resources
     requests: dict[str, Any] = dict(res.requests)
     limits: dict[str, Any] = dict(res.limits)
     if res.gpus > 0:
-        requests[GPU_RESOURCE] = res.gpus
-        limits[GPU_RESOURCE] = res.gpus
+        requests[gpu_resource(pcd)] = res.gpus
+        limits[gpu_resource(pcd)] = res.gpus
     return {"requests": requests, "limits": limits}
 
 
@@ -159,12 +194,10 @@ def model_server_deployment(
         "containers": containers,
         "volumes": _volumes(pcd, names),
     }
-    if spec.model.node_selector:
-        pod_spec["nodeSelector"] = dict(spec.model.node_selector)
-    if spec.model.tolerations:
-        pod_spec["tolerations"] = [
-            t.model_dump(by_alias=True, exclude_none=True) for t in spec.model.tolerations
-        ]
+    if node_selector(pcd):
+        pod_spec["nodeSelector"] = node_selector(pcd)
+    if _tolerations(pcd):
+        pod_spec["tolerations"] = _tolerations(pcd)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -173,7 +206,11 @@ def model_server_deployment(
             "replicas": spec.model.replicas,
             "selector": {"matchLabels": selector_labels(names, Component.MODEL_SERVER)},
             "strategy": _strategy(spec.model.replicas),
-            "template": {"metadata": {"labels": pod_template_labels(names)}, "spec": pod_spec},
+            "template": apply_pod_template(
+                {"metadata": {"labels": pod_template_labels(names)}, "spec": pod_spec},
+                spec.model.pod_template,
+                VLLM_CONTAINER,
+            ),
         },
     }
 

@@ -1,0 +1,53 @@
+"""The parts of each rendered pod a `podTemplate` overlay may not touch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from promptcache.contract.names import SALT_KEY_MOUNT_DIR, SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR
+
+
+@dataclass(frozen=True)
+class OwnedPodParts:
+    """What the operator renders into one pod; a user's `podTemplate` adds around it.
+
+    The renderer's tests check every name it writes is listed here, so the API can refuse an
+    overlay that would replace one (strategic merge would silently win otherwise)."""
+
+    container: str
+    """The one container an overlay may extend (env, volumeMounts)."""
+    other_containers: tuple[str, ...]
+    """Containers the overlay may not name at all."""
+    volumes: tuple[str, ...]
+    mount_paths: tuple[str, ...]
+    env: tuple[str, ...]
+
+
+OPERATOR_POD_LABELS: Final[tuple[str, ...]] = (
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/component",
+    "app.kubernetes.io/part-of",
+    "llm-d.ai/engine-type",
+)
+"""Pod labels the operator sets: the Deployment's selector and the InferencePool match them."""
+
+OPERATOR_ANNOTATION_PREFIX: Final[str] = "serving.promptcache.io/"
+"""Pod annotations under this prefix are the operator's (e.g. the Endpoint Picker's config
+hash, which rolls its pods out when the config changes)."""
+
+MODEL_SERVER_POD: Final[OwnedPodParts] = OwnedPodParts(
+    container="vllm",
+    other_containers=("cache-front",),
+    volumes=("dshm", "model-cache", "tmp", "salt-key"),
+    mount_paths=("/dev/shm", "/model-cache", "/tmp"),
+    env=("HF_HOME", "HOME", "VLLM_NO_USAGE_STATS", "HF_TOKEN", SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR),
+)
+ENDPOINT_PICKER_POD: Final[OwnedPodParts] = OwnedPodParts(
+    container="epp",
+    other_containers=("gateway-policy",),
+    volumes=("config", "salt-key"),
+    mount_paths=("/config", SALT_KEY_MOUNT_DIR),
+    env=("NAMESPACE", "POD_NAME"),
+)

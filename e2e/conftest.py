@@ -10,6 +10,11 @@ import pytest
 _E2E = str(Path(__file__).resolve().parent)
 if _E2E not in sys.path:
     sys.path.insert(0, _E2E)
+# Some e2e tests run the unit tests' cases against the API server (`tests.render.*`); with a
+# bare `pytest e2e/...` the checkout root is not on the path otherwise.
+_ROOT = str(Path(__file__).resolve().parent.parent)
+if _ROOT not in sys.path:
+    sys.path.append(_ROOT)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -8,6 +8,7 @@ anything; their loopback IPs let the metrics test serve Prometheus text "from a 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import threading
 import time
@@ -322,3 +323,48 @@ def test_deleting_the_resource_leaves_nothing(cluster: Cluster, env: dict[str, A
 
     wait_for(gone, "garbage collection of every child", timeout=TIMEOUT_S)
     assert op.alive()
+
+
+def test_a_changed_picker_config_rolls_the_picker(cluster: Cluster, env: dict[str, Any]) -> None:
+    """The picker reads its config once: changing a weight must give a new picker pod whose
+    template carries the new config's hash (the ConfigMap it mounts then holds that config)."""
+    ns, op = env["ns"], env["op"]
+    name = "rolls"
+    apply_yaml(cluster.kubectl, resource(name, ns, isolation={"mode": "Shared"}))
+    wait_ready(cluster, ns, name, op)
+    annotation = "serving.promptcache.io/epp-config-sha256"
+
+    def picker_pods() -> list[dict[str, Any]]:
+        pods = get_json(
+            cluster.kubectl, "pods", "-n", ns,
+            "-l", f"app.kubernetes.io/instance={name},app.kubernetes.io/component=endpoint-picker",
+        )["items"]  # fmt: skip
+        return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+    def config_hash() -> str:
+        cm = get_json(cluster.kubectl, "configmap", f"{name}-epp", "-n", ns)
+        return hashlib.sha256(cm["data"]["config.yaml"].encode()).hexdigest()
+
+    def one_pod_with(digest: str) -> Any:
+        pods = picker_pods()
+        hashes = [p["metadata"].get("annotations", {}).get(annotation) for p in pods]
+        return pods[0] if hashes == [digest] else None
+
+    before = config_hash()
+    old = wait_for(
+        lambda: one_pod_with(before), f"a picker pod on the first config\n{op.log_tail()}"
+    )
+    cluster.kubectl(
+        "patch", "pcd", name, "-n", ns, "--type=merge",
+        "-p", json.dumps({"spec": {"prefixCache": {"weights": {"queue": 2.5}}}}),
+    )  # fmt: skip
+    after = wait_for(
+        lambda: (h := config_hash()) != before and h, f"the new config\n{op.log_tail()}"
+    )
+    assert (
+        "weight: 2.5"
+        in get_json(cluster.kubectl, "configmap", f"{name}-epp", "-n", ns)["data"]["config.yaml"]
+    )
+    new = wait_for(lambda: one_pod_with(after), f"a picker pod on the new config\n{op.log_tail()}")
+    assert new["metadata"]["uid"] != old["metadata"]["uid"]
+    cluster.kubectl("delete", "pcd", name, "-n", ns, "--wait=false")

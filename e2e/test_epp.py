@@ -347,8 +347,11 @@ def test_autotune_block_size_follows_cache_config_info(
     assert producer["parameters"]["autoTune"] is True
 
 
-def test_autotune_capacity_follows_num_gpu_blocks(launch: Launcher) -> None:
+def test_autotune_capacity_follows_num_gpu_blocks(launch: Launcher, picker: PickerTarget) -> None:
     """A pod reporting 4 GPU blocks is indexed with 4 entries: older prefixes fall out."""
+    # Two 64-token blocks per prompt: llm-d-router counts the role's bytes, GIE hashes the
+    # JSON of the messages (about 30 bytes of it before the text).
+    size = {LLMD: 480, GIE: 560}[picker]
 
     def remembered(pool: PoolOnCluster) -> bool:
         target = pool.pods[0]
@@ -356,16 +359,21 @@ def test_autotune_capacity_follows_num_gpu_blocks(launch: Launcher) -> None:
             for p in pool.pods:
                 p.set(waiting=0 if p is target else 10, kv_cache_usage=0.0)
             wait_scrapes(servers(pool))
-            first = unique_text(480)  # 2 blocks of 64 tokens (with the role bytes)
+            first = unique_text(size)  # 2 blocks of 64 tokens
             assert client.pick(chat_body(first)).endpoint == target.endpoint
             settle_index(0.25)
             for _ in range(3):  # 6 more blocks on the same pod
-                assert client.pick(chat_body(unique_text(480))).endpoint == target.endpoint
+                assert client.pick(chat_body(unique_text(size))).endpoint == target.endpoint
                 settle_index(0.25)
             handicap(servers(pool), target.server)
             return client.pick(chat_body(first + "x" * 300)).endpoint == target.endpoint
 
-    pool = launch(spec_patch=routing_patch(), metrics=lambda i: VllmMetrics(num_gpu_blocks=4))
+    # 64-token blocks on both pickers (GIE has no floor), so a 480-byte prompt is 2 blocks:
+    # smaller than the pod's LRU (a request bigger than it is kept by an upstream quirk).
+    pool = launch(
+        spec_patch=routing_patch(),
+        metrics=lambda i: VllmMetrics(num_gpu_blocks=4, block_size=64),
+    )
     assert not remembered(pool), "a 4-block pod still remembered 8 blocks back"
     for s in servers(pool):
         s.set(num_gpu_blocks=5000)

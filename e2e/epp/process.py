@@ -186,13 +186,22 @@ class EppProcess:
         """A gateway's ext_proc client, over TLS when the picker serves TLS."""
         return ExtProcClient(f"127.0.0.1:{self.ports.grpc}", tls=self.secure)
 
+    def serving_ext_proc(self) -> bool:
+        """Whether the ext_proc port accepts connections (with TLS the picker first makes a
+        self-signed key, seconds on a busy machine, after its health port is up)."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.ports.grpc), timeout=1):
+                return True
+        except OSError:
+            return False
+
     def wait_ready(self, timeout_s: float = 90.0) -> None:
-        """Until the EPP serves health, or fail with its log."""
+        """Until the EPP serves health and ext_proc, or fail with its log."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.returncode is not None:
                 raise RuntimeError(f"EPP exited with {self.returncode}:\n{self.log_tail()}")
-            if self.healthy():
+            if self.healthy() and self.serving_ext_proc():
                 return
             time.sleep(0.2)
         raise TimeoutError(f"EPP not healthy after {timeout_s}s:\n{self.log_tail()}")

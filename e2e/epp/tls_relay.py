@@ -7,13 +7,14 @@ exactly that). grpcio cannot skip verification, and the certificate names no hos
 harness plays the gateway's TLS side here: it accepts plaintext HTTP/2 on a free loopback
 port and relays the bytes over a real TLS connection (ALPN h2, no verification) to the
 picker. Tests thereby run the picker with its rendered transport instead of switching
-TLS off.
+TLS off. One asyncio loop in a daemon thread does the relaying (an SSL connection must not
+be read and written from two threads at once).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import socket
 import ssl
 import threading
 
@@ -28,52 +29,54 @@ def _client_context() -> ssl.SSLContext:
     return ctx
 
 
-def _pipe(src: socket.socket, dst: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        while data := src.recv(65536):
-            dst.sendall(data)
-    with contextlib.suppress(OSError):
-        dst.shutdown(socket.SHUT_WR)
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    except (OSError, ssl.SSLError, asyncio.IncompleteReadError):
+        pass
+    finally:
+        with contextlib.suppress(OSError, RuntimeError, ssl.SSLError):
+            writer.close()
 
 
 class TlsRelay:
-    """Plaintext on 127.0.0.1:<port> in, TLS to `upstream_port` out; one thread per side."""
+    """Plaintext on 127.0.0.1:<port> in, TLS to `upstream_port` out."""
 
     def __init__(self, upstream_port: int) -> None:
-        self.upstream = ("127.0.0.1", upstream_port)
+        self.upstream_port = upstream_port
         self.port = free_port()
-        self._listener = socket.create_server(("127.0.0.1", self.port))
         self._ctx = _client_context()
-        self._closed = False
-        self._conns: list[socket.socket] = []
-        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._loop = asyncio.new_event_loop()
+        self._server: asyncio.AbstractServer | None = None
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=10)
 
     @property
     def target(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            try:
-                raw = socket.create_connection(self.upstream, timeout=10)
-                upstream = self._ctx.wrap_socket(raw)
-                upstream.settimeout(None)
-            except OSError:
-                client.close()
-                continue
-            self._conns += [client, upstream]
-            threading.Thread(target=_pipe, args=(client, upstream), daemon=True).start()
-            threading.Thread(target=_pipe, args=(upstream, client), daemon=True).start()
+    async def _start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(
+                "127.0.0.1", self.upstream_port, ssl=self._ctx, server_hostname=""
+            )
+        except (OSError, ssl.SSLError):
+            writer.close()
+            return
+        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
 
     def close(self) -> None:
-        self._closed = True
-        with contextlib.suppress(OSError):
-            self._listener.close()
-        for conn in self._conns:
-            with contextlib.suppress(OSError):
-                conn.close()
+        async def stop() -> None:
+            if self._server is not None:
+                self._server.close()
+
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(stop(), self._loop).result(timeout=5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)

@@ -1,9 +1,10 @@
 """Running `promptcache run` as a subprocess against a test cluster, and measuring it.
 
-Shared by the `test_operator_*.py` modules and `bench/operator_scale.py`. The
-operator is a real process with its own kubeconfig (an admin one, or a
-ServiceAccount token for the RBAC test); tests read its `/metrics` and the API
-server's `apiserver_request_total` to count writes.
+The one place for the e2e process helpers: `OperatorProcess` (the operator as a real
+process, started from flags or exactly as the chart's container would run it), `wait_for`
+(one argument order: condition, what, timeout), and the child kinds the operator makes
+(read from the renderer, so a new child kind is covered everywhere). Shared by the
+`test_operator_*.py` and `test_install_*.py` modules and `bench/operator_scale.py`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -30,19 +32,23 @@ ROOT = Path(__file__).resolve().parents[1]
 CRD_FILE = ROOT / "crds" / "serving.promptcache.io_promptcachedeployments.yaml"
 RULES_FILE = ROOT / "charts" / "promptcache-operator" / "files" / "clusterrole-rules.yaml"
 WRITE_VERBS = ("POST", "PUT", "PATCH", "APPLY")
-CHILD_RESOURCES = (
-    "promptcachedeployments",
-    "deployments",
-    "services",
-    "configmaps",
-    "serviceaccounts",
-    "roles",
-    "rolebindings",
-    "poddisruptionbudgets",
-    "inferencepools",
-    "httproutes",
-    "secrets",
-)
+
+
+def _rendered_child_kinds() -> tuple[str, ...]:
+    """The plurals of what the operator renders for a resource with no route."""
+    from promptcache.api import parse_resource  # noqa: PLC0415 - keep the harness import light
+    from promptcache.controller.kube import by_kind  # noqa: PLC0415
+    from promptcache.render import render  # noqa: PLC0415
+
+    sample = parse_resource(resource("sample", "ns"))
+    return tuple(dict.fromkeys(by_kind(m["kind"]).plural for m in render(sample)))
+
+
+CHILD_KINDS: tuple[str, ...] = ()
+"""What every resource gets (plurals), from the renderer; filled below `resource`."""
+CHILD_RESOURCES: tuple[str, ...] = ()
+"""Everything the operator writes: the resource, its children, the HTTPRoute a route adds
+and the salt Secret the controller generates."""
 
 
 def free_port() -> int:
@@ -51,15 +57,29 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_for(cond: Callable[[], Any], what: str, timeout: float = 120, every: float = 0.5) -> Any:
-    """Poll until `cond()` is truthy (returns it); fail naming `what`."""
+def wait_for(
+    cond: Callable[[], Any],
+    what: str,
+    timeout: float = 120,
+    every: float = 0.5,
+    *,
+    operator: OperatorProcess | None = None,
+) -> Any:
+    """Poll until `cond()` is truthy (returns it); fail naming `what`, at once if `operator`
+    exits meanwhile, and with its log tail."""
     deadline = time.monotonic() + timeout
     while True:
         value = cond()
         if value:
             return value
+        if operator is not None and operator.exited():
+            raise AssertionError(
+                f"operator exited {operator.returncode()} while waiting for {what}:\n"
+                f"{operator.log_tail()}"
+            )
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            tail = f"\n{operator.log_tail()}" if operator is not None else ""
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}{tail}")
         time.sleep(every)
 
 
@@ -88,6 +108,10 @@ def resource(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"model": model, **spec},
     }
+
+
+CHILD_KINDS = _rendered_child_kinds()
+CHILD_RESOURCES = ("promptcachedeployments", *CHILD_KINDS, "httproutes", "secrets")
 
 
 def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
@@ -166,7 +190,10 @@ def _die_with_parent() -> None:
 
 @dataclass
 class OperatorProcess:
-    """One `promptcache run` subprocess with its health/metrics ports and log file."""
+    """One `promptcache run` subprocess with its health/metrics ports and log file.
+
+    From flags (`args`), or exactly as a container runs it (`command`, `env`, `container`:
+    see `from_container`), then its probes are the container's."""
 
     kubeconfig: Path
     log_path: Path
@@ -174,11 +201,43 @@ class OperatorProcess:
     health_port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
+    command: list[str] | None = None
+    """The whole argv; None: `python -m promptcache.cli run` with the ports and `args`."""
+    env: dict[str, str] | None = None
+    """The whole environment (KUBECONFIG is set from `kubeconfig`); None: this one's."""
+    container: dict[str, Any] | None = None
+    """The container spec this process stands for (its probes); None: plain flags."""
+    cwd: Path | None = None
 
-    def start(self) -> OperatorProcess:
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1"}
-        env.pop("POD_NAME", None)
-        argv = [
+    @classmethod
+    def from_container(
+        cls,
+        container: dict[str, Any],
+        *,
+        kubeconfig: Path,
+        log_path: Path,
+        env: dict[str, str],
+        health_port: int,
+        metrics_port: int,
+        extra_args: list[str],
+        cwd: Path,
+    ) -> OperatorProcess:
+        """The operator as the container runs it: its command (the `promptcache` console
+        script, here the venv's) and args, with `env` already resolved."""
+        (command, *rest) = container["command"]
+        executable = Path(sys.executable).parent / command
+        assert executable.is_file(), f"{executable} is not installed"
+        argv = [str(executable), *rest, *container["args"], *extra_args]
+        return cls(kubeconfig=kubeconfig, log_path=log_path, health_port=health_port,
+                   metrics_port=metrics_port, command=argv, env=env, container=container,
+                   cwd=cwd)  # fmt: skip
+
+    def start(self, *, wait_healthy: bool = True) -> OperatorProcess:
+        env = dict(os.environ if self.env is None else self.env)
+        env.update(KUBECONFIG=str(self.kubeconfig), PYTHONUNBUFFERED="1")
+        if self.env is None:
+            env.pop("POD_NAME", None)
+        argv = self.command or [
             sys.executable, "-m", "promptcache.cli", "run",
             "--bind-address", "127.0.0.1",
             "--health-port", str(self.health_port),
@@ -191,15 +250,17 @@ class OperatorProcess:
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
+            cwd=self.cwd,
             preexec_fn=_die_with_parent,  # noqa: PLW1509
         )
         log.close()
-        wait_for(self._healthy, f"operator health endpoint ({self.log_tail()})", timeout=60)
+        if wait_healthy:
+            wait_for(self._healthy, f"operator health endpoint ({self.log_tail()})", timeout=60)
         return self
 
     def _healthy(self) -> bool:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise AssertionError(f"operator exited {self.proc.returncode}:\n{self.log_tail()}")
+        if self.exited():
+            raise AssertionError(f"operator exited {self.returncode()}:\n{self.log_tail()}")
         try:
             with urllib.request.urlopen(
                 f"http://127.0.0.1:{self.health_port}/healthz", timeout=2
@@ -207,6 +268,29 @@ class OperatorProcess:
                 return bool(r.status == 200)
         except OSError:
             return False
+
+    def exited(self) -> bool:
+        return self.proc is not None and self.proc.poll() is not None
+
+    def returncode(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def port(self, name: str) -> int:
+        """The port a container port name stands for, on this host."""
+        return {"health": self.health_port, "metrics": self.metrics_port}[name]
+
+    def probe(self, kind: str) -> tuple[int, str]:
+        """GET the container's probe (path and named port as the kubelet would), on loopback."""
+        assert self.container is not None, "probe() needs the container this process runs"
+        http = self.container[kind]["httpGet"]
+        url = f"http://127.0.0.1:{self.port(http['port'])}{http['path']}"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                return int(resp.status), resp.read().decode()
+        except urllib.error.HTTPError as error:
+            return int(error.code), ""
+        except OSError:
+            return 0, ""
 
     def readyz(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/readyz", timeout=5) as r:

@@ -13,23 +13,17 @@ import importlib.util
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
+from operator_harness import OperatorProcess, free_port, wait_for
 from promptcache.api.defaults import OperatorDefaults, flag_of
 from pytest_cluster import Cluster
 
@@ -41,12 +35,6 @@ CRD_NAME = "promptcachedeployments.serving.promptcache.io"
 CRD_FILE = "serving.promptcache.io_promptcachedeployments.yaml"
 EXAMPLE = ROOT / "examples" / "minimal.yaml"
 RECONCILE_TIMEOUT_S = 180  # a cold kopf start plus ten children on a loaded 2-core machine
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def release_name() -> str:
@@ -132,52 +120,6 @@ def service_account_kubeconfig(cluster: Cluster, namespace: str, sa: str, path: 
     return path
 
 
-@dataclass
-class OperatorProcess:
-    proc: subprocess.Popen[bytes]
-    log: Path
-    container: dict[str, Any]
-    ports: dict[str, int]  # container port name -> where this process really listens
-
-    def port(self, name: str) -> int:
-        return self.ports[name]
-
-    def probe(self, kind: str) -> tuple[int, str]:
-        """GET the chart's probe (path and named port as the kubelet would), on loopback."""
-        http = self.container[kind]["httpGet"]
-        url = f"http://127.0.0.1:{self.port(http['port'])}{http['path']}"
-        try:
-            with urllib.request.urlopen(url, timeout=5) as resp:
-                return int(resp.status), resp.read().decode()
-        except urllib.error.HTTPError as error:
-            return int(error.code), ""
-        except OSError:
-            return 0, ""
-
-    def metric(self, name: str) -> float:
-        url = f"http://127.0.0.1:{self.port('metrics')}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            text = resp.read().decode()
-        return sum(
-            sample.value
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-            if sample.name == name
-        )
-
-    def logs(self) -> str:
-        return self.log.read_text(errors="replace")[-6000:]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-
-
 def run_as_chart_pod(
     cluster: Cluster, namespace: str, deployment: str, workdir: Path, replica: int = 0
 ) -> OperatorProcess:
@@ -199,42 +141,21 @@ def run_as_chart_pod(
             env[var["name"]] = var["value"]
         else:
             env[var["name"]] = fields[var["valueFrom"]["fieldRef"]["fieldPath"]]
-    env["KUBECONFIG"] = str(kubeconfig)
-    # The image's entrypoint is the `promptcache` console script; here it is the devvenv's.
-    (command, *rest) = container["command"]
-    executable = Path(sys.executable).parent / command
-    assert executable.is_file(), f"{executable} is not installed"
     ports = {p["name"]: int(p["containerPort"]) for p in container["ports"]}
     extra = ["--bind-address=127.0.0.1"]  # loopback here; in the pod, the pod IP (0.0.0.0)
     if replica:
         ports = {name: free_port() for name in ports}
         extra += [f"--health-port={ports['health']}", f"--metrics-port={ports['metrics']}"]
-    log = workdir / f"operator-{replica}.log"
-    handle = log.open("wb")
-    proc = subprocess.Popen(
-        [str(executable), *rest, *container["args"], *extra],
+    return OperatorProcess.from_container(
+        container,
+        kubeconfig=kubeconfig,
+        log_path=workdir / f"operator-{replica}.log",
         env=env,
-        stdout=handle,
-        stderr=subprocess.STDOUT,
+        health_port=ports["health"],
+        metrics_port=ports["metrics"],
+        extra_args=extra,
         cwd=workdir,
-        start_new_session=True,
-    )
-    handle.close()
-    return OperatorProcess(proc, log, container, ports)
-
-
-def wait_for(what: str, cond: Any, timeout: float, operator: OperatorProcess | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if operator is not None and operator.proc.poll() is not None:
-            raise AssertionError(
-                f"operator exited {operator.proc.returncode} while waiting for "
-                f"{what}:\n{operator.logs()}"
-            )
-        if time.monotonic() > deadline:
-            logs = operator.logs() if operator is not None else ""
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{logs}")
-        time.sleep(0.5)
+    ).start(wait_healthy=False)
 
 
 @pytest.fixture
@@ -303,10 +224,16 @@ def test_install_and_the_operator_reconciles_with_the_chart_credentials(
         try:
             # The chart's probes hit real endpoints of the operator it runs.
             wait_for(
-                "liveness probe", lambda: operator.probe("livenessProbe")[0] == 200, 60, operator
+                lambda: operator.probe("livenessProbe")[0] == 200,
+                "liveness probe",
+                60,
+                operator=operator,
             )
             wait_for(
-                "readiness probe", lambda: operator.probe("readinessProbe")[0] == 200, 60, operator
+                lambda: operator.probe("readinessProbe")[0] == 200,
+                "readiness probe",
+                60,
+                operator=operator,
             )
             resources = example_in(namespace)
             cluster.kubectl(
@@ -327,10 +254,10 @@ def test_install_and_the_operator_reconciles_with_the_chart_credentials(
             assert not any(kind.startswith("role.") for kind, _, _ in children)
             for resource, ns, child in children:
                 wait_for(
-                    f"{resource} {ns}/{child}",
                     lambda r=resource, n=ns, c=child: exists(cluster, r, n, c),
+                    f"{resource} {ns}/{child}",
                     RECONCILE_TIMEOUT_S,
-                    operator,
+                    operator=operator,
                 )
             pcd = resources[0]["metadata"]["name"]
             # The example names no image of this project: the chart's defaults fill them in.
@@ -342,19 +269,19 @@ def test_install_and_the_operator_reconciles_with_the_chart_credentials(
             }
             assert images["cache-front"] == "mirror.example/pc/promptcache-front:9.9.9"
             wait_for(
-                "status.observedGeneration",
                 lambda: (
                     cluster.get_json("pcd", pcd, "-n", namespace)
                     .get("status", {})
                     .get("observedGeneration")
                     == 1
                 ),
+                "status.observedGeneration",
                 RECONCILE_TIMEOUT_S,
-                operator,
+                operator=operator,
             )
             # This process (not some other operator) did the work, as the Lease leader.
-            assert operator.metric("promptcache_leader") == 1
-            assert operator.metric("promptcache_children_applied_total") >= len(children)
+            assert operator.counter("promptcache_leader") == 1
+            assert operator.counter("promptcache_children_applied_total") >= len(children)
             assert operator.probe("readinessProbe")[1].strip() == "leader"
             # GitOps with the operator in the loop: what it adds (status, annotations; it
             # sets no finalizer) is not drift for a server-side diff of the committed resource.
@@ -377,15 +304,15 @@ def test_install_and_the_operator_reconciles_with_the_chart_credentials(
             cluster.kubectl("delete", "pcd", pcd, "-n", namespace, "--wait", "--timeout=120s")
             deployment = next(c for c in children if c[0] == "deployment.apps")
             wait_for(
-                f"garbage collection of {deployment}",
                 lambda: not exists(cluster, *deployment),
+                f"garbage collection of {deployment}",
                 RECONCILE_TIMEOUT_S,
-                operator,
+                operator=operator,
             )
-            assert operator.proc.poll() is None, operator.logs()
+            assert not operator.exited(), operator.log_tail()
         finally:
             operator.stop()
-        assert "Forbidden" not in operator.logs(), operator.logs()
+        assert "Forbidden" not in operator.log_text(), operator.log_text()
     finally:
         cluster.helm("uninstall", release, "-n", ops_namespace, "--wait", check=False)
 
@@ -452,16 +379,16 @@ def test_upgrade_and_uninstall_keep_the_crd_and_user_resources(
         def roles() -> list[str]:
             return [r.probe("readinessProbe")[1].strip() for r in replicas]
 
-        wait_for("one leader and one standby", lambda: sorted(roles()) == ["leader", "standby"], 90)
+        wait_for(lambda: sorted(roles()) == ["leader", "standby"], "one leader and one standby", 90)
         leader = roles().index("leader")
-        assert replicas[leader].metric("promptcache_leader") == 1
-        assert replicas[1 - leader].metric("promptcache_leader") == 0
+        assert replicas[leader].counter("promptcache_leader") == 1
+        assert replicas[1 - leader].counter("promptcache_leader") == 0
         replicas[leader].stop()
         wait_for(
-            "the standby to take over",
             lambda: roles()[1 - leader] == "leader",
+            "the standby to take over",
             90,
-            replicas[1 - leader],
+            operator=replicas[1 - leader],
         )
         lease = fresh.get_json("lease", release, "-n", ops)
         assert lease["spec"]["holderIdentity"] == f"{release}-local-{1 - leader}"

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from operator_harness import (
+    CHILD_KINDS,
     OperatorProcess,
     apiserver_writes,
     apply_yaml,
@@ -36,10 +37,6 @@ pytestmark = pytest.mark.cluster
 
 RESYNC_S = 2.0
 TIMEOUT_S = 180
-CHILD_KINDS = (
-    "deployments", "services", "configmaps", "serviceaccounts", "roles", "rolebindings",
-    "poddisruptionbudgets", "inferencepools",
-)  # fmt: skip
 
 
 @pytest.fixture(scope="module")

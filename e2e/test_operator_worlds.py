@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from operator_harness import (
+    CHILD_KINDS,
     OperatorProcess,
     apply_yaml,
     condition,
@@ -27,8 +28,7 @@ from pytest_cluster import Cluster
 pytestmark = pytest.mark.cluster
 
 TIMEOUT_S = 180
-KINDS = ("deployments", "services", "configmaps", "serviceaccounts", "roles", "rolebindings",
-         "poddisruptionbudgets", "inferencepools", "secrets")  # fmt: skip
+KINDS = (*CHILD_KINDS, "secrets")
 
 
 @pytest.fixture(scope="module")

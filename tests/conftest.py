@@ -1,15 +1,11 @@
-"""Registers the shared cluster fixtures (see e2e/pytest_cluster.py) for tests/ too."""
+"""Registers the shared cluster fixtures (see e2e/pytest_cluster.py) for tests/ too.
+
+`e2e/` is on pytest's `pythonpath` (pyproject.toml), so its helpers import by name.
+"""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-_E2E = str(Path(__file__).resolve().parents[1] / "e2e")
-if _E2E not in sys.path:
-    sys.path.insert(0, _E2E)
 
 
 def pytest_configure(config: pytest.Config) -> None:

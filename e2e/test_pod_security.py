@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 import yaml
 
+from promptcache.render.epp import SESSION_SHIM_CONTAINER
+from promptcache.render.front import FRONT_CONTAINER
 from pytest_cluster import Cluster
 
 pytestmark = [pytest.mark.cluster]
@@ -142,7 +144,7 @@ def test_every_rendered_pod_is_admitted_as_restricted(
     containers = {
         c["name"] for d in deployments for c in d["spec"]["template"]["spec"]["containers"]
     }
-    assert {"vllm", "cache-front", "epp", "session-shim"} <= containers
+    assert {"vllm", FRONT_CONTAINER, "epp", SESSION_SHIM_CONTAINER} <= containers
     for d in deployments:
         for c in d["spec"]["template"]["spec"]["containers"]:
             assert c["securityContext"]["readOnlyRootFilesystem"] is True, (
@@ -155,6 +157,11 @@ def test_every_rendered_pod_is_admitted_as_restricted(
             if c["name"] != "vllm"
         }
         assert uids <= {None}, "only vLLM's container, whose image has no user, gets a UID"
+    # What the examples' pods name must exist for the pods to be created at all.
+    for priority in {
+        d["spec"]["template"]["spec"].get("priorityClassName") for d in deployments
+    } - {None}:
+        cluster.kubectl("create", "priorityclass", priority, "--value=1000", check=False)
     # The rest of the render (ServiceAccounts, RBAC, ConfigMaps, Services) first, for real.
     others = [m for m in manifests if m["kind"] not in ("Deployment", "InferencePool", "HTTPRoute")]
     cluster.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(others))

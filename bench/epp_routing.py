@@ -292,7 +292,8 @@ def drive(
         pick = oracle_router(targets, seed)
     else:
         assert pool is not None
-        epp = pool.start_epp(config_text=configs[router])  # a fresh picker: an empty index
+        # a fresh picker (an empty index); plaintext ext_proc on loopback, routing unchanged
+        epp = pool.start_epp(config_text=configs[router], extra_args=["--secure-serving=false"])
         client = epp.client()
         pick = picker_router(client, targets)
 
@@ -340,7 +341,8 @@ def report(
     )
     header = (
         f"{'load':>5} {'router':14} {'cached':>7} {'/oracle':>8} {'/load-only':>10} "
-        f"{'p50 s':>7} {'p99 s':>7} {'p50/lo':>7} {'p99/lo':>7} {'busiest':>7} {'req':>5}"
+        f"{'p50 s':>7} {'p99 s':>7} {'p50/lo':>7} {'p99/lo':>7} {'busiest':>7} {'req':>5} "
+        f"{'refused':>7}"
     )
     print(header)
     for load in loads:
@@ -354,7 +356,7 @@ def report(
                 f"{s.ttft(0.5):>7.3f} {s.ttft(0.99):>7.3f} "
                 f"{_ratio(s.ttft(0.5), lo.ttft(0.5) if lo else None):>7} "
                 f"{_ratio(s.ttft(0.99), lo.ttft(0.99) if lo else None):>7} {s.busiest:>7.2f} "
-                f"{len(s.ttft_s):>5}"
+                f"{len(s.ttft_s):>5} {s.errors:>7}"
             )
         path = plot(rows, load, load * capacity, args.out, args.prefix)
         print(f"      plot: {_shown(path)}")

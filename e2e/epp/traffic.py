@@ -16,9 +16,7 @@ import asyncio
 import dataclasses
 import json
 import math
-import os
 import random
-import subprocess
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -346,29 +344,13 @@ async def run_trace(
 
 
 def use_gie_picker() -> str:
-    """Run the GIE v1.5.0 picker that `e2e/cluster build` builds, with only the flags it
-    knows. Until the harness targets GIE itself (issue 16) it defaults to llm-d-router
-    and adds `--drain-timeout`, which GIE does not have: such flags are dropped here."""
-    from . import binary, process  # noqa: PLC0415 - the harness, only when a picker runs
+    """The GIE v1.5.0 picker `e2e/cluster build` builds (the harness's default target);
+    exits with the reason when it is not built."""
+    from promptcache.contract import PickerTarget  # noqa: PLC0415
 
-    gie = binary.cache_dir() / "bin" / "epp-v1.5.0" / "epp"
-    if binary.find_epp_binary() is None and gie.is_file():
-        os.environ[binary.EPP_BIN_ENV] = str(gie)
-    found = binary.find_epp_binary()
+    from . import binary  # noqa: PLC0415 - the harness, only when a picker runs
+
+    found = binary.find_epp_binary(PickerTarget.GIE)
     if found is None:
-        raise SystemExit(binary.missing_reason())
-    help_text = subprocess.run(
-        [str(found), "--help"], capture_output=True, text=True, check=False
-    ).stderr
-    known = {w.split("=")[0] for w in help_text.split() if w.startswith("-")}
-    original = process.EppProcess.start
-
-    def start(self: Any) -> Any:
-        self.args = [
-            self.args[0],
-            *(a for a in self.args[1:] if not a.startswith("-") or a.split("=")[0] in known),
-        ]
-        return original(self)
-
-    process.EppProcess.start = start  # type: ignore[method-assign]
+        raise SystemExit(binary.missing_reason(PickerTarget.GIE))
     return str(found)

@@ -83,14 +83,22 @@ def wait_for(
         time.sleep(every)
 
 
+def wait_established(kubectl: Callable[..., Any], crd: str, timeout: float = 60) -> None:
+    """Poll until the CRD is Established. `kubectl wait --for=condition=Established` right
+    after the apply fails at once ("accessor error: <nil>") while the API server has not yet
+    written any condition, which a loaded machine makes likely."""
+
+    def established() -> bool:
+        obj = get_json(kubectl, "crd", crd)
+        conditions = ((obj or {}).get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+    wait_for(established, f"CRD {crd} Established", timeout=timeout)
+
+
 def install_crd(kubectl: Callable[..., Any]) -> None:
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
-    kubectl(
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/promptcachedeployments.serving.promptcache.io",
-    )
+    wait_established(kubectl, "promptcachedeployments.serving.promptcache.io")
 
 
 def resource(name: str, namespace: str, **spec: Any) -> dict[str, Any]:

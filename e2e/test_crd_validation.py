@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from kubernetes.client.exceptions import ApiException
 from tests.render import test_pod_template as pod_template_cases
 
+from operator_harness import wait_established
 from promptcache.api import InvalidResourceError, parse_resource
 from promptcache.loading import load_resources
 from promptcache.render import render
@@ -38,7 +39,7 @@ CRD_NAME = "promptcachedeployments.serving.promptcache.io"
 def crd(cluster: Cluster) -> str:
     """Install (server-side apply, as a user or the chart would) and wait for Established."""
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    wait_established(cluster.kubectl, CRD_NAME)
     return CRD_NAME
 
 

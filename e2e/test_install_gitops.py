@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
+from operator_harness import wait_established
 from pytest_cluster import Cluster
 
 pytestmark = pytest.mark.cluster
@@ -35,7 +36,7 @@ MANAGER = "gitops"
 @pytest.fixture(scope="module")
 def crd(cluster: Cluster) -> str:
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    wait_established(cluster.kubectl, CRD_NAME)
     return CRD_NAME
 
 

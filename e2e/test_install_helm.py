@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from operator_harness import OperatorProcess, free_port, wait_for
+from operator_harness import OperatorProcess, free_port, wait_established, wait_for
 from promptcache.api.defaults import OperatorDefaults, flag_of
 from pytest_cluster import Cluster
 
@@ -205,7 +205,7 @@ def test_install_and_the_operator_reconciles_with_the_chart_credentials(
         # NOTES tell the next command, for the namespace the operator watches.
         assert f"kubectl -n {ops_namespace} rollout status deployment/{name}" in install.stdout
         assert f"namespace: {namespace}" in install.stdout
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+        wait_established(cluster.kubectl, CRD_NAME)
 
         # Least privilege: rights in the watched namespace only, none elsewhere.
         sa = f"system:serviceaccount:{ops_namespace}:{name}"
@@ -328,7 +328,7 @@ def test_upgrade_and_uninstall_keep_the_crd_and_user_resources(
     release = "promptcache-operator"
 
     fresh.helm("install", release, str(CHART), "-n", ops, "--wait", "--timeout", "3m")
-    fresh.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    wait_established(fresh.kubectl, CRD_NAME)
     crd = fresh.get_json("crd", CRD_NAME)
     shipped = yaml.safe_load((ROOT / "crds" / CRD_FILE).read_text())
     assert crd["spec"]["versions"][0]["schema"] == shipped["spec"]["versions"][0]["schema"]
@@ -465,7 +465,7 @@ def test_the_crd_upgrades_with_the_chart_and_uninstall_keeps_it_unless_asked(
     team = fresh.create_namespace("team")
     release = "pco"
     fresh.helm("install", release, str(CHART), "-n", ops, "--wait", "--timeout", "3m")
-    fresh.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    wait_established(fresh.kubectl, CRD_NAME)
     crd = fresh.get_json("crd", CRD_NAME)
     assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
     spec_fields = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]

@@ -168,7 +168,9 @@ def show_cache_working(
     """Bind stand-ins and fronts on the example's pods, route the workload twice, report."""
     t0 = time.monotonic()
     cluster = pytest_cluster.Cluster(kubeconfig=kubeconfig, pod_cidr=None, mode="existing")
-    resource = load_example(example)
+    # The picker this machine can build (the resource as applied targets llm-d-router,
+    # whose binary the module proxy here refuses): the same pods, the GIE-rendered config.
+    resource = load_example(example, None, {"gateway": {"picker": "gie-v1.5"}})
     name, namespace = resource["metadata"]["name"], resource["metadata"].get("namespace", "default")
     rendered = Rendered(render_resource(resource))
     workdir.mkdir(parents=True, exist_ok=True)

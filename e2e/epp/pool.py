@@ -128,7 +128,13 @@ class PoolOnCluster:
         ns = self.rendered.namespace
         self.cluster.kubectl("get", "namespace", ns)
         # Secrets the pods mount must exist for kwok to report the pod Running? kwok
-        # does not mount volumes, so none are created here.
+        # does not mount volumes, so none are created here. A PriorityClass the pod template
+        # names must exist, or admission refuses the pods (a platform team has its own).
+        priority = self.rendered.model_deployment["spec"]["template"]["spec"].get(
+            "priorityClassName"
+        )
+        if priority:
+            self.cluster.kubectl("create", "priorityclass", priority, "--value=1000", check=False)
         doc = json.dumps({"apiVersion": "v1", "kind": "List", "items": self.applicable_objects()})
         self.cluster.kubectl("apply", "-n", ns, "-f", "-", input=doc)
 

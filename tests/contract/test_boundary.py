@@ -16,12 +16,15 @@ from hypothesis import strategies as st
 from promptcache.api import PromptCacheDeployment, ceiling_of
 from promptcache.cli import build_parser
 from promptcache.contract import SALT_KEY_SECRET_KEY, IsolationMode
+from promptcache.contract.picker import PickerTarget
 from promptcache.front.command import settings_from as front_settings_from
 from promptcache.front.settings import FrontSettings
 from promptcache.gateway.command import settings_from as shim_settings_from
 from promptcache.gateway.settings import ShimSettings
 from promptcache.loading import load_resources
 from promptcache.render import render
+from promptcache.render.epp import POLICY_COMMAND, SESSION_SHIM_CONTAINER, uses_policy_step
+from promptcache.render.epp_config import picker_of
 from promptcache.render.front import FRONT_CONTAINER
 from promptcache.yamlio import dump
 from tests.render.strategies import resources
@@ -92,15 +95,18 @@ def _check_front(pcd: PromptCacheDeployment, pod: dict[str, Any], c: dict[str, A
 
 def _check_shim(pcd: PromptCacheDeployment, pod: dict[str, Any], c: dict[str, Any]) -> None:
     s: ShimSettings = shim_settings_from(_start(c), _env(c))
-    assert s.session_header == pcd.spec.session_affinity.header
-    assert s.user_field == "user"
+    session = pcd.spec.session_affinity
+    # Only a picker with a session plugin is told the session header (GIE refuses sessions).
+    names_sessions = session.enabled and picker_of(pcd) is PickerTarget.LLM_D_ROUTER
+    assert s.session_header == (session.header if names_sessions else "")
+    assert s.user_field == ("user" if session.use_user_field else "")
     assert _port_of(s.listen) == c["ports"][0]["containerPort"]
     epp = next(x for x in pod["containers"] if x["name"] == "epp")
     assert _port_of(s.upstream) == int(_flag(epp["args"], "--grpc-port"))
     assert s.max_buffered_bytes >= s.max_body_bytes
 
 
-CHECKS = {"front": _check_front, "session-shim": _check_shim}
+CHECKS = {"front": _check_front, POLICY_COMMAND: _check_shim}
 """Our processes, by the sub-command the container runs."""
 
 
@@ -120,8 +126,7 @@ def test_every_rendered_process_parses_what_the_spec_says(doc: dict[str, Any]) -
             CHECKS[command](pcd, pod, c)
             checked.add(c["name"])
     assert (FRONT_CONTAINER in checked) is pcd.spec.front.enabled
-    shim = pcd.spec.session_affinity.enabled and pcd.spec.session_affinity.use_user_field
-    assert ("session-shim" in checked) is shim
+    assert (SESSION_SHIM_CONTAINER in checked) is uses_policy_step(pcd)
 
 
 @given(

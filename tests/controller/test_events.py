@@ -50,3 +50,8 @@ def test_event_is_named_never_generated_and_points_at_the_resource() -> None:
     }
     long = event_manifest(PCD, type_="Warning", reason="X", message="x" * 5000, instance="i")
     assert len(long["message"]) == 1024
+
+
+def test_a_first_not_ready_that_names_a_pod_problem_is_news() -> None:
+    new = [_c("Ready", "False", "Unschedulable"), _c("Ready2", "False", "ReplicasNotReady")]
+    assert [c["reason"] for c in transitions([], new)] == ["Unschedulable"]

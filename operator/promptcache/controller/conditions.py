@@ -12,6 +12,8 @@ import datetime
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from promptcache.controller.diagnose import NOT_READY_WARNINGS
+
 Status = Literal["True", "False", "Unknown"]
 
 
@@ -62,8 +64,17 @@ def transitions(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[di
     changed = []
     for cond in new:
         before = find(old, cond["type"])
-        if before is None and cond["type"] != "Degraded" and cond["status"] != "True":
-            continue  # a first "not yet" (Ready=False, ...) is not news; later flips are
+        if (
+            before is None
+            and cond["type"] != "Degraded"
+            and cond["status"] != "True"
+            and cond["reason"] not in NOT_READY_WARNINGS
+        ):
+            # a first "not yet" (Ready=False, ...) is not news; later flips are. A first one
+            # that already names a pod problem (Unschedulable, ImagePullBackOff, ...) is: the
+            # operator may first look only once the scheduler has spoken, and the Event must
+            # not depend on that race.
+            continue
         if before is None and cond["type"] == "Degraded" and cond["status"] != "True":
             continue  # nor is a first "not degraded"
         if before is None or (before.get("status"), before.get("reason")) != (

@@ -21,7 +21,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -352,3 +352,22 @@ def get_json(kubectl: Callable[..., Any], *args: str) -> Any:
 
 def apply_yaml(kubectl: Callable[..., Any], *docs: dict[str, Any]) -> None:
     kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+
+
+@contextlib.contextmanager
+def namespaced_operator(cluster: Any, label: str, log_dir: Path) -> Iterator[dict[str, Any]]:
+    """The CRD installed, a fresh namespace `label-…` and an operator watching only it
+    (no leader election, 2 s resyncs); the operator stopped and the namespace deleted after.
+    `cluster` is e2e/pytest_cluster.Cluster. Yields `{"ns": ..., "op": ...}`."""
+    install_crd(cluster.kubectl)
+    ns = cluster.create_namespace(label)
+    op = OperatorProcess(
+        kubeconfig=cluster.kubeconfig,
+        log_path=log_dir / "operator.log",
+        args=["-n", ns, "--no-leader-election", "--resync-seconds", "2"],
+    ).start()
+    try:
+        yield {"ns": ns, "op": op}
+    finally:
+        op.stop()
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)

@@ -27,7 +27,7 @@ from operator_harness import (
     apply_yaml,
     condition,
     get_json,
-    install_crd,
+    namespaced_operator,
     resource,
     wait_for,
 )
@@ -41,18 +41,8 @@ CONTROLLER = "example.com/gateway-controller"
 
 @pytest.fixture(scope="module")
 def env(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    install_crd(cluster.kubectl)
-    ns = cluster.create_namespace("explain")
-    op = OperatorProcess(
-        kubeconfig=cluster.kubeconfig,
-        log_path=tmp_path_factory.mktemp("explain") / "operator.log",
-        args=["-n", ns, "--no-leader-election", "--resync-seconds", "2"],
-    ).start()
-    try:
-        yield {"ns": ns, "op": op}
-    finally:
-        op.stop()
-        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+    with namespaced_operator(cluster, "explain", tmp_path_factory.mktemp("explain")) as env:
+        yield env
 
 
 def now_rfc3339(delta_s: float = 0) -> str:

@@ -20,6 +20,7 @@ from operator_harness import (
     condition,
     get_json,
     install_crd,
+    namespaced_operator,
     resource,
     wait_for,
 )
@@ -33,18 +34,8 @@ KINDS = (*CHILD_KINDS, "secrets")
 
 @pytest.fixture(scope="module")
 def env(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    install_crd(cluster.kubectl)
-    ns = cluster.create_namespace("worlds")
-    op = OperatorProcess(
-        kubeconfig=cluster.kubeconfig,
-        log_path=tmp_path_factory.mktemp("worlds") / "operator.log",
-        args=["-n", ns, "--no-leader-election", "--resync-seconds", "2"],
-    ).start()
-    try:
-        yield {"ns": ns, "op": op}
-    finally:
-        op.stop()
-        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+    with namespaced_operator(cluster, "worlds", tmp_path_factory.mktemp("worlds")) as env:
+        yield env
 
 
 def wait_condition(

@@ -10,10 +10,10 @@ process, started from flags or exactly as the chart's container would run it), `
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -190,10 +190,17 @@ def apiserver_writes(
     return main + status
 
 
-def _die_with_parent() -> None:
-    """In the child: SIGTERM when the test process dies, so no operator outlives its test."""
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+def _die_with_parent(argv: list[str]) -> list[str]:
+    """`argv` run so that it gets SIGTERM when the test process dies (no operator outlives
+    its test), through util-linux's `setpriv --pdeathsig` rather than a `preexec_fn`.
+
+    A `preexec_fn` forces a plain fork() of the multi-threaded pytest process and runs
+    Python in the child: grpc (imported by the session shim's tests) then runs its fork
+    handlers there, and under load its poller aborted the child with "epoll_wait error:
+    Bad file descriptor" (SIGABRT, exit -6) before the operator was even exec'd. Without
+    a preexec_fn, subprocess uses vfork/exec, which runs no fork handlers."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "TERM", "--", *argv] if setpriv else argv
 
 
 @dataclass
@@ -254,12 +261,11 @@ class OperatorProcess:
         ]  # fmt: skip
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            argv,
+            _die_with_parent(argv),
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
             cwd=self.cwd,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509
         )
         log.close()
         if wait_healthy:

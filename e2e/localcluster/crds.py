@@ -30,6 +30,7 @@ PROMETHEUS_OPERATOR = "github.com/prometheus-operator/prometheus-operator"
 installed by `up` (most clusters lack them, and the operator must say so); `which
 monitoring-crds` lists them for the tests that install them."""
 MONITORING_CRDS = ("podmonitors", "prometheusrules", "servicemonitors")
+MONITORING_CRD_NAMES = tuple(f"{plural}.monitoring.coreos.com" for plural in MONITORING_CRDS)
 GATEWAY_CRD_NAMES = (
     "httproutes.gateway.networking.k8s.io",
     "inferencepools.inference.networking.k8s.io",

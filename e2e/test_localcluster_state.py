@@ -4,6 +4,7 @@ directory with the package's results."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -84,3 +85,30 @@ def test_the_script_imports_its_package_from_any_directory(tmp_path: Path) -> No
     env = cli("env", "--dir", str(tmp_path), cwd=tmp_path)
     assert env.returncode == 3
     assert env.stdout == ""  # `eval "$(e2e/cluster env)"` gets nothing to run
+
+
+def test_the_script_needs_nothing_but_the_standard_library(tmp_path: Path) -> None:
+    """It must run before the project is installed: no site-packages (`-S`), no PYTHONPATH
+    (so no promptcache), and every localcluster module is imported on the way."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    proc = subprocess.run(
+        [sys.executable, "-S", str(CLI), "which", "kubectl"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert (proc.returncode, proc.stdout.strip()) == (0, str(binary_path("kubectl"))), proc.stderr
+    loaded = subprocess.run(
+        [sys.executable, "-S", "-c", "import sys, localcluster.commands; print(list(sys.modules))"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        cwd=CLI.parent,
+        env=env,
+    ).stdout
+    assert "'localcluster.lifecycle'" in loaded
+    assert "promptcache" not in loaded

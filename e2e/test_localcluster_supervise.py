@@ -25,6 +25,7 @@ SLEEPS_WITH_CHILD = (
     "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', sys.argv[1]]); "
     "print(c.pid, flush=True); time.sleep(600)"
 )
+SLEEPS = "import time; print('ready', flush=True); time.sleep(600)"
 IGNORES_TERM = (
     "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
     "print('ready', flush=True); time.sleep(600)"
@@ -123,11 +124,17 @@ def test_sigterm_ignored_then_killed_after_grace(
 def test_another_process_sees_liveness_through_proc(procs: Supervisor, tmp_path: Path) -> None:
     """`down` from another shell has no Popen handles: a fresh Supervisor over the same pids
     judges by /proc, and only a pid whose command line names the work dir is ours."""
-    start(procs, "svc", IGNORES_TERM)
+    start(procs, "svc", SLEEPS)
+    # Until the child has exec'd, /proc shows the forked parent's command line: wait for it.
+    procs.wait_until("svc started", lambda: log_has(procs, "svc", "ready"), 60, "svc")
     other = Supervisor(procs.workdir, dict(procs.pids))
     assert other.alive("svc")
     assert not pid_alive(os.getpid(), str(tmp_path / "elsewhere"))  # alive, but not ours
     other.stop(["svc"], grace=30)
-    # Our own child is a zombie until reaped; a zombie is not alive to either view.
     assert not other.alive("svc")
+    # /proc drops an exiting process's command line a moment before the kernel reports its
+    # exit to the parent: our own handle may lag the /proc view by that moment.
+    deadline = time.monotonic() + 30
+    while procs.alive("svc") and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert not procs.alive("svc")

@@ -134,11 +134,11 @@ class Supervisor:
                 say(f"{comp} (pid {pid}) ignored SIGTERM for {grace:.0f}s; killing")
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGKILL)
-                # Reap a child of ours so it does not linger as a zombie that reads alive.
-                proc = self._procs.get(comp)
-                if proc is not None:
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        proc.wait(timeout=5)
+                # SIGKILL is delivered asynchronously: return only once it is gone, so the
+                # caller can remove the cluster dir it writes into.
+                kill_deadline = time.monotonic() + 10
+                while self.alive(comp) and time.monotonic() < kill_deadline:
+                    time.sleep(0.05)
 
 
 def http_ok(url: str, ctx: ssl.SSLContext | None = None) -> bool:

@@ -48,6 +48,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+# A plain script (`python bench/NAME.py`, as the README says): the e2e helpers import each
+# other by bare name (`localcluster`, `epp`, `pytest_cluster`), as pytest's `pythonpath`
+# arranges for the tests, so a bench that reuses them puts e2e/ on the path the same way.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 
 import pytest_cluster  # e2e/: the same local control plane the tests use

@@ -34,6 +34,8 @@ from pathlib import Path
 
 import aiohttp
 
+# A plain script (`python bench/front_overhead.py`): the attack payloads are the unit tests'
+# (tests/front/amplification.py), importable as `tests.*` from the checkout root.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.front.amplification import attacks, dense_payload

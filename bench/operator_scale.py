@@ -30,6 +30,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+# A plain script (`python bench/NAME.py`, as the README says): the e2e helpers import each
+# other by bare name (`localcluster`, `epp`, `pytest_cluster`), as pytest's `pythonpath`
+# arranges for the tests, so a bench that reuses them puts e2e/ on the path the same way.
 sys.path.insert(0, str(ROOT / "e2e"))
 
 import yaml  # noqa: E402

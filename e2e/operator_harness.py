@@ -28,6 +28,8 @@ from typing import Any
 
 import yaml
 
+from localcluster.crds import wait_established as crd_wait
+
 ROOT = Path(__file__).resolve().parents[1]
 CRD_FILE = ROOT / "crds" / "serving.promptcache.io_promptcachedeployments.yaml"
 RULES_FILE = ROOT / "charts" / "promptcache-operator" / "files" / "clusterrole-rules.yaml"
@@ -83,17 +85,12 @@ def wait_for(
         time.sleep(every)
 
 
-def wait_established(kubectl: Callable[..., Any], crd: str, timeout: float = 60) -> None:
-    """Poll until the CRD is Established. `kubectl wait --for=condition=Established` right
-    after the apply fails at once ("accessor error: <nil>") while the API server has not yet
-    written any condition, which a loaded machine makes likely."""
-
-    def established() -> bool:
-        obj = get_json(kubectl, "crd", crd)
-        conditions = ((obj or {}).get("status") or {}).get("conditions") or []
-        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
-
-    wait_for(established, f"CRD {crd} Established", timeout=timeout)
+def wait_established(kubectl: Callable[..., Any], *crds: str, timeout: float = 60) -> None:
+    """Poll until every CRD named is Established (`localcluster.crds.wait_established`, the
+    one CRD wait of the e2e tree): `kubectl wait --for=condition=Established` right after
+    the apply fails at once while the API server has not yet shown the object or written
+    any condition, which a loaded machine makes likely."""
+    crd_wait(lambda name: get_json(kubectl, "crd", name), crds, timeout=timeout)
 
 
 def install_crd(kubectl: Callable[..., Any]) -> None:

@@ -35,28 +35,19 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
-E2E_DIR = Path(__file__).resolve().parent
-CLUSTER_CLI = E2E_DIR / "cluster"
+from localcluster.paths import CACHE, CLI
+from localcluster.state import State
+from localcluster.targets import binary_path
+
+CLUSTER_CLI = CLI
 BUILD_ON_REQUEST_TIMEOUT_S = 3600  # a cold Prometheus build on a loaded 2-core machine
-
-
-def built_binary(name: str) -> Path:
-    """Path of an on-request binary (prometheus, promtool, epp, ...), building its target
-    once if it is not in the cache yet (`e2e/cluster build --only NAME`, which takes the
-    build lock, so concurrent sessions build it once)."""
-    proc = _cli("which", name, timeout=60)
-    if proc.returncode != 0:
-        built = _cli("build", "--only", name, timeout=BUILD_ON_REQUEST_TIMEOUT_S)
-        if built.returncode != 0:
-            raise RuntimeError(f"building {name} failed:\n{built.stderr[-4000:]}")
-    return binary(name)
-
-
-CACHE = Path(os.environ.get("PROMPTCACHE_CACHE_DIR") or Path.home() / ".cache" / "promptcache")
 UP_TIMEOUT_S = 240  # warm `up` takes well under 60 s; a loaded CI machine gets slack
 
 
 def _cli(*args: str, timeout: float = UP_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    """`e2e/cluster` as a child process, for what must outlive or stay apart from this one:
+    `up` (its components run in their own sessions, its progress is read for retries),
+    `down`, and `build` (minutes, under the shared build lock, with a timeout)."""
     return subprocess.run(
         [sys.executable, str(CLUSTER_CLI), *args],
         capture_output=True,
@@ -69,10 +60,21 @@ def _cli(*args: str, timeout: float = UP_TIMEOUT_S) -> subprocess.CompletedProce
 @functools.cache
 def binary(name: str) -> Path:
     """Path of a binary built by ``e2e/cluster build`` (kubectl, helm, epp, kwok, ...)."""
-    proc = _cli("which", name, timeout=60)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{name} is not built: run `e2e/cluster build` ({proc.stderr.strip()})")
-    return Path(proc.stdout.strip())
+    path = binary_path(name)
+    if not path.is_file():
+        raise RuntimeError(f"{name} is not built: run `e2e/cluster build` (expected {path})")
+    return path
+
+
+def built_binary(name: str) -> Path:
+    """Path of an on-request binary (prometheus, promtool, epp, ...), building its target
+    once if it is not in the cache yet (`e2e/cluster build --only NAME`, which takes the
+    build lock, so concurrent sessions build it once)."""
+    if not binary_path(name).is_file():
+        built = _cli("build", "--only", name, timeout=BUILD_ON_REQUEST_TIMEOUT_S)
+        if built.returncode != 0:
+            raise RuntimeError(f"building {name} failed:\n{built.stderr[-4000:]}")
+    return binary(name)
 
 
 @dataclass
@@ -193,14 +195,16 @@ def start_local_cluster(gateway_crds: bool = True, name: str | None = None) -> C
     if "retrying" in proc.stderr:
         # Visible in pytest's warnings summary: a flaky start should not pass unnoticed.
         warnings.warn(f"e2e/cluster up needed a retry:\n{proc.stderr[-3000:]}", stacklevel=2)
-    status = json.loads(_cli("status", "--dir", str(d), "--json", timeout=60).stdout)
+    state = State.load(d)
+    if state is None:
+        raise RuntimeError(f"e2e/cluster up left no state in {d}:\n{proc.stderr[-4000:]}")
     return Cluster(
-        kubeconfig=Path(status["kubeconfig"]),
-        pod_cidr=status["pod_cidr"] or None,
-        mode=status["mode"],
+        kubeconfig=state.kubeconfig,
+        pod_cidr=state.pod_cidr or None,
+        mode=state.mode,
         dir=d,
-        gateway_crds=bool(status["gateway_crds"]),
-        nodes=list(status["nodes"]),
+        gateway_crds=state.gateway_crds,
+        nodes=list(state.nodes),
     )
 
 

@@ -14,14 +14,12 @@ from __future__ import annotations
 import datetime
 import json
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from localcluster.crds import MONITORING_CRD_NAMES, monitoring_crd_files
 from operator_harness import (
     OperatorProcess,
     apply_yaml,
@@ -29,6 +27,7 @@ from operator_harness import (
     get_json,
     namespaced_operator,
     resource,
+    wait_established,
     wait_for,
 )
 from pytest_cluster import Cluster
@@ -478,23 +477,11 @@ def test_gateway_ready_follows_the_gateway_controllers_verdict(
 # --------------------------------------------------------------------------- monitoring
 
 
-def monitoring_crds() -> list[str]:
-    cli = Path(__file__).resolve().parent / "cluster"
-    out = subprocess.run(
-        [sys.executable, str(cli), "which", "monitoring-crds"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=600,
-    )
-    return out.stdout.split()
-
-
 def test_monitoring_says_when_the_prometheus_operator_is_missing_then_applies(
     cluster: Cluster, env: dict[str, Any]
 ) -> None:
     ns, op = env["ns"], env["op"]
-    crds = monitoring_crds()
+    crds = monitoring_crd_files()  # downloads the pinned module if needed
     apply_yaml(cluster.kubectl, resource("watched", ns, monitoring={"enabled": True}))
     cond = wait_condition(
         cluster, ns, "watched", "MonitoringReady", "False", "PrometheusOperatorNotInstalled", op
@@ -508,9 +495,8 @@ def test_monitoring_says_when_the_prometheus_operator_is_missing_then_applies(
     wait_condition(cluster, ns, "watched", "Ready", "True", "Available", op)
     try:
         for path in crds:
-            cluster.kubectl("apply", "--server-side", "-f", path)
-        for path in crds:
-            cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", path)
+            cluster.kubectl("apply", "--server-side", "-f", str(path))
+        wait_established(cluster.kubectl, *MONITORING_CRD_NAMES)
         cond = wait_condition(
             cluster, ns, "watched", "MonitoringReady", "True", "PodMonitorsApplied", op
         )
@@ -545,4 +531,4 @@ def test_monitoring_says_when_the_prometheus_operator_is_missing_then_applies(
         )
     finally:
         for path in crds:
-            cluster.kubectl("delete", "-f", path, "--wait=false", check=False)
+            cluster.kubectl("delete", "-f", str(path), "--wait=false", check=False)

@@ -18,9 +18,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from localcluster.paths import BIN_ROOT
+from localcluster.targets import find_target
 from promptcache.contract import PickerTarget
-
-E2E = Path(__file__).resolve().parents[1]
 
 EPP_MODULE = "github.com/llm-d/llm-d-router"
 """The Go module the llm-d Endpoint Picker comes from (formerly llm-d-inference-scheduler)."""
@@ -33,22 +33,8 @@ GIE_MODULE = "sigs.k8s.io/gateway-api-inference-extension"
 GIE_BIN_ENV = "PROMPTCACHE_GIE_EPP_BIN"
 
 
-def _gomod_version(module: str) -> str:
-    """The version e2e/tools/epp/go.mod pins (the one `e2e/cluster build` builds)."""
-    for line in (E2E / "tools" / "epp" / "go.mod").read_text().splitlines():
-        parts = line.strip().removeprefix("require").split()
-        if len(parts) >= 2 and parts[0] == module and parts[1].startswith("v"):
-            return parts[1]
-    raise LookupError(f"e2e/tools/epp/go.mod does not require {module}")
-
-
-GIE_VERSION = _gomod_version(GIE_MODULE)
-
-
-def cache_dir() -> Path:
-    """The shared cache root: `$PROMPTCACHE_CACHE_DIR`, else `~/.cache/promptcache`."""
-    root = os.environ.get("PROMPTCACHE_CACHE_DIR")
-    return Path(root) if root else Path.home() / ".cache" / "promptcache"
+GIE_VERSION = find_target("epp").version()
+"""The version e2e/tools/epp/go.mod pins (the one `e2e/cluster build` builds)."""
 
 
 @dataclass(frozen=True)
@@ -62,7 +48,7 @@ class PickerBinary:
     how_to_build: str
 
     def default_path(self) -> Path:
-        return cache_dir() / "bin" / f"epp-{self.version}" / "epp"
+        return BIN_ROOT / f"epp-{self.version}" / "epp"
 
     def path(self) -> Path:
         override = os.environ.get(self.env)
@@ -102,7 +88,7 @@ PICKERS: dict[PickerTarget, PickerBinary] = {
 
 def default_epp_path(version: str = EPP_VERSION) -> Path:
     """Where `e2e/cluster build` (or a hand build) puts an Endpoint Picker of `version`."""
-    return cache_dir() / "bin" / f"epp-{version}" / "epp"
+    return BIN_ROOT / f"epp-{version}" / "epp"
 
 
 def find_epp_binary(picker: PickerTarget = PickerTarget.LLM_D_ROUTER) -> Path | None:

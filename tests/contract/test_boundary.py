@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from promptcache.api import PromptCacheDeployment, ceiling_of
 from promptcache.cli import build_parser
 from promptcache.contract import SALT_KEY_SECRET_KEY, IsolationMode
+from promptcache.contract.front import DEFAULT_MAX_IN_FLIGHT
 from promptcache.contract.picker import PickerTarget
 from promptcache.front.command import settings_from as front_settings_from
 from promptcache.front.settings import FrontSettings
@@ -72,7 +73,7 @@ def _check_front(pcd: PromptCacheDeployment, pod: dict[str, Any], c: dict[str, A
     assert s.prompt_embeds_cache_gib == spec.prompt_embeds.effective_cache_gib
     assert s.cache_capacity_bytes == ceiling_of(pcd).per_process_bytes
     assert s.max_body_bytes == spec.front.max_request_bytes
-    assert s.max_in_flight_bytes >= s.max_body_bytes
+    _check_front_limits(spec, s)
     assert s.workers == spec.engine.api_server_count
     assert s.prompt_tokens_header == (usage.prompt_tokens_header if usage.enabled else "")
     assert s.cached_prompt_tokens_header == (
@@ -91,6 +92,28 @@ def _check_front(pcd: PromptCacheDeployment, pod: dict[str, Any], c: dict[str, A
         volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
         assert s.salt_key_file == f"{mount['mountPath']}/{SALT_KEY_SECRET_KEY}"
         assert volume["secret"]["items"][0]["path"] == SALT_KEY_SECRET_KEY
+
+
+def _check_front_limits(spec: Any, s: FrontSettings) -> None:
+    """The front's limits (issue 11) as the resource sets them, or as documented when unset."""
+    front = spec.front
+    # maxConcurrency; empty: engine.maxNumSeqs, else vLLM's own default of 256
+    assert s.max_in_flight == (
+        front.max_concurrency
+        if front.max_concurrency is not None
+        else spec.engine.max_num_seqs or DEFAULT_MAX_IN_FLIGHT
+    )
+    # memoryBudgetBytes; empty: max(1 GiB, 5 x maxRequestBytes)
+    assert s.max_in_flight_bytes == (
+        front.memory_budget_bytes
+        if front.memory_budget_bytes is not None
+        else max(1 << 30, 5 * front.max_request_bytes)
+    )
+    assert s.max_in_flight_bytes >= s.max_body_bytes  # one maximal request always fits
+    assert s.max_body_reads == front.max_concurrent_body_reads
+    assert s.header_timeout_seconds == front.header_timeout_seconds  # exactly, not rounded
+    assert s.body_timeout_seconds == front.body_timeout_seconds
+    assert s.max_prompt_embeds_references == front.max_prompt_embeds_references
 
 
 def _check_shim(pcd: PromptCacheDeployment, pod: dict[str, Any], c: dict[str, Any]) -> None:
@@ -145,3 +168,24 @@ def test_unusual_header_names_the_api_accepts_start_the_front(header: str, field
     (pcd,) = load_resources(dump(doc), source="t")
     pod, c = next((p, c) for p, c in _containers(render(pcd)) if c["name"] == FRONT_CONTAINER)
     _check_front(pcd, pod, c)
+
+
+def test_front_timeouts_reach_the_front_unrounded() -> None:
+    """Regression: the renderer wrote timeouts with `:g` (6 significant digits), so a
+    `bodyTimeoutSeconds: 0.001953125` became 0.00195312 in the front."""
+    doc = {
+        "apiVersion": "serving.promptcache.io/v1alpha1",
+        "kind": "PromptCacheDeployment",
+        "metadata": {"name": "t", "namespace": "ns"},
+        "spec": {
+            "model": {"name": "m"},
+            "engine": {"maxNumSeqs": 17},
+            "front": {"headerTimeoutSeconds": 1234.5678, "bodyTimeoutSeconds": 0.001953125},
+        },
+    }
+    (pcd,) = load_resources(dump(doc), source="t")
+    pod, c = next((p, c) for p, c in _containers(render(pcd)) if c["name"] == FRONT_CONTAINER)
+    _check_front(pcd, pod, c)
+    s = front_settings_from(_start(c), _env(c))
+    assert (s.header_timeout_seconds, s.body_timeout_seconds) == (1234.5678, 0.001953125)
+    assert s.max_in_flight == 17  # maxConcurrency unset: the engine's maxNumSeqs

@@ -8,14 +8,14 @@ openAPIV3Schema of the exact CRD files `e2e/cluster` installs.
 from __future__ import annotations
 
 import functools
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import kubernetes_validate
 import yaml
+
+from localcluster.crds import gateway_crd_files, monitoring_crd_files
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBERNETES_VERSION = "1.35.0"
@@ -24,19 +24,11 @@ KUBERNETES_VERSION = "1.35.0"
 @functools.cache
 def crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
     """(apiVersion, kind) → openAPIV3Schema, for every served version of the pinned CRDs."""
-    lines: list[str] = []
-    for which in ("crds", "monitoring-crds"):
-        listing = subprocess.run(
-            [sys.executable, str(ROOT / "e2e" / "cluster"), "which", which],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=600,
-        )
-        lines += listing.stdout.split()
+    # The same files `e2e/cluster which crds` / `which monitoring-crds` list.
+    files = [*gateway_crd_files(), *monitoring_crd_files()]
     schemas: dict[tuple[str, str], dict[str, Any]] = {}
-    for line in lines:
-        for doc in yaml.safe_load_all(Path(line).read_text(encoding="utf-8")):
+    for path in files:
+        for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
             if not doc or doc.get("kind") != "CustomResourceDefinition":
                 continue
             spec = doc["spec"]

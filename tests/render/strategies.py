@@ -17,6 +17,12 @@ body_fields = st.one_of(
     st.sampled_from(["prompt_cache_isolation_key", "tenant", "_t", "T9"]),
     st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,30}", fullmatch=True),
 )
+timeouts = st.one_of(
+    st.sampled_from([0.001, 1 / 3, 30.0, 60.0, 1234.5678, 3600.0]),
+    st.floats(0, 3600, exclude_min=True, allow_nan=False),
+)
+"""Valid front timeouts in seconds (0 < t <= 3600), fractions that do not print short
+included."""
 cache_sizes = st.one_of(
     st.sampled_from([0.0, 0.1, 1.0, 1024.0, 1 / 3, 1e-9]), st.floats(0, 1024, allow_nan=False)
 )
@@ -38,8 +44,24 @@ def isolations(draw: st.DrawFn, front: bool) -> dict[str, Any]:
 
 
 @st.composite
+def front_limits(draw: st.DrawFn, max_request: int) -> dict[str, Any]:
+    """The front's limits, each left out (the default) or set within its bounds; a memory
+    budget is never below the largest request (the API refuses that)."""
+    limits = {
+        "maxConcurrency": st.integers(1, 65536),
+        "memoryBudgetBytes": st.integers(max(1024**2, max_request), 256 * 1024**3),
+        "maxConcurrentBodyReads": st.integers(1, 65536),
+        "headerTimeoutSeconds": timeouts,
+        "bodyTimeoutSeconds": timeouts,
+        "maxPromptEmbedsReferences": st.integers(1, 1_000_000),
+    }
+    return {key: draw(values) for key, values in limits.items() if draw(st.booleans())}
+
+
+@st.composite
 def resources(draw: st.DrawFn) -> dict[str, Any]:
     front = draw(st.booleans())
+    max_request = draw(st.integers(1024, 4 * 1024**3))
     tiers = draw(st.lists(tier_names, max_size=3, unique=True))
     spec: dict[str, Any] = {
         "model": {
@@ -78,7 +100,7 @@ def resources(draw: st.DrawFn) -> dict[str, Any]:
         },
         "front": {
             "enabled": front,
-            "maxRequestBytes": draw(st.integers(1024, 4 * 1024**3)),
+            "maxRequestBytes": max_request,
             "usageHeaders": {
                 "enabled": front and draw(st.booleans()),
                 "promptTokensHeader": draw(header_names),
@@ -88,6 +110,9 @@ def resources(draw: st.DrawFn) -> dict[str, Any]:
     }
     if draw(st.booleans()):
         spec["engine"]["maxModelLen"] = draw(st.integers(256, 131072))
+    if draw(st.booleans()):
+        spec["engine"]["maxNumSeqs"] = draw(st.integers(1, 65536))
+    spec["front"].update(draw(front_limits(max_request)))
     return {
         "apiVersion": "serving.promptcache.io/v1alpha1",
         "kind": "PromptCacheDeployment",

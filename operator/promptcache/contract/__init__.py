@@ -81,7 +81,7 @@ from promptcache.contract.pods import (
     OPERATOR_POD_LABELS,
     OwnedPodParts,
 )
-from promptcache.contract.settings import Setting, SettingInputError, format_bool
+from promptcache.contract.settings import Setting, SettingInputError, format_bool, format_float
 from promptcache.contract.shim import SHIM_SETTINGS, GatewayPolicyEnv, SessionShimEnv
 
 __all__ = [
@@ -138,6 +138,7 @@ __all__ = [
     "check_header_name",
     "format_bool",
     "format_cache_gib",
+    "format_float",
     "is_body_field",
     "is_header_name",
     "needs_salt_key",

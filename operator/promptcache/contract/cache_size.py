@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from promptcache.contract.names import SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR
-from promptcache.contract.settings import SettingInputError
+from promptcache.contract.settings import SettingInputError, format_float
 
 GIB: Final[int] = 1 << 30
 MAX_CACHE_GIB: Final[int] = 1024
@@ -52,8 +52,7 @@ def parse_cache_gib(name: str, raw: str) -> float:
 
 def format_cache_gib(gib: float) -> str:
     """How the renderer writes a size `parse_cache_gib` reads back exactly (`2`, `0.1`)."""
-    short = f"{gib:g}"
-    return short if float(short) == gib else repr(float(gib))
+    return format_float(gib)
 
 
 def cache_gib_to_bytes(gib: float) -> int:

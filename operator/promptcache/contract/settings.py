@@ -98,6 +98,14 @@ def format_bool(value: bool) -> str:
     return "true" if value else "false"
 
 
+def format_float(value: float) -> str:
+    """How the renderer writes a number `as_float` reads back exactly: short when that is
+    exact (`30`, `0.5`), else the shortest round-tripping repr (`0.001953125`, not the
+    `0.00195312` that `:g` would round it to)."""
+    short = f"{value:g}"
+    return short if float(short) == value else repr(float(value))
+
+
 def parse_isolation_mode(name: str, raw: str) -> IsolationMode:
     try:
         return IsolationMode(raw.strip())

@@ -20,6 +20,7 @@ from promptcache.contract import (
     FrontEnv,
     format_bool,
     format_cache_gib,
+    format_float,
 )
 from promptcache.contract.front import (
     DEFAULT_LISTEN,
@@ -82,8 +83,8 @@ def _env(pcd: PromptCacheDeployment, has_salt: bool) -> list[dict[str, str]]:
         (FrontEnv.MAX_IN_FLIGHT_BYTES, str(in_flight_bytes(pcd))),
         (FrontEnv.MAX_IN_FLIGHT, str(max_concurrency(pcd))),
         (FrontEnv.MAX_BODY_READS, str(spec.front.max_concurrent_body_reads)),
-        (FrontEnv.HEADER_TIMEOUT_SECONDS, f"{spec.front.header_timeout_seconds:g}"),
-        (FrontEnv.BODY_TIMEOUT_SECONDS, f"{spec.front.body_timeout_seconds:g}"),
+        (FrontEnv.HEADER_TIMEOUT_SECONDS, format_float(spec.front.header_timeout_seconds)),
+        (FrontEnv.BODY_TIMEOUT_SECONDS, format_float(spec.front.body_timeout_seconds)),
         (FrontEnv.MAX_PROMPT_EMBEDS_REFERENCES, str(spec.front.max_prompt_embeds_references)),
         (FrontEnv.PROMPT_TOKENS_HEADER, usage.prompt_tokens_header if usage.enabled else ""),
         (

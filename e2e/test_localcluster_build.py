@@ -1,0 +1,127 @@
+"""localcluster.build: go.mod versions, build stamps keyed on everything that changes a
+binary, and one real (tiny) `go build` through the same path the control plane takes."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from localcluster.build import (
+    Target,
+    build_target,
+    go_version,
+    gomod_version,
+    prometheus_release,
+    stamp_key,
+    write_stamp,
+)
+from localcluster.errors import ClusterError
+from localcluster.paths import E2E
+from localcluster.targets import TARGETS, find_target
+
+GOMOD = """module example.com/wrapper
+
+go 1.22
+
+require k8s.io/kubernetes v1.37.2
+
+require (
+\tgo.etcd.io/etcd/server/v3 v3.7.0
+\tgithub.com/other/mod v0.1.0 // indirect
+)
+
+replace example.com/ignored => ./ignored
+"""
+
+
+def test_gomod_version_single_line_block_and_indirect(tmp_path: Path) -> None:
+    gomod = tmp_path / "go.mod"
+    gomod.write_text(GOMOD)
+    assert gomod_version(gomod, "k8s.io/kubernetes") == "v1.37.2"
+    assert gomod_version(gomod, "go.etcd.io/etcd/server/v3") == "v3.7.0"
+    assert gomod_version(gomod, "github.com/other/mod") == "v0.1.0"
+    with pytest.raises(ClusterError, match=re.escape("does not require example.com/ignored")):
+        gomod_version(gomod, "example.com/ignored")  # a replace line is no requirement
+    with pytest.raises(ClusterError, match=re.escape("does not require github.com/other")):
+        gomod_version(gomod, "github.com/other")  # whole module paths only
+
+
+def test_every_pinned_target_has_a_version_and_a_cache_dir() -> None:
+    for t in TARGETS:
+        assert t.version().startswith("v"), t
+        assert t.out_dir().name == f"{t.tool}-{t.version()}"
+        assert (E2E / t.module_dir / "go.sum").is_file(), t  # -mod=readonly needs it
+    assert find_target("kubectl").tool == "kubernetes"
+    with pytest.raises(ClusterError, match="unknown binary 'nope'; known: "):
+        find_target("nope")
+
+
+def test_prometheus_module_versions_map_to_releases() -> None:
+    assert prometheus_release("v0.316.0") == "3.16.0"
+    assert prometheus_release("v0.300.1") == "3.0.1"
+
+
+def module(tmp_path: Path) -> Target:
+    """A wrapper module requiring a local dependency (a replace: no download, no go.sum line)."""
+    (tmp_path / "m" / "dep").mkdir(parents=True)
+    (tmp_path / "m" / "go.mod").write_text(
+        "module example.com/w\n\ngo 1.22\n\nrequire example.com/dep v0.1.0\n\n"
+        "replace example.com/dep => ./dep\n"
+    )
+    (tmp_path / "m" / "go.sum").write_text("")
+    (tmp_path / "m" / "main.go").write_text(
+        'package main\n\nimport "example.com/dep"\n\nfunc main() { println(dep.Name) }\n'
+    )
+    (tmp_path / "m" / "dep" / "go.mod").write_text("module example.com/dep\n\ngo 1.22\n")
+    (tmp_path / "m" / "dep" / "dep.go").write_text('package dep\n\nconst Name = "w"\n')
+    return Target("w", "m", "example.com/dep", {"w": "example.com/w"}, e2e_dir=tmp_path,
+                  bin_root=tmp_path / "bin")  # fmt: skip
+
+
+def test_the_stamp_key_covers_module_files_go_version_binaries_and_tags(tmp_path: Path) -> None:
+    t = module(tmp_path)
+    go = "go version go1.26.0 linux/amd64"
+    key = t.stamp_key(go)
+    assert key == stamp_key(t.module_path(), t.binaries, "", go)  # deterministic
+    assert t.stamp_key("go version go1.26.1 linux/amd64") != key
+    assert stamp_key(t.module_path(), t.binaries, "remove_all_sd", go) != key
+    assert stamp_key(t.module_path(), {**t.binaries, "x": "example.com/w/x"}, "", go) != key
+    assert stamp_key(t.module_path(), t.binaries, "", go, recipe="other") != key
+
+    out = t.out_dir()
+    assert out == tmp_path / "bin" / "w-v0.1.0"
+    out.mkdir(parents=True)
+    write_stamp(out, key, go)
+    assert not t.is_current(go)  # stamped, but the binary is missing
+    (out / "w").write_bytes(b"")
+    assert t.is_current(go)
+    assert not t.is_current("go version go1.26.1 linux/amd64")  # a new toolchain rebuilds
+
+    gosum = t.module_path() / "go.sum"
+    gosum.write_text("example.com/x v1.0.0 h1:AAAA=\n")
+    assert not t.is_current(go)  # a changed go.sum rebuilds
+    gosum.write_text("")
+    assert t.is_current(go)
+    (t.module_path() / "go.mod").write_text(
+        (t.module_path() / "go.mod").read_text() + "\n// edited\n"
+    )
+    assert not t.is_current(go)  # so does a changed go.mod
+
+    (out / ".stamp").write_text("{not json")
+    assert not t.is_current(go)
+
+
+def test_a_real_build_is_stamped_then_reused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    t = module(tmp_path)
+    assert not t.is_current()
+    build_target(t, 1, 1, 0.0)
+    assert (t.out_dir() / "w").is_file()
+    assert t.is_current()  # stamped with this machine's `go version`
+    assert go_version() in (t.out_dir() / ".stamp").read_text()
+    capsys.readouterr()
+    build_target(t, 1, 1, 0.0)
+    assert f"(1/1) w v0.1.0: cached in {t.out_dir()}" in capsys.readouterr().err

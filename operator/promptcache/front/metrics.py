@@ -133,6 +133,37 @@ class FrontMetrics:
             registry=r,
         )
         r.register(_CacheCollector(cache_stats))
+        self._request_children: dict[tuple[str, int], Counter] = {}
+        self._refusal_children: dict[str, Counter] = {}
+        self._decision_children: dict[tuple[str, str], Counter] = {}
+
+    def refuse(self, code: str) -> None:
+        """Count one refusal by its stable error code."""
+        child = self._refusal_children.get(code)
+        if child is None:
+            child = self._refusal_children[code] = self.refusals.labels(code=code)
+        child.inc()
+
+    def decided(self, mode: str, decision: str) -> None:
+        """Count one isolation decision."""
+        key = (mode, decision)
+        child = self._decision_children.get(key)
+        if child is None:
+            child = self._decision_children[key] = self.isolation.labels(
+                mode=mode, decision=decision
+            )
+        child.inc()
+
+    def answered(self, endpoint: str, status: int) -> None:
+        """Count one answer by route template and status (children cached: both sets are
+        bounded, and `labels()` costs more than the increment)."""
+        key = (endpoint, status)
+        child = self._request_children.get(key)
+        if child is None:
+            child = self._request_children[key] = self.requests.labels(
+                endpoint=endpoint, code=str(status)
+            )
+        child.inc()
 
     def observe_usage(self, prompt_tokens: int, cached_tokens: int | None) -> None:
         """Count one response's usage: the cached-token share the dashboard shows."""

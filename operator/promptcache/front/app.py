@@ -28,6 +28,7 @@ from aiohttp.http_exceptions import (
     InvalidURLError,
     LineTooLong,
 )
+from aiohttp.web_protocol import RequestPayloadError
 from multidict import CIMultiDict
 
 from promptcache.contract import FRONT_HEALTH_PATH, FRONT_READY_PATH
@@ -164,6 +165,15 @@ async def _read_body(request: web.BaseRequest, state: FrontState, charge: Charge
         raise FrontError(
             400, errors.INVALID_JSON, "the request body ended before its Content-Length"
         ) from None
+    except (HttpProcessingError, RequestPayloadError) as exc:
+        # the parser found the body's framing broken after the handler started reading
+        cause = exc.__cause__ if isinstance(exc, RequestPayloadError) else exc
+        refusal = parse_refusal(400, cause if isinstance(cause, HttpProcessingError) else exc)
+        if refusal.status >= 500:
+            refusal = FrontError(
+                400, errors.MALFORMED_REQUEST, "the request body's framing is not valid HTTP/1.1"
+            )
+        raise refusal from None
     except TimeoutError:
         raise FrontError(
             408,
@@ -522,11 +532,23 @@ class FrontRequestHandler(web.RequestHandler):
         return response
 
 
-_DUPLICATE: Final = re.compile(r"Duplicate '([^']{1,64})' header")
+_DUPLICATE: Final = re.compile(r"Duplicate '?([A-Za-z0-9!#$%&*+.^_`|~-]{1,64})'?")
+_DETAIL_CHARS: Final = 100
+
+
+def _detail(exc: HttpProcessingError) -> str:
+    """The first line of aiohttp's message (llhttp's reason), short; never the raw bytes."""
+    first = exc.message.split("\n", 1)[0].rstrip(":").strip()
+    return first if len(first) <= _DETAIL_CHARS else first[: _DETAIL_CHARS - 3] + "..."
 
 
 def parse_refusal(status: int, exc: BaseException | None) -> FrontError:
-    """The front's error for what aiohttp's `handle_error` is asked to answer."""
+    """The front's error for what aiohttp's `handle_error` is asked to answer.
+
+    aiohttp's parser raises `HttpProcessingError`s (llhttp's reasons); everything
+    else reaching `handle_error` is a failure inside the front, a 500 with no
+    detail (the traceback goes to the log).
+    """
     if status >= 500 or not isinstance(exc, HttpProcessingError):
         return FrontError(
             500,
@@ -541,32 +563,32 @@ def parse_refusal(status: int, exc: BaseException | None) -> FrontError:
             "the request line or a header is longer than 8190 bytes, or there are more than "
             "128 headers",
         )
+    detail = _detail(exc)
     if isinstance(exc, (BadStatusLine, InvalidURLError)):
         return FrontError(
             400,
             errors.INVALID_REQUEST_LINE,
-            "the request line is not 'METHOD /path HTTP/1.1' with a token method and an "
-            "ASCII target",
+            f"the request line is not 'METHOD /path HTTP/1.1' with a token method and an "
+            f"ASCII target ({detail})",
         )
-    duplicate = _DUPLICATE.search(exc.message)
+    duplicate = _DUPLICATE.match(detail)
     if duplicate:
         name = duplicate.group(1)
         return FrontError(
-            400,
-            errors.DUPLICATE_HEADER,
-            f"send one {name} header, not several",
-            param=name,
+            400, errors.DUPLICATE_HEADER, f"send one {name} header, not several", param=name
         )
-    if isinstance(exc, InvalidHeader):
+    if isinstance(exc, InvalidHeader) or "header" in detail.lower():
         return FrontError(
             400,
             errors.INVALID_HEADER,
-            "a header name is not a token, or a header value holds a control character",
+            f"a header is malformed: names are tokens, values hold no control characters, no "
+            f"line folding, and Host is required ({detail})",
         )
     return FrontError(
         400,
         errors.MALFORMED_REQUEST,
-        "the request is not well-formed HTTP/1.1 (framing, Transfer-Encoding or Content-Length)",
+        f"the request's framing is not valid HTTP/1.1 ({detail}): one Content-Length of "
+        "digits, or Transfer-Encoding: chunked alone",
     )
 
 

@@ -29,9 +29,10 @@ from aiohttp.http_exceptions import (
     LineTooLong,
 )
 from aiohttp.web_protocol import RequestPayloadError
-from multidict import CIMultiDict
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from promptcache.contract import FRONT_HEALTH_PATH, FRONT_READY_PATH
+from promptcache.contract.front import VLLM_PRIORITY_HEADER, VLLM_REQUEST_ID_HEADER
 from promptcache.embeds.cache import PromptEmbedsCache
 from promptcache.front import errors
 from promptcache.front.errors import FrontError
@@ -49,7 +50,7 @@ from promptcache.front.routes import (
 )
 from promptcache.front.settings import FrontSettings
 from promptcache.front.state import Charge, FrontState, json_charge
-from promptcache.front.upstream import forward, forward_headers
+from promptcache.front.upstream import forward, forward_headers, new_request_id
 
 log = logging.getLogger("promptcache.front")
 
@@ -254,6 +255,14 @@ async def _verify(state: FrontState, charge: Charge, payload: str) -> VerifiedLi
         charge.give_back(transient)
 
 
+def _count_controls(state: FrontState, headers: CIMultiDictProxy[str]) -> None:
+    """Count the vLLM controls the client sent that the front did not forward."""
+    if VLLM_REQUEST_ID_HEADER in headers:
+        state.metrics.control_removed(VLLM_REQUEST_ID_HEADER)
+    if not state.settings.allow_client_priority and VLLM_PRIORITY_HEADER in headers:
+        state.metrics.control_removed(VLLM_PRIORITY_HEADER)
+
+
 def _count_policy(state: FrontState, isolation: Isolation) -> None:
     state.metrics.decided(state.settings.isolation_mode.value, isolation.value)
 
@@ -290,7 +299,10 @@ async def _proxy(
                 raise FrontError(
                     400, errors.BODY_NOT_ALLOWED, f"{route.path} takes no request body"
                 )
-            headers = forward_headers(request.headers, settings, json_body=False)
+            headers = forward_headers(
+                request.headers, settings, json_body=False, request_id=new_request_id()
+            )
+            _count_controls(state, request.headers)
             return await _admitted(
                 request, state, route, target, data=b"", headers=headers, strip_usage=False
             )
@@ -404,7 +416,12 @@ async def _salted(
         raise FrontError(
             400, errors.JSON_TOO_DEEP, "the request body nests JSON too deeply"
         ) from None
-    headers = forward_headers(request.headers, settings, json_body=True)
+    headers = forward_headers(
+        request.headers, settings, json_body=True, request_id=new_request_id()
+    )
+    _count_controls(state, request.headers)
+    if plan.client_request_id_removed:
+        state.metrics.control_removed("request_id")
     if plan.session_header_value is not None:
         headers[settings.session_header] = plan.session_header_value
     strip = plan.strip_usage_chunk

@@ -57,6 +57,7 @@ REQUEST_HEAD_TOO_LARGE: Final = "request_head_too_large"
 MALFORMED_REQUEST: Final = "malformed_request"
 INTERNAL_ERROR: Final = "internal_error"
 EXPECTATION_FAILED: Final = "expectation_failed"
+PRIORITY_NOT_ALLOWED: Final = "priority_not_allowed"
 
 _TYPES: Final[dict[int, str]] = {
     400: "invalid_request_error",

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import AsyncIterator
 from typing import Final
 
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from promptcache.contract.front import VLLM_PRIORITY_HEADER, VLLM_REQUEST_ID_HEADER
 from promptcache.front import errors
 from promptcache.front.errors import FrontError
 from promptcache.front.pool import (
@@ -56,18 +58,33 @@ _HOP_BY_HOP_ANSWER: Final[frozenset[str]] = _HOP_BY_HOP | {"date", "server"}
 """aiohttp writes its own Date and Server; Content-Encoding is put back when vLLM used one."""
 
 
+def new_request_id() -> str:
+    """A fresh id for vLLM's `X-Request-Id` (vLLM's own format: 32 hex digits)."""
+    return os.urandom(16).hex()
+
+
 def forward_headers(
-    headers: CIMultiDictProxy[str], settings: FrontSettings, json_body: bool
+    headers: CIMultiDictProxy[str], settings: FrontSettings, json_body: bool, request_id: str
 ) -> CIMultiDict[str]:
-    """The client's headers for vLLM, minus hop-by-hop ones and the isolation key."""
+    """The client's headers for vLLM, minus hop-by-hop ones, the isolation key and the
+    controls vLLM reads that a tenant must not set.
+
+    `X-Request-Id` becomes vLLM's request id (its engine id, logs, the answer's `id`; ids
+    are also what vLLM aborts by), so the client's is replaced by `request_id`, fresh per
+    request. `X-Vllm-Priority` overrides the body's priority in vLLM's queue: removed
+    unless the deployment allows client priorities.
+    """
     out: CIMultiDict[str] = CIMultiDict()
-    drop = _HOP_BY_HOP | {settings.isolation_header.lower()}
+    drop = _HOP_BY_HOP | {settings.isolation_header.lower(), VLLM_REQUEST_ID_HEADER}
+    if not settings.allow_client_priority:
+        drop = drop | {VLLM_PRIORITY_HEADER}
     for name, value in headers.items():
         if name.lower() not in drop:
             out.add(name, value)
     if json_body:
         out["Content-Type"] = "application/json"
     out["Accept-Encoding"] = "identity"
+    out["X-Request-Id"] = request_id
     return out
 
 
@@ -121,7 +138,10 @@ async def forward(
             f"the model server failed while answering: {exc}",
         ) from None
     try:
-        return await _relay(request, state, route, answer, strip_usage)
+        request_id = headers.get("X-Request-Id", "")
+        return await _relay(
+            request, state, route, answer, strip_usage=strip_usage, request_id=request_id
+        )
     except UpstreamTimeoutError:
         state.metrics.upstream_errors.labels(kind="timeout").inc()
         raise FrontError(
@@ -144,10 +164,13 @@ async def _relay(
     state: FrontState,
     route: Route,
     answer: UpstreamAnswer,
+    *,
     strip_usage: bool,
+    request_id: str,
 ) -> web.StreamResponse:
     settings = state.settings
     headers = _response_headers(answer)
+    headers["X-Request-Id"] = request_id  # the id vLLM knows this request by
     content_type = answer.header("content-type") or ""
     encoding = answer.header("content-encoding")
     encoded = encoding is not None and encoding.lower() != "identity"

@@ -332,7 +332,6 @@ async def _admitted(
             f"the cache front is already working on {cap} requests; retry shortly",
         )
     state.in_flight += 1
-    state.metrics.in_flight.inc()
     try:
         return await forward(
             request, state, route, target, data=data, headers=headers, strip_usage=strip_usage
@@ -342,7 +341,6 @@ async def _admitted(
         raise
     finally:
         state.in_flight -= 1
-        state.metrics.in_flight.dec()
 
 
 async def _salted(
@@ -655,7 +653,7 @@ def create_state(
     """Everything the handlers share; `secret` must be set in a salting mode."""
     if settings.needs_salt_key and not secret:
         raise ValueError(f"isolation mode {settings.isolation_mode.value} needs a salt key")
-    return FrontState(
+    state = FrontState(
         settings=settings,
         secret=secret,
         cache=cache,
@@ -669,6 +667,9 @@ def create_state(
             read_timeout=settings.upstream_timeout_seconds,
         ),
     )
+    # read at scrape time: no gauge update (and its lock) on every request
+    state.metrics.in_flight.set_function(lambda: state.in_flight)
+    return state
 
 
 def create_runner(

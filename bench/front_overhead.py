@@ -21,7 +21,7 @@ hundreds of MB to GBs), several at once; the kernel's peak RSS of the front
 (`VmHWM`) before and after is compared with the budget. Goal: growth under the
 budget plus a fixed margin.
 
-    python bench/front_overhead.py            # ~2 minutes
+    python bench/front_overhead.py            # ~1-2 minutes
     python bench/front_overhead.py --quick    # fewer requests
 """
 
@@ -205,10 +205,12 @@ async def overhead(args: argparse.Namespace) -> None:
                         n = args.requests if concurrency == 1 else args.requests * 4
                         await _measure(http, direct, stream, concurrency, min(n, 200))  # warm
                         await _measure(http, through, stream, concurrency, min(n, 200))
-                        for target, url in (("direct", direct), ("front", through)) * 2:
+                        # many short alternations: both arms see the same background load
+                        rounds = args.rounds
+                        for target, url in (("direct", direct), ("front", through)) * rounds:
                             f0, s0 = cpu_seconds(front.pid), cpu_seconds(standin.pid)
                             c0 = time.process_time()
-                            run = await _measure(http, url, stream, concurrency, n // 2)
+                            run = await _measure(http, url, stream, concurrency, n // rounds)
                             run.front_cpu = cpu_seconds(front.pid) - f0
                             run.standin_cpu = cpu_seconds(standin.pid) - s0
                             run.client_cpu = time.process_time() - c0
@@ -322,13 +324,19 @@ async def memory(args: argparse.Namespace) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--requests", type=int, default=400, help="requests per point at c=1")
+    ap.add_argument(
+        "--requests", type=int, default=1200, help="requests per point and arm at c=1 (x4 above)"
+    )
+    ap.add_argument(
+        "--rounds", type=int, default=6, help="direct/front alternations per point (noise)"
+    )
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--budget-mib", type=int, default=256)
     ap.add_argument("--copies", type=int, default=8, help="concurrent copies of each attack")
     args = ap.parse_args()
     if args.quick:
-        args.requests = 100
+        args.requests = 200
+        args.rounds = 2
     asyncio.run(overhead(args))
     asyncio.run(memory(args))
 

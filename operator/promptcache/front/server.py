@@ -65,7 +65,8 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
         import uvloop  # noqa: PLC0415
     except ImportError:
         return None
-    return uvloop.new_event_loop
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
 
 
 def _serve_loop(settings: FrontSettings, secret: bytes | None, reuse_port: bool) -> None:

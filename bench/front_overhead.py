@@ -9,13 +9,19 @@ stand-in answers at once, so all time above the baseline is the front's.
 Goals (issue 11): zero refusals at 64 and 256; throughput through the front
 >= 0.8x direct at 64; added p50 <= 1 ms at concurrency 1.
 
+The load generator (this process), the stand-in and the front share this
+machine's cores, so at 64 and 256 the throughput ratio is a ratio of CPU sums as
+soon as the cores are saturated: each process's CPU per request is printed, and
+the summary compares the CPU sums of the two arms (a pod gives the front CPU of
+its own, and vLLM's per-request CPU is far above the stand-in's).
+
 Part 2, memory: a fresh front with a memory budget gets the amplification
 requests of `tests/front/amplification.py` (each a few MB that asks for
 hundreds of MB to GBs), several at once; the kernel's peak RSS of the front
 (`VmHWM`) before and after is compared with the budget. Goal: growth under the
 budget plus a fixed margin.
 
-    python bench/front_overhead.py            # ~2 minutes
+    python bench/front_overhead.py            # ~1-2 minutes
     python bench/front_overhead.py --quick    # fewer requests
 """
 
@@ -56,6 +62,8 @@ class Run:
     seconds: float = 0.0
     front_cpu: float = 0.0
     standin_cpu: float = 0.0
+    client_cpu: float = 0.0
+    """The load generator's own CPU (this process): it shares the cores with the others."""
 
     def pct(self, q: float) -> float:
         ordered = sorted(self.latencies)
@@ -71,6 +79,7 @@ class Run:
         self.seconds += other.seconds
         self.front_cpu += other.front_cpu
         self.standin_cpu += other.standin_cpu
+        self.client_cpu += other.client_cpu
 
     def cpu_ms(self, seconds: float) -> float:
         return 1e3 * seconds / max(1, len(self.latencies) + self.refused)
@@ -190,6 +199,7 @@ async def overhead(args: argparse.Namespace) -> None:
                 print(
                     f"{'mode':<8}{'conc':>5}{'target':>8}{'req/s':>9}{'p50 ms':>9}"
                     f"{'p99 ms':>9}{'refused':>9}{'front cpu':>11}{'standin cpu':>13}"
+                    f"{'client cpu':>12}"
                 )
                 results: dict[tuple[bool, int, str], Run] = {}
                 for stream in (False, True):
@@ -197,11 +207,15 @@ async def overhead(args: argparse.Namespace) -> None:
                         n = args.requests if concurrency == 1 else args.requests * 4
                         await _measure(http, direct, stream, concurrency, min(n, 200))  # warm
                         await _measure(http, through, stream, concurrency, min(n, 200))
-                        for target, url in (("direct", direct), ("front", through)) * 2:
+                        # many short alternations: both arms see the same background load
+                        rounds = args.rounds
+                        for target, url in (("direct", direct), ("front", through)) * rounds:
                             f0, s0 = cpu_seconds(front.pid), cpu_seconds(standin.pid)
-                            run = await _measure(http, url, stream, concurrency, n // 2)
+                            c0 = time.process_time()
+                            run = await _measure(http, url, stream, concurrency, n // rounds)
                             run.front_cpu = cpu_seconds(front.pid) - f0
                             run.standin_cpu = cpu_seconds(standin.pid) - s0
+                            run.client_cpu = time.process_time() - c0
                             key = (stream, concurrency, target)
                             results.setdefault(key, Run()).merge(run)
                         for target in ("direct", "front"):
@@ -211,6 +225,7 @@ async def overhead(args: argparse.Namespace) -> None:
                                 f"{target:>8}{r.throughput:>9.0f}{r.pct(0.5) * 1e3:>9.2f}"
                                 f"{r.pct(0.99) * 1e3:>9.2f}{r.refused:>9}"
                                 f"{r.cpu_ms(r.front_cpu):>9.2f}ms{r.cpu_ms(r.standin_cpu):>11.2f}ms"
+                                f"{r.cpu_ms(r.client_cpu):>10.2f}ms"
                             )
         finally:
             for proc in (front, standin):
@@ -233,6 +248,15 @@ async def overhead(args: argparse.Namespace) -> None:
                 f"{' (goal >= 0.80)' if c == 64 else ''}; refused through the front: "
                 f"{f.refused} (goal 0)"
             )
+        d, f = results[(stream, 64, "direct")], results[(stream, 64, "front")]
+        client, standin = d.cpu_ms(d.client_cpu), d.cpu_ms(d.standin_cpu)
+        front_ms = f.cpu_ms(f.front_cpu)
+        print(
+            f"{mode}: CPU per request at 64: client {client:.2f} ms + stand-in {standin:.2f} ms "
+            f"direct; the front adds {front_ms:.2f} ms: through the front the three processes "
+            f"on these shared cores need {(client + standin + front_ms) / (client + standin):.2f}x "
+            f"the CPU per request of direct"
+        )
 
 
 async def memory(args: argparse.Namespace) -> None:
@@ -302,13 +326,19 @@ async def memory(args: argparse.Namespace) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--requests", type=int, default=400, help="requests per point at c=1")
+    ap.add_argument(
+        "--requests", type=int, default=1200, help="requests per point and arm at c=1 (x4 above)"
+    )
+    ap.add_argument(
+        "--rounds", type=int, default=6, help="direct/front alternations per point (noise)"
+    )
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--budget-mib", type=int, default=256)
     ap.add_argument("--copies", type=int, default=8, help="concurrent copies of each attack")
     args = ap.parse_args()
     if args.quick:
-        args.requests = 100
+        args.requests = 200
+        args.rounds = 2
     asyncio.run(overhead(args))
     asyncio.run(memory(args))
 

@@ -14,7 +14,6 @@ at most 128 characters and none of `@`, `/`, `\\` or NUL.
 from __future__ import annotations
 
 import base64
-import hashlib
 import hmac
 import secrets
 from typing import Final
@@ -33,7 +32,8 @@ def _encode(digest: bytes) -> str:
 
 def derive_salt(secret: bytes, isolation_key: str) -> str:
     """The salt for one isolation key; equal keys give equal salts under one secret."""
-    digest = hmac.new(secret, isolation_key.encode("utf-8"), hashlib.sha256).digest()
+    # the one-shot C HMAC: the same digest as hmac.new(...).digest(), several times cheaper
+    digest = hmac.digest(secret, isolation_key.encode("utf-8"), "sha256")
     return KEYED_SALT_PREFIX + _encode(digest)
 
 

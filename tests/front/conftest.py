@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from promptcache.embeds.cache import PromptEmbedsCache
-from promptcache.front.app import create_app, runner_options
+from promptcache.front.app import create_runner
 from promptcache.front.settings import FrontSettings
 from promptcache.front.standin import StandinUpstream, start_standin
 
@@ -41,9 +41,8 @@ async def standin() -> AsyncIterator[tuple[StandinUpstream, str]]:
 
 async def _start_front(
     settings: FrontSettings, secret: bytes | None, cache: PromptEmbedsCache
-) -> tuple[web.AppRunner, str]:
-    app = create_app(settings, secret=secret, cache=cache)
-    runner = web.AppRunner(app, **runner_options(settings))
+) -> tuple[web.BaseRunner, str]:
+    runner = create_runner(settings, secret=secret, cache=cache)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
@@ -58,7 +57,7 @@ MakeFront = Callable[..., Awaitable[Front]]
 async def make_front(
     standin: tuple[StandinUpstream, str],
 ) -> AsyncIterator[MakeFront]:
-    runners: list[web.AppRunner] = []
+    runners: list[web.BaseRunner] = []
 
     async def make(
         *,

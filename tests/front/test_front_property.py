@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from promptcache.contract import IsolationMode
 from promptcache.embeds.cache import PromptEmbedsCache
-from promptcache.front.app import create_app, runner_options
+from promptcache.front.app import create_runner
 from promptcache.front.errors import FrontError
 from promptcache.front.routes import ROUTES, RouteClass, canonical_target, check_route
 from promptcache.front.salt import derive_salt
@@ -52,10 +52,9 @@ class Stack:
         standin = StandinUpstream()
         runner, url = await start_standin(standin)
         settings = FrontSettings(upstream=url, isolation_mode=mode, body_timeout_seconds=2)
-        app = create_app(
+        front = create_runner(
             settings, secret=SECRET if settings.needs_salt_key else None, cache=PromptEmbedsCache(0)
         )
-        front = web.AppRunner(app, **runner_options(settings))
         await front.setup()
         await web.TCPSite(front, "127.0.0.1", 0).start()
         self.runners += [front, runner]

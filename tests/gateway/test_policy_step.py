@@ -144,3 +144,19 @@ def test_decide_matches_the_front_for_any_key_and_forged_salt(
     assert decision.refusal is None
     seen = json.loads(decision.body) if decision.body is not None else json.loads(raw)
     assert seen.get("cache_salt") == plan.salt
+
+
+def test_a_client_priority_is_decided_as_the_front_decides() -> None:
+    """Refused before routing unless the deployment allows client priorities, like the front."""
+    raw = request(priority=-100)
+    for allowed in (False, True):
+        front = FrontSettings(isolation_mode=IsolationMode.SHARED, allow_client_priority=allowed)
+        decision = decide(
+            "POST", "/v1/chat/completions", {}, raw, front=front, secret=None,
+            session_header="", user_field="user",
+        )  # fmt: skip
+        if allowed:
+            assert decision.refusal is None
+        else:
+            assert decision.refusal is not None
+            assert decision.refusal.code == "priority_not_allowed"

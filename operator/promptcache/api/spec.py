@@ -35,6 +35,7 @@ from promptcache.contract import (
     needs_salt_key,
 )
 from promptcache.contract.front import (
+    DEFAULT_ALLOW_CLIENT_PRIORITY,
     DEFAULT_BODY_TIMEOUT_SECONDS,
     DEFAULT_HEADER_TIMEOUT_SECONDS,
     DEFAULT_MAX_BODY_READS,
@@ -389,6 +390,11 @@ class FrontSpec(ApiModel):
         DEFAULT_MAX_PROMPT_EMBEDS_REFERENCES
     )
     """Prompt-embeds payloads and identifiers one request may carry; more get HTTP 400."""
+    allow_client_priority: bool = DEFAULT_ALLOW_CLIENT_PRIORITY
+    """Let clients set vLLM's scheduling priority (header `X-Vllm-Priority`, body `priority`).
+    It only matters with `--scheduling-policy priority` in `engine.extraArgs`, where it lets a
+    client's requests overtake other tenants' in vLLM's queue. Off: the front removes the
+    header and refuses a non-zero `priority` (HTTP 400 `priority_not_allowed`)."""
     usage_headers: UsageHeadersSpec = Field(default_factory=UsageHeadersSpec)
     resources: Resources = Field(
         default_factory=lambda: Resources(gpus=0, requests={"cpu": "500m", "memory": "512Mi"})

@@ -77,6 +77,9 @@ class FrontEnv:
     """Time a request has to deliver its whole body (HTTP 408 after)."""
     MAX_PROMPT_EMBEDS_REFERENCES: Final[str] = "PROMPTCACHE_MAX_PROMPT_EMBEDS_REFERENCES"
     """Prompt-embeds payloads and references one request may carry."""
+    ALLOW_CLIENT_PRIORITY: Final[str] = "PROMPTCACHE_ALLOW_CLIENT_PRIORITY"
+    """Let clients set vLLM's scheduling priority (`X-Vllm-Priority`, body `priority`);
+    false: the header is removed and a non-zero `priority` is refused."""
 
 
 # --- defaults: a process started with no flags and no variables fits the rendered pod ----
@@ -108,6 +111,15 @@ TURBOQUANT_DTYPES: Final[tuple[str, ...]] = ("auto", "float32", "float16", "bflo
 DEFAULT_TURBOQUANT_DTYPE: Final[str] = "auto"
 """auto: decode to the dtype the client compressed from (vLLM casts to the model dtype)."""
 DEFAULT_UPSTREAM_TIMEOUT_SECONDS: Final[float] = 600.0
+DEFAULT_ALLOW_CLIENT_PRIORITY: Final[bool] = False
+"""With vLLM's `--scheduling-policy priority` a client's priority moves it ahead of other
+tenants in the queue; only a deployment that trusts its clients with that turns it on."""
+VLLM_PRIORITY_HEADER: Final[str] = "x-vllm-priority"
+"""The header vLLM 0.33.0 reads a request's priority from (it wins over the body's)."""
+VLLM_PRIORITY_FIELD: Final[str] = "priority"
+VLLM_REQUEST_ID_HEADER: Final[str] = "x-request-id"
+"""The header vLLM takes a request's id from (engine id, logs, `--enable-request-id-headers`)."""
+VLLM_REQUEST_ID_FIELD: Final[str] = "request_id"
 
 
 def _dtype(name: str, raw: str) -> str:
@@ -182,4 +194,7 @@ FRONT_SETTINGS: Final[tuple[Setting[Any], ...]] = (
     Setting("max_prompt_embeds_references", "--max-prompt-embeds-references",
             FrontEnv.MAX_PROMPT_EMBEDS_REFERENCES, as_int, DEFAULT_MAX_PROMPT_EMBEDS_REFERENCES,
             "prompt-embeds payloads and references one request may carry (400 above)"),
+    Setting("allow_client_priority", "--allow-client-priority",
+            FrontEnv.ALLOW_CLIENT_PRIORITY, parse_bool, DEFAULT_ALLOW_CLIENT_PRIORITY,
+            "forward X-Vllm-Priority and a body priority to vLLM (false: removed / refused)"),
 )  # fmt: skip

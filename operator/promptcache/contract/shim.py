@@ -54,6 +54,7 @@ class GatewayPolicyEnv:
     ISOLATION_FIELD: Final[str] = FrontEnv.ISOLATION_FIELD
     SALT_KEY_FILE: Final[str] = FrontEnv.SALT_KEY_FILE
     HONOR_MAX_LEN: Final[str] = FrontEnv.HONOR_MAX_LEN
+    ALLOW_CLIENT_PRIORITY: Final[str] = FrontEnv.ALLOW_CLIENT_PRIORITY
 
 
 SessionShimEnv = GatewayPolicyEnv
@@ -79,6 +80,7 @@ ISOLATION_FIELDS: Final[tuple[str, ...]] = (
     "isolation_field",
     "salt_key_file",
     "honor_prompt_cache_max_len",
+    "allow_client_priority",
 )
 """The front's settings the step shares, declaration and all."""
 

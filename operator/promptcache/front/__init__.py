@@ -5,7 +5,8 @@ turns isolation keys into HMAC salts, lets clients send prompt embeddings by
 identifier, adds prompt-token headers, and serves vLLM's metrics merged with its
 own. Modules: `settings` (configuration), `policy` (isolation, max_len, session),
 `references` + `verify` (prompt embeds by reference), `usage` (token counts,
-SSE relay), `metrics`, `state`, `upstream` (forwarding), `app` (HTTP), `server`
+SSE relay), `metrics`, `state`, `upstream` (forwarding), `pool` (the HTTP/1.1
+client to vLLM), `app` (HTTP), `server`
 (processes), `command` (CLI),
 `client` (the helper clients and tests use). See docs/cache-front.md.
 """

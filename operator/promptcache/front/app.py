@@ -14,21 +14,31 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, Final
 
-import aiohttp
 from aiohttp import web
-from multidict import CIMultiDict
+from aiohttp.http_exceptions import (
+    BadStatusLine,
+    HttpProcessingError,
+    InvalidHeader,
+    InvalidURLError,
+    LineTooLong,
+)
+from aiohttp.web_protocol import RequestPayloadError
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from promptcache.contract import FRONT_HEALTH_PATH, FRONT_READY_PATH
+from promptcache.contract.front import VLLM_PRIORITY_HEADER, VLLM_REQUEST_ID_HEADER
 from promptcache.embeds.cache import PromptEmbedsCache
 from promptcache.front import errors
 from promptcache.front.errors import FrontError
 from promptcache.front.metrics import CONTENT_TYPE, FrontMetrics, merge_expositions
 from promptcache.front.policy import Isolation, apply_policy, has_lone_surrogate
+from promptcache.front.pool import UpstreamError, UpstreamPool
 from promptcache.front.references import VerifiedLike, forward_size, resolve, serialize
 from promptcache.front.routes import (
     METRICS_PATH,
@@ -39,14 +49,17 @@ from promptcache.front.routes import (
     check_route,
 )
 from promptcache.front.settings import FrontSettings
-from promptcache.front.state import STATE, Charge, FrontState, json_charge
-from promptcache.front.upstream import forward, forward_headers
+from promptcache.front.state import Charge, FrontState, json_charge
+from promptcache.front.upstream import forward, forward_headers, new_request_id
 
 log = logging.getLogger("promptcache.front")
 
 FORWARD_EXPANSION: Final = 4
 """Resolving references and densifying TurboQuant may grow a body up to this factor."""
-PROBE_TIMEOUT: Final = aiohttp.ClientTimeout(total=5)
+PROBE_SECONDS: Final = 5.0
+"""How long /metrics and /readyz wait for vLLM's own /metrics and /health."""
+MAX_UPSTREAM_METRICS_BYTES: Final = 64 * 1024 * 1024
+CONNECT_TIMEOUT_SECONDS: Final = 10.0
 LINGER_SECONDS: Final = 2.0
 """aiohttp drains an unread request body this long before closing (its default: 10 s)."""
 SMALL_BODY_BYTES: Final = 1 << 20
@@ -67,7 +80,7 @@ def _json_error(exc: FrontError) -> web.Response:
     )
 
 
-def _check_headers(request: web.Request, settings: FrontSettings) -> None:
+def _check_headers(request: web.BaseRequest, settings: FrontSettings) -> None:
     """Refuse header sets vLLM or the front would read differently from what was checked."""
     for name, value in request.headers.items():
         if not value.isascii() and has_lone_surrogate(value):
@@ -93,11 +106,11 @@ def _check_headers(request: web.Request, settings: FrontSettings) -> None:
         )
 
 
-def _has_body(request: web.Request) -> bool:
+def _has_body(request: web.BaseRequest) -> bool:
     return bool(request.content_length) or request.headers.get("Transfer-Encoding") is not None
 
 
-def _check_json_media_type(request: web.Request) -> None:
+def _check_json_media_type(request: web.BaseRequest) -> None:
     # vLLM: lower-case, cut at ';', must be application/json (validate_json_request)
     media = request.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
     if media != "application/json":
@@ -112,7 +125,7 @@ def _check_json_media_type(request: web.Request) -> None:
         )
 
 
-async def _read_body(request: web.Request, state: FrontState, charge: Charge) -> bytearray:
+async def _read_body(request: web.BaseRequest, state: FrontState, charge: Charge) -> bytearray:
     """The whole body, under the size limit, the body-read cap, the timeout and the budget.
 
     Returned as the buffer it was read into (no second copy of a large body).
@@ -134,11 +147,15 @@ async def _read_body(request: web.Request, state: FrontState, charge: Charge) ->
         if declared is not None:
             charge.take(declared)
         buffer = bytearray()
-        async with asyncio.timeout(settings.body_timeout_seconds):
-            if declared is not None and declared <= SMALL_BODY_BYTES:
-                # the common case: one read (a copy of a small body costs nothing)
-                buffer += await request.content.readexactly(declared)
-            else:
+        await _continue(request)
+        if declared is not None and declared <= SMALL_BODY_BYTES:
+            # the common case: the whole body came with the head, no timer needed
+            buffer += request.content.read_nowait(declared)
+            if len(buffer) < declared:
+                async with asyncio.timeout(settings.body_timeout_seconds):
+                    buffer += await request.content.readexactly(declared - len(buffer))
+        else:
+            async with asyncio.timeout(settings.body_timeout_seconds):
                 async for chunk in request.content.iter_chunked(1 << 16):
                     if declared is None:
                         charge.take(len(chunk))
@@ -149,6 +166,15 @@ async def _read_body(request: web.Request, state: FrontState, charge: Charge) ->
         raise FrontError(
             400, errors.INVALID_JSON, "the request body ended before its Content-Length"
         ) from None
+    except (HttpProcessingError, RequestPayloadError) as exc:
+        # the parser found the body's framing broken after the handler started reading
+        cause = exc.__cause__ if isinstance(exc, RequestPayloadError) else exc
+        refusal = parse_refusal(400, cause if isinstance(cause, HttpProcessingError) else exc)
+        if refusal.status >= 500:
+            refusal = FrontError(
+                400, errors.MALFORMED_REQUEST, "the request body's framing is not valid HTTP/1.1"
+            )
+        raise refusal from None
     except TimeoutError:
         raise FrontError(
             408,
@@ -158,6 +184,25 @@ async def _read_body(request: web.Request, state: FrontState, charge: Charge) ->
     finally:
         state.body_reads -= 1
     return buffer
+
+
+async def _continue(request: web.BaseRequest) -> None:
+    """Answer `Expect: 100-continue` once the front has decided to read the body.
+
+    (aiohttp's router does this for applications; the front's low-level server
+    does it here, after every check that can refuse the request unread.)
+    """
+    expect = request.headers.get("Expect")
+    if expect is None or request.version < (1, 1):
+        return
+    if expect.lower() != "100-continue":
+        raise FrontError(
+            417,
+            errors.EXPECTATION_FAILED,
+            f"Expect: {expect[:40]!r} is not supported; only 100-continue is",
+            param="Expect",
+        )
+    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
 
 def _too_large(size: int, limit: int) -> FrontError:
@@ -210,35 +255,40 @@ async def _verify(state: FrontState, charge: Charge, payload: str) -> VerifiedLi
         charge.give_back(transient)
 
 
+def _count_controls(state: FrontState, headers: CIMultiDictProxy[str]) -> None:
+    """Count the vLLM controls the client sent that the front did not forward."""
+    if VLLM_REQUEST_ID_HEADER in headers:
+        state.metrics.control_removed(VLLM_REQUEST_ID_HEADER)
+    if not state.settings.allow_client_priority and VLLM_PRIORITY_HEADER in headers:
+        state.metrics.control_removed(VLLM_PRIORITY_HEADER)
+
+
 def _count_policy(state: FrontState, isolation: Isolation) -> None:
-    state.metrics.isolation.labels(
-        mode=state.settings.isolation_mode.value, decision=isolation.value
-    ).inc()
+    state.metrics.decided(state.settings.isolation_mode.value, isolation.value)
 
 
-async def handle(request: web.Request) -> web.StreamResponse:
+async def handle(state: FrontState, request: web.BaseRequest) -> web.StreamResponse:
     """Every request: canonical target, classified route, then the front or the proxy."""
-    state = request.app[STATE]
     label = "unknown"
     try:
         target = canonical_target(request.raw_path)
         route = check_route(request.method, target.path)
         label = route.label
         if route.kind is RouteClass.FRONT:
-            return await _FRONT_HANDLERS[route.path](request)
+            return await _FRONT_HANDLERS[route.path](request, state)
         response = await _proxy(request, state, route, target)
     except FrontError as exc:
-        state.metrics.refusals.labels(code=exc.code).inc()
+        state.metrics.refuse(exc.code)
         response = _json_error(exc)
         if not request.content.at_eof():
             # an unread body (too large, too slow, refused unread): no keep-alive
             response.force_close()
-    state.metrics.requests.labels(endpoint=label, code=str(response.status)).inc()
+    state.metrics.answered(label, response.status)
     return response
 
 
 async def _proxy(
-    request: web.Request, state: FrontState, route: Route, target: Target
+    request: web.BaseRequest, state: FrontState, route: Route, target: Target
 ) -> web.StreamResponse:
     settings = state.settings
     _check_headers(request, settings)
@@ -249,7 +299,10 @@ async def _proxy(
                 raise FrontError(
                     400, errors.BODY_NOT_ALLOWED, f"{route.path} takes no request body"
                 )
-            headers = forward_headers(request.headers, settings, json_body=False)
+            headers = forward_headers(
+                request.headers, settings, json_body=False, request_id=new_request_id()
+            )
+            _count_controls(state, request.headers)
             return await _admitted(
                 request, state, route, target, data=b"", headers=headers, strip_usage=False
             )
@@ -261,7 +314,7 @@ async def _proxy(
 
 
 async def _admitted(
-    request: web.Request,
+    request: web.BaseRequest,
     state: FrontState,
     route: Route,
     target: Target,
@@ -279,7 +332,6 @@ async def _admitted(
             f"the cache front is already working on {cap} requests; retry shortly",
         )
     state.in_flight += 1
-    state.metrics.in_flight.inc()
     try:
         return await forward(
             request, state, route, target, data=data, headers=headers, strip_usage=strip_usage
@@ -289,11 +341,10 @@ async def _admitted(
         raise
     finally:
         state.in_flight -= 1
-        state.metrics.in_flight.dec()
 
 
 async def _salted(
-    request: web.Request,
+    request: web.BaseRequest,
     state: FrontState,
     route: Route,
     target: Target,
@@ -363,7 +414,12 @@ async def _salted(
         raise FrontError(
             400, errors.JSON_TOO_DEEP, "the request body nests JSON too deeply"
         ) from None
-    headers = forward_headers(request.headers, settings, json_body=True)
+    headers = forward_headers(
+        request.headers, settings, json_body=True, request_id=new_request_id()
+    )
+    _count_controls(state, request.headers)
+    if plan.client_request_id_removed:
+        state.metrics.control_removed("request_id")
     if plan.session_header_value is not None:
         headers[settings.session_header] = plan.session_header_value
     strip = plan.strip_usage_chunk
@@ -372,39 +428,42 @@ async def _salted(
     )
 
 
-async def metrics(request: web.Request) -> web.Response:
+async def _probe(state: FrontState, path: str) -> tuple[int, bytes]:
+    """GET one of vLLM's own paths (metrics, health) within `PROBE_SECONDS`."""
+    assert state.pool is not None
+    async with asyncio.timeout(PROBE_SECONDS):
+        answer = await state.pool.request("GET", path, [("Accept-Encoding", "identity")], b"")
+        try:
+            body = await answer.read(MAX_UPSTREAM_METRICS_BYTES)
+        finally:
+            answer.release()
+    return answer.status, body
+
+
+async def metrics(request: web.BaseRequest, state: FrontState) -> web.Response:
     """vLLM's metrics followed by the front's, for the Endpoint Picker's scrape."""
-    state = request.app[STATE]
-    assert state.session is not None
     upstream: bytes | None = None
     try:
-        async with state.session.get(
-            state.settings.upstream_base + METRICS_PATH, timeout=PROBE_TIMEOUT
-        ) as resp:
-            if resp.status == 200:
-                upstream = await resp.read()
-    except (aiohttp.ClientError, TimeoutError):
+        status, body = await _probe(state, METRICS_PATH)
+        if status == 200 and len(body) <= MAX_UPSTREAM_METRICS_BYTES:
+            upstream = body
+    except (UpstreamError, TimeoutError):
         upstream = None
     state.metrics.upstream_metrics_up.set(1 if upstream is not None else 0)
     body = merge_expositions(upstream, state.metrics.render())
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
-async def healthz(request: web.Request) -> web.Response:
+async def healthz(request: web.BaseRequest, state: FrontState) -> web.Response:
     """Liveness: the front's event loop answers."""
     return web.json_response({"status": "ok"})
 
 
-async def readyz(request: web.Request) -> web.Response:
+async def readyz(request: web.BaseRequest, state: FrontState) -> web.Response:
     """Readiness: vLLM behind the front answers its /health with 200."""
-    state = request.app[STATE]
-    assert state.session is not None
     try:
-        async with state.session.get(
-            state.settings.upstream_base + "/health", timeout=PROBE_TIMEOUT
-        ) as resp:
-            status = resp.status
-    except (aiohttp.ClientError, TimeoutError) as exc:
+        status, _ = await _probe(state, "/health")
+    except (UpstreamError, TimeoutError) as exc:
         return web.json_response(
             {"status": "not ready", "reason": f"model server unreachable: {type(exc).__name__}"},
             status=503,
@@ -417,40 +476,17 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ready"})
 
 
-async def _on_startup(app: web.Application) -> None:
-    state = app[STATE]
-    timeout = aiohttp.ClientTimeout(
-        total=None, sock_connect=10, sock_read=state.settings.upstream_timeout_seconds
-    )
-    connector = aiohttp.TCPConnector(limit=0)
-    state.session = aiohttp.ClientSession(
-        timeout=timeout,
-        connector=connector,
-        auto_decompress=True,
-        skip_auto_headers=("User-Agent",),
-        # one session serves every tenant: it keeps no cookies at all (aiohttp's default
-        # jar already ignores cookies from an IP host such as 127.0.0.1; this says so
-        # and skips the jar's work on every request)
-        cookie_jar=aiohttp.DummyCookieJar(),
-    )
-
-
-_FRONT_HANDLERS: Final[dict[str, Callable[[web.Request], Awaitable[web.StreamResponse]]]] = {
+_FRONT_HANDLERS: Final[
+    dict[str, Callable[[web.BaseRequest, FrontState], Awaitable[web.StreamResponse]]]
+] = {
     METRICS_PATH: metrics,
     FRONT_HEALTH_PATH: healthz,
     FRONT_READY_PATH: readyz,
 }
 
 
-async def _on_cleanup(app: web.Application) -> None:
-    state = app[STATE]
-    if state.session is not None:
-        await state.session.close()
-    state.executor.shutdown(wait=False, cancel_futures=True)
-
-
-def runner_options(settings: FrontSettings) -> dict[str, Any]:
-    """How the front's `web.AppRunner` must be built (the server and the tests share it).
+def server_options(settings: FrontSettings) -> dict[str, Any]:
+    """How the front's HTTP server is built (aiohttp `RequestHandler` options).
 
     aiohttp's keep-alive timer runs from the moment a connection opens (or its
     last answer ends) and closes the connection if no complete request head
@@ -458,23 +494,163 @@ def runner_options(settings: FrontSettings) -> dict[str, Any]:
     `handler_cancellation`: a client that leaves cancels its handler, which
     closes the upstream connection, which makes vLLM abort the request. After
     refusing a body unread, the front drains it for at most `LINGER_SECONDS`
-    (so the client can read the error) and then closes.
+    (so the client can read the error) and then closes. No access log (one log
+    line per request costs more CPU than the front's own checks), and request
+    bodies are never decompressed (any Content-Encoding is refused anyway).
     """
     return {
         "handler_cancellation": True,
         "access_log": None,
         "keepalive_timeout": settings.header_timeout_seconds,
         "lingering_time": LINGER_SECONDS,
+        "auto_decompress": False,
     }
 
 
-def create_app(
-    settings: FrontSettings,
-    *,
-    secret: bytes | None,
-    cache: PromptEmbedsCache,
-) -> web.Application:
-    """Build the front; `secret` must be set in a salting mode (see `settings.read_salt_key`)."""
+class FrontRequestHandler(web.RequestHandler):
+    """aiohttp's connection handler, answering what its HTTP parser refuses as the front does.
+
+    A request line or header block aiohttp's parser cannot accept (bad method or
+    version, a non-ASCII target, an invalid header byte, a duplicate
+    Content-Length, oversized lines, too many headers) never reaches `handle`:
+    aiohttp answers it from `handle_error` with a plain-text 400. This override
+    gives it the front's JSON error with a stable code, counted like every other
+    refusal; an unexpected failure inside the front becomes a JSON 500
+    `internal_error` (logged with its traceback, never sent to the client).
+    """
+
+    def __init__(self, manager: web.Server, *, state: FrontState, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._front_state = state
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        error = parse_refusal(status, exc)
+        if error.status >= 500:
+            log.error("the cache front failed on a request", exc_info=exc)
+        else:
+            log.debug("refused a malformed request: %s", exc)
+        if request.writer.output_size > 0:
+            # an answer already started: cut the connection (aiohttp's behaviour)
+            raise ConnectionError("the answer was already started; closing the connection")
+        metrics = self._front_state.metrics
+        if error.status < 500:
+            metrics.refuse(error.code)
+        metrics.answered("unknown", error.status)
+        response = _json_error(error)
+        response.force_close()
+        return response
+
+
+_DUPLICATE: Final = re.compile(r"Duplicate '?([A-Za-z0-9!#$%&*+.^_`|~-]{1,64})'?")
+_DETAIL_CHARS: Final = 100
+
+
+def _detail(exc: HttpProcessingError) -> str:
+    """The first line of aiohttp's message (llhttp's reason), short; never the raw bytes."""
+    first = exc.message.split("\n", 1)[0].rstrip(":").strip()
+    return first if len(first) <= _DETAIL_CHARS else first[: _DETAIL_CHARS - 3] + "..."
+
+
+def parse_refusal(status: int, exc: BaseException | None) -> FrontError:
+    """The front's error for what aiohttp's `handle_error` is asked to answer.
+
+    aiohttp's parser raises `HttpProcessingError`s (llhttp's reasons); everything
+    else reaching `handle_error` is a failure inside the front, a 500 with no
+    detail (the traceback goes to the log).
+    """
+    if status >= 500 or not isinstance(exc, HttpProcessingError):
+        return FrontError(
+            500,
+            errors.INTERNAL_ERROR,
+            "the cache front failed on this request; it was not forwarded. Retry, and report "
+            "it if it persists",
+        )
+    if isinstance(exc, LineTooLong) or "Too many headers" in exc.message:
+        return FrontError(
+            431,
+            errors.REQUEST_HEAD_TOO_LARGE,
+            "the request line or a header is longer than 8190 bytes, or there are more than "
+            "128 headers",
+        )
+    detail = _detail(exc)
+    if isinstance(exc, (BadStatusLine, InvalidURLError)):
+        return FrontError(
+            400,
+            errors.INVALID_REQUEST_LINE,
+            f"the request line is not 'METHOD /path HTTP/1.1' with a token method and an "
+            f"ASCII target ({detail})",
+        )
+    duplicate = _DUPLICATE.match(detail)
+    if duplicate:
+        name = duplicate.group(1)
+        return FrontError(
+            400, errors.DUPLICATE_HEADER, f"send one {name} header, not several", param=name
+        )
+    if isinstance(exc, InvalidHeader) or "header" in detail.lower():
+        return FrontError(
+            400,
+            errors.INVALID_HEADER,
+            f"a header is malformed: names are tokens, values hold no control characters, no "
+            f"line folding, and Host is required ({detail})",
+        )
+    return FrontError(
+        400,
+        errors.MALFORMED_REQUEST,
+        f"the request's framing is not valid HTTP/1.1 ({detail}): one Content-Length of "
+        "digits, or Transfer-Encoding: chunked alone",
+    )
+
+
+class FrontServer(web.Server):
+    """aiohttp's low-level server with the front's handler and error answers.
+
+    No `web.Application`: the front has one handler for every target (the route
+    table in `routes.py` decides, on the raw target), so aiohttp's router,
+    middleware chain and app signals would only cost time per request.
+    """
+
+    def __init__(self, state: FrontState, **kwargs: Any) -> None:
+        self.state = state
+        self._handler_kwargs = {
+            k: v for k, v in kwargs.items() if k not in ("handler_cancellation",)
+        }
+        super().__init__(
+            partial(handle, state),
+            handler_cancellation=kwargs.get("handler_cancellation", False),
+            **self._handler_kwargs,
+        )
+
+    def __call__(self) -> web.RequestHandler:
+        return FrontRequestHandler(
+            self, state=self.state, loop=asyncio.get_running_loop(), **self._handler_kwargs
+        )
+
+
+class FrontRunner(web.ServerRunner):
+    """Runs a `FrontServer`; cleaning up also closes the upstream pool and decode threads."""
+
+    def __init__(self, server: FrontServer, **kwargs: Any) -> None:
+        super().__init__(server, **kwargs)
+        self.front = server
+
+    async def cleanup(self) -> None:
+        await super().cleanup()
+        state = self.front.state
+        if state.pool is not None:
+            state.pool.close()
+        state.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def create_state(
+    settings: FrontSettings, *, secret: bytes | None, cache: PromptEmbedsCache
+) -> FrontState:
+    """Everything the handlers share; `secret` must be set in a salting mode."""
     if settings.needs_salt_key and not secret:
         raise ValueError(f"isolation mode {settings.isolation_mode.value} needs a salt key")
     state = FrontState(
@@ -485,13 +661,29 @@ def create_app(
         executor=ThreadPoolExecutor(
             max_workers=settings.decode_workers, thread_name_prefix="promptcache-decode"
         ),
+        pool=UpstreamPool(
+            settings.upstream_base,
+            connect_timeout=CONNECT_TIMEOUT_SECONDS,
+            read_timeout=settings.upstream_timeout_seconds,
+        ),
     )
-    # aiohttp's own cap is a backstop; _read_body answers first with a clear message.
-    app = web.Application(client_max_size=settings.max_body_bytes + (1 << 20))
-    app[STATE] = state
-    # One catch-all: the route table (routes.py), not aiohttp's router, decides, on the
-    # raw target, so no percent-decoded or dot-segment form can reach another handler.
-    app.router.add_route("*", "/{tail:.*}", handle)
-    app.on_startup.append(_on_startup)
-    app.on_cleanup.append(_on_cleanup)
-    return app
+    # read at scrape time: no gauge update (and its lock) on every request
+    state.metrics.in_flight.set_function(lambda: state.in_flight)
+    return state
+
+
+def create_runner(
+    settings: FrontSettings,
+    *,
+    secret: bytes | None,
+    cache: PromptEmbedsCache,
+    **runner_kwargs: Any,
+) -> FrontRunner:
+    """The front, ready for `await runner.setup()` and a `web.TCPSite` (call in a running loop).
+
+    runner = create_runner(settings, secret=secret, cache=cache)
+    await runner.setup()
+    await web.TCPSite(runner, "0.0.0.0", 8000).start()
+    """
+    state = create_state(settings, secret=secret, cache=cache)
+    return FrontRunner(FrontServer(state, **server_options(settings)), **runner_kwargs)

@@ -52,6 +52,12 @@ BODY_TIMEOUT: Final = "body_timeout"
 BODY_READS_SATURATED: Final = "body_reads_saturated"
 MEMORY_BUDGET_EXHAUSTED: Final = "memory_budget_exhausted"
 BODY_NOT_ALLOWED: Final = "body_not_allowed"
+INVALID_REQUEST_LINE: Final = "invalid_request_line"
+REQUEST_HEAD_TOO_LARGE: Final = "request_head_too_large"
+MALFORMED_REQUEST: Final = "malformed_request"
+INTERNAL_ERROR: Final = "internal_error"
+EXPECTATION_FAILED: Final = "expectation_failed"
+PRIORITY_NOT_ALLOWED: Final = "priority_not_allowed"
 
 _TYPES: Final[dict[int, str]] = {
     400: "invalid_request_error",
@@ -60,6 +66,9 @@ _TYPES: Final[dict[int, str]] = {
     405: "invalid_request_error",
     408: "timeout_error",
     415: "invalid_request_error",
+    417: "invalid_request_error",
+    431: "invalid_request_error",
+    500: "internal_error",
     409: "invalid_request_error",
     413: "invalid_request_error",
     502: "upstream_error",

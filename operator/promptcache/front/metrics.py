@@ -102,6 +102,14 @@ class FrontMetrics:
             "Requests with a positive prompt_cache_max_len, which vLLM cannot enforce.",
             registry=r,
         )
+        self.controls_removed = Counter(
+            f"{PREFIX}_client_controls_removed",
+            "vLLM request controls a client sent that the front did not forward: the "
+            "x-request-id header and request_id field (replaced by a fresh id), the "
+            "x-vllm-priority header (unless client priorities are allowed).",
+            ["control"],
+            registry=r,
+        )
         self.upstream_errors = Counter(
             f"{PREFIX}_upstream_errors",
             "Requests vLLM could not answer, by kind.",
@@ -133,6 +141,45 @@ class FrontMetrics:
             registry=r,
         )
         r.register(_CacheCollector(cache_stats))
+        self._request_children: dict[tuple[str, int], Counter] = {}
+        self._refusal_children: dict[str, Counter] = {}
+        self._decision_children: dict[tuple[str, str], Counter] = {}
+        self._control_children: dict[str, Counter] = {}
+
+    def refuse(self, code: str) -> None:
+        """Count one refusal by its stable error code."""
+        child = self._refusal_children.get(code)
+        if child is None:
+            child = self._refusal_children[code] = self.refusals.labels(code=code)
+        child.inc()
+
+    def control_removed(self, control: str) -> None:
+        """Count one client control (header or field) not forwarded to vLLM."""
+        child = self._control_children.get(control)
+        if child is None:
+            child = self._control_children[control] = self.controls_removed.labels(control=control)
+        child.inc()
+
+    def decided(self, mode: str, decision: str) -> None:
+        """Count one isolation decision."""
+        key = (mode, decision)
+        child = self._decision_children.get(key)
+        if child is None:
+            child = self._decision_children[key] = self.isolation.labels(
+                mode=mode, decision=decision
+            )
+        child.inc()
+
+    def answered(self, endpoint: str, status: int) -> None:
+        """Count one answer by route template and status (children cached: both sets are
+        bounded, and `labels()` costs more than the increment)."""
+        key = (endpoint, status)
+        child = self._request_children.get(key)
+        if child is None:
+            child = self._request_children[key] = self.requests.labels(
+                endpoint=endpoint, code=str(status)
+            )
+        child.inc()
 
     def observe_usage(self, prompt_tokens: int, cached_tokens: int | None) -> None:
         """Count one response's usage: the cached-token share the dashboard shows."""

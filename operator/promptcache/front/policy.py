@@ -20,11 +20,13 @@ from promptcache.contract import (
     SESSION_USER_FIELD,
     IsolationMode,
 )
+from promptcache.contract.front import VLLM_PRIORITY_FIELD, VLLM_REQUEST_ID_FIELD
 from promptcache.front.errors import (
     INVALID_FIELD,
     INVALID_ISOLATION_KEY,
     INVALID_PROMPT_CACHE_MAX_LEN,
     ISOLATION_KEY_REQUIRED,
+    PRIORITY_NOT_ALLOWED,
     ROUTE_NOT_ISOLATED,
     FrontError,
 )
@@ -33,6 +35,8 @@ from promptcache.front.salt import derive_salt, random_salt
 from promptcache.front.settings import FrontSettings
 
 MAX_ISOLATION_KEY_CHARS: Final[int] = 4096
+_OPTIONAL_INT: Final = TypeAdapter(int | None)
+"""vLLM's request models type `priority` as `int` (lax: "3", 3.0 and true count)."""
 _OPTIONAL_BOOL: Final = TypeAdapter(bool | None)
 """vLLM's request models type `stream`, `stream_options.include_usage` and
 `continuous_usage_stats` as `bool | None` and validate them in pydantic's lax
@@ -106,6 +110,8 @@ class Plan:
     """Value for the session header when the front copies `user` into it."""
     max_len_not_enforced: bool
     """A positive prompt_cache_max_len was accepted but vLLM cannot enforce it."""
+    client_request_id_removed: bool = False
+    """The body named its own `request_id` (vLLM's id for it); removed."""
 
 
 def _isolation_key(
@@ -175,6 +181,30 @@ def _key_carriers(settings: FrontSettings) -> str:
     return " or ".join(carriers)
 
 
+def _check_priority(body: dict[str, Any], settings: FrontSettings) -> None:
+    """Refuse a scheduling priority unless the deployment lets clients set one.
+
+    vLLM's `priority` (lower runs first under `--scheduling-policy priority`) would let
+    one tenant's requests overtake everyone else's in the queue. A value vLLM reads as
+    0 (its default) changes nothing and is removed; anything else is a 400.
+    """
+    if settings.allow_client_priority or VLLM_PRIORITY_FIELD not in body:
+        return
+    raw = body.pop(VLLM_PRIORITY_FIELD)
+    try:
+        value = _OPTIONAL_INT.validate_python(raw)
+    except ValidationError:
+        value = None if raw is None else -1
+    if value:
+        raise FrontError(
+            400,
+            PRIORITY_NOT_ALLOWED,
+            f"this deployment does not let clients set a scheduling priority; remove "
+            f"{VLLM_PRIORITY_FIELD} (or set spec.front.allowClientPriority)",
+            param=VLLM_PRIORITY_FIELD,
+        )
+
+
 def _max_len(body: dict[str, Any], settings: FrontSettings) -> int | None:
     """The client's prompt_cache_max_len, validated and removed from the body."""
     if PROMPT_CACHE_MAX_LEN_FIELD not in body:
@@ -206,6 +236,10 @@ def apply_policy(
     Raises `FrontError` for requests the policy refuses.
     """
     client_salt_removed = body.pop(CACHE_SALT_FIELD, None) is not None
+    # vLLM's id for the request (engine id, logs, the Responses API's stores): vLLM makes
+    # one; the front sends its own in X-Request-Id, which wins where vLLM reads both
+    request_id_removed = body.pop(VLLM_REQUEST_ID_FIELD, None) is not None
+    _check_priority(body, settings)
     key = _isolation_key(headers, body, settings)
     max_len = _max_len(body, settings)
     mode = settings.isolation_mode
@@ -296,4 +330,5 @@ def apply_policy(
         strip_usage_chunk=strip_usage,
         session_header_value=session_value,
         max_len_not_enforced=max_len is not None and max_len > 0,
+        client_request_id_removed=request_id_removed,
     )

@@ -14,12 +14,13 @@ import logging
 import multiprocessing
 import signal
 import sys
+from collections.abc import Callable
 from typing import Final
 
 from aiohttp import web
 
 from promptcache.embeds.cache import PromptEmbedsCache
-from promptcache.front.app import create_app, runner_options
+from promptcache.front.app import create_runner
 from promptcache.front.settings import FrontSettings, SettingsError, parse_listen, read_salt_key
 
 log = logging.getLogger("promptcache.front")
@@ -28,9 +29,8 @@ SHUTDOWN_TIMEOUT_SECONDS: Final = 30.0
 
 async def _run(settings: FrontSettings, secret: bytes | None, reuse_port: bool) -> None:
     cache = PromptEmbedsCache(settings.cache_capacity_bytes)
-    app = create_app(settings, secret=secret, cache=cache)
-    runner = web.AppRunner(
-        app, shutdown_timeout=SHUTDOWN_TIMEOUT_SECONDS, **runner_options(settings)
+    runner = create_runner(
+        settings, secret=secret, cache=cache, shutdown_timeout=SHUTDOWN_TIMEOUT_SECONDS
     )
     await runner.setup()
     host, port = parse_listen(settings.listen)
@@ -55,9 +55,28 @@ async def _run(settings: FrontSettings, secret: bytes | None, reuse_port: bool) 
         await runner.cleanup()
 
 
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop when installed (the `front` extra has it), else asyncio's.
+
+    uvloop runs the front's socket and timer work in C: measured in
+    `bench/front_overhead.py`, it is a large share of the front's CPU per request.
+    """
+    try:
+        import uvloop  # noqa: PLC0415
+    except ImportError:
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
+def _serve_loop(settings: FrontSettings, secret: bytes | None, reuse_port: bool) -> None:
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(_run(settings, secret, reuse_port=reuse_port))
+
+
 def _child(settings: FrontSettings, secret: bytes | None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    asyncio.run(_run(settings, secret, reuse_port=True))
+    _serve_loop(settings, secret, reuse_port=True)
 
 
 def serve(settings: FrontSettings) -> int:
@@ -75,7 +94,7 @@ def serve(settings: FrontSettings) -> int:
         child.start()
         children.append(child)
     try:
-        asyncio.run(_run(settings, secret, reuse_port=settings.workers > 1))
+        _serve_loop(settings, secret, reuse_port=settings.workers > 1)
     except OSError as exc:
         print(
             f"promptcache front: cannot listen on {settings.listen}: {exc.strerror}",

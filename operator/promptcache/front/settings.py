@@ -32,6 +32,7 @@ from promptcache.contract import (
 )
 from promptcache.contract.cache_size import check_cache_gib
 from promptcache.contract.front import (
+    DEFAULT_ALLOW_CLIENT_PRIORITY,
     DEFAULT_BODY_TIMEOUT_SECONDS,
     DEFAULT_CACHE_GIB,
     DEFAULT_DECODE_WORKERS,
@@ -98,6 +99,8 @@ class FrontSettings:
     header_timeout_seconds: float = DEFAULT_HEADER_TIMEOUT_SECONDS
     body_timeout_seconds: float = DEFAULT_BODY_TIMEOUT_SECONDS
     max_prompt_embeds_references: int = DEFAULT_MAX_PROMPT_EMBEDS_REFERENCES
+    allow_client_priority: bool = DEFAULT_ALLOW_CLIENT_PRIORITY
+    """False: `X-Vllm-Priority` is removed and a non-zero body `priority` refused."""
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.upstream)

@@ -9,15 +9,12 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Final
-
-import aiohttp
-from aiohttp import web
 
 from promptcache.embeds.cache import PromptEmbedsCache
 from promptcache.front import errors
 from promptcache.front.errors import FrontError
 from promptcache.front.metrics import FrontMetrics
+from promptcache.front.pool import UpstreamPool
 from promptcache.front.references import KindIndex
 from promptcache.front.settings import FrontSettings
 
@@ -51,7 +48,7 @@ class FrontState:
     metrics: FrontMetrics
     executor: ThreadPoolExecutor
     kinds: KindIndex = field(default_factory=KindIndex)
-    session: aiohttp.ClientSession | None = None
+    pool: UpstreamPool | None = None
     in_flight: int = 0
     body_reads: int = 0
     bytes_in_flight: int = 0
@@ -106,6 +103,3 @@ class Charge:
         with self._state.lock:
             self._state.bytes_in_flight -= self.held
             self.held = 0
-
-
-STATE: Final = web.AppKey("promptcache_front_state", FrontState)

@@ -8,16 +8,22 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import AsyncIterator
 from typing import Final
 
-import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
-from yarl import URL
 
+from promptcache.contract.front import VLLM_PRIORITY_HEADER, VLLM_REQUEST_ID_HEADER
 from promptcache.front import errors
 from promptcache.front.errors import FrontError
+from promptcache.front.pool import (
+    UpstreamAnswer,
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamTimeoutError,
+)
 from promptcache.front.routes import Route, Target
 from promptcache.front.settings import FrontSettings
 from promptcache.front.state import FrontState
@@ -43,36 +49,57 @@ _HOP_BY_HOP: Final[frozenset[str]] = frozenset(
         "content-length",
         "content-encoding",
         "accept-encoding",
+        "expect",  # the front has read the body already
     }
 )
 
 
+_HOP_BY_HOP_ANSWER: Final[frozenset[str]] = _HOP_BY_HOP | {"date", "server"}
+"""aiohttp writes its own Date and Server; Content-Encoding is put back when vLLM used one."""
+
+
+def new_request_id() -> str:
+    """A fresh id for vLLM's `X-Request-Id` (vLLM's own format: 32 hex digits)."""
+    return os.urandom(16).hex()
+
+
 def forward_headers(
-    headers: CIMultiDictProxy[str], settings: FrontSettings, json_body: bool
+    headers: CIMultiDictProxy[str], settings: FrontSettings, json_body: bool, request_id: str
 ) -> CIMultiDict[str]:
-    """The client's headers for vLLM, minus hop-by-hop ones and the isolation key."""
+    """The client's headers for vLLM, minus hop-by-hop ones, the isolation key and the
+    controls vLLM reads that a tenant must not set.
+
+    `X-Request-Id` becomes vLLM's request id (its engine id, logs, the answer's `id`; ids
+    are also what vLLM aborts by), so the client's is replaced by `request_id`, fresh per
+    request. `X-Vllm-Priority` overrides the body's priority in vLLM's queue: removed
+    unless the deployment allows client priorities.
+    """
     out: CIMultiDict[str] = CIMultiDict()
-    drop = _HOP_BY_HOP | {settings.isolation_header.lower()}
+    drop = _HOP_BY_HOP | {settings.isolation_header.lower(), VLLM_REQUEST_ID_HEADER}
+    if not settings.allow_client_priority:
+        drop = drop | {VLLM_PRIORITY_HEADER}
     for name, value in headers.items():
         if name.lower() not in drop:
             out.add(name, value)
     if json_body:
         out["Content-Type"] = "application/json"
     out["Accept-Encoding"] = "identity"
+    out["X-Request-Id"] = request_id
     return out
 
 
-def _response_headers(upstream: aiohttp.ClientResponse) -> CIMultiDict[str]:
+def _response_headers(answer: UpstreamAnswer) -> CIMultiDict[str]:
     """vLLM's headers for the client, minus hop-by-hop ones (aiohttp sets its own)."""
     out: CIMultiDict[str] = CIMultiDict()
-    for name, value in upstream.headers.items():
-        if name.lower() not in _HOP_BY_HOP and name.lower() not in ("date", "server"):
+    for name, value in answer.headers:
+        lower = name.lower()
+        if lower not in _HOP_BY_HOP_ANSWER:
             out.add(name, value)
     return out
 
 
 async def forward(
-    request: web.Request,
+    request: web.BaseRequest,
     state: FrontState,
     route: Route,
     target: Target,
@@ -82,61 +109,78 @@ async def forward(
     strip_usage: bool,
 ) -> web.StreamResponse:
     settings = state.settings
-    assert state.session is not None
-    # exactly the target that was checked: encoded=True keeps yarl from re-quoting it
-    url = URL(settings.upstream_base + target.raw, encoded=True)
+    assert state.pool is not None
+    # exactly the target that was checked, byte for byte
     try:
-        async with state.session.request(
-            request.method,
-            url,
-            data=data or None,
-            headers=headers,
-            allow_redirects=False,
-        ) as upstream:
-            return await _relay(request, state, route, upstream, strip_usage)
-    except aiohttp.ClientConnectorError as exc:
+        answer = await state.pool.request(request.method, target.raw, list(headers.items()), data)
+    except UpstreamConnectError as exc:
         state.metrics.upstream_errors.labels(kind="connect").inc()
         log.warning("model server unreachable at %s: %s", settings.upstream_base, exc)
         raise FrontError(
             503,
             errors.UPSTREAM_UNAVAILABLE,
-            f"the model server is not accepting connections ({exc.os_error.strerror or exc}); "
+            f"the model server is not accepting connections ({exc}); "
             "it may be starting or restarting, retry shortly",
         ) from None
-    except TimeoutError:
+    except UpstreamTimeoutError:
         state.metrics.upstream_errors.labels(kind="timeout").inc()
         raise FrontError(
             504,
             errors.UPSTREAM_TIMEOUT,
             f"the model server sent nothing for {settings.upstream_timeout_seconds:g} seconds",
         ) from None
-    except aiohttp.ClientError as exc:
+    except UpstreamError as exc:
         state.metrics.upstream_errors.labels(kind="failed").inc()
-        log.warning("model server failed on %s: %r", route.path, exc)
+        log.warning("model server failed on %s: %s", route.path, exc)
         raise FrontError(
             502,
             errors.UPSTREAM_FAILED,
-            f"the model server failed while answering: {type(exc).__name__}",
+            f"the model server failed while answering: {exc}",
         ) from None
+    try:
+        request_id = headers.get("X-Request-Id", "")
+        return await _relay(
+            request, state, route, answer, strip_usage=strip_usage, request_id=request_id
+        )
+    except UpstreamTimeoutError:
+        state.metrics.upstream_errors.labels(kind="timeout").inc()
+        raise FrontError(
+            504,
+            errors.UPSTREAM_TIMEOUT,
+            f"the model server sent nothing for {settings.upstream_timeout_seconds:g} seconds",
+        ) from None
+    except UpstreamError as exc:
+        state.metrics.upstream_errors.labels(kind="failed").inc()
+        log.warning("model server failed on %s: %s", route.path, exc)
+        raise FrontError(
+            502, errors.UPSTREAM_FAILED, f"the model server failed while answering: {exc}"
+        ) from None
+    finally:
+        answer.release()
 
 
 async def _relay(
-    request: web.Request,
+    request: web.BaseRequest,
     state: FrontState,
     route: Route,
-    upstream: aiohttp.ClientResponse,
+    answer: UpstreamAnswer,
+    *,
     strip_usage: bool,
+    request_id: str,
 ) -> web.StreamResponse:
     settings = state.settings
-    headers = _response_headers(upstream)
-    content_type = upstream.headers.get("Content-Type", "")
-    usage_path = route.usage_stream
+    headers = _response_headers(answer)
+    headers["X-Request-Id"] = request_id  # the id vLLM knows this request by
+    content_type = answer.header("content-type") or ""
+    encoding = answer.header("content-encoding")
+    encoded = encoding is not None and encoding.lower() != "identity"
+    if encoding is not None and encoded:
+        headers["Content-Encoding"] = encoding  # relayed as vLLM sent it, never inspected
+    usage_path = route.usage_stream and not encoded
     if content_type.startswith("text/event-stream"):
-        response = web.StreamResponse(
-            status=upstream.status, reason=upstream.reason, headers=headers
-        )
+        response = web.StreamResponse(status=answer.status, reason=answer.reason, headers=headers)
         await response.prepare(request)
-        chunks: AsyncIterator[bytes] = upstream.content.iter_any()
+        chunks: AsyncIterator[bytes] = answer.chunks()
         sse: SseRelay | None = None
         if usage_path:
             sse = SseRelay(
@@ -149,15 +193,16 @@ async def _relay(
         if sse is not None and sse.usage is not None:
             state.metrics.observe_usage(sse.usage.prompt_tokens, sse.usage.cached_tokens)
         return response
-    length = upstream.content_length
+    length_text = answer.header("content-length")
+    length = int(length_text) if length_text is not None else None
     if (
         usage_path
         and content_type.startswith("application/json")
         and (length is None or length <= MAX_BUFFERED_RESPONSE_BYTES)
     ):
-        body = await upstream.content.read(MAX_BUFFERED_RESPONSE_BYTES + 1)
+        body = await answer.read(MAX_BUFFERED_RESPONSE_BYTES)
         if len(body) <= MAX_BUFFERED_RESPONSE_BYTES:
-            if 200 <= upstream.status < 300:
+            if 200 <= answer.status < 300:
                 try:
                     usage = usage_from(json.loads(body))
                 except ValueError:
@@ -172,21 +217,25 @@ async def _relay(
                         )
                     )
             return web.Response(
-                status=upstream.status, reason=upstream.reason, body=body, headers=headers
+                status=answer.status, reason=answer.reason, body=body, headers=headers
             )
         prefix = body
+    elif length is not None and length <= MAX_BUFFERED_RESPONSE_BYTES:
+        # a small answer (an error, a model list): one piece, no stream
+        body = await answer.read(length)
+        return web.Response(status=answer.status, reason=answer.reason, body=body, headers=headers)
     else:
         prefix = b""
-    response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
+    response = web.StreamResponse(status=answer.status, reason=answer.reason, headers=headers)
     await response.prepare(request)
     if prefix:
         await response.write(prefix)
-    await _pump(request, state, response, upstream.content.iter_any())
+    await _pump(request, state, response, answer.chunks())
     return response
 
 
 async def _pump(
-    request: web.Request,
+    request: web.BaseRequest,
     state: FrontState,
     response: web.StreamResponse,
     chunks: AsyncIterator[bytes],
@@ -200,7 +249,7 @@ async def _pump(
     try:
         async for chunk in chunks:
             await response.write(chunk)
-    except aiohttp.ClientError:
+    except UpstreamError:
         state.metrics.upstream_errors.labels(kind="interrupted").inc()
         if request.transport is not None:
             request.transport.close()

@@ -100,6 +100,8 @@ class SseRelay:
             return event + b"\n\n"
         if data.strip() == b"[DONE]":
             return self._comment() + event + b"\n\n"
+        if b'"usage"' not in data:
+            return event + b"\n\n"  # no usage block (vLLM writes keys unescaped): no parse
         try:
             chunk = json.loads(data)
         except ValueError:

@@ -22,7 +22,11 @@ from promptcache.contract import (
     check_body_field,
     check_header_name,
 )
-from promptcache.contract.front import DEFAULT_HONOR_MAX_LEN, DEFAULT_ISOLATION_MODE
+from promptcache.contract.front import (
+    DEFAULT_ALLOW_CLIENT_PRIORITY,
+    DEFAULT_HONOR_MAX_LEN,
+    DEFAULT_ISOLATION_MODE,
+)
 from promptcache.contract.settings import split_host_port
 from promptcache.contract.shim import (
     DEFAULT_SHIM_DRAIN_SECONDS,
@@ -58,6 +62,8 @@ class ShimSettings:
     isolation_field: str = DEFAULT_ISOLATION_FIELD
     salt_key_file: str = SALT_KEY_FILE
     honor_prompt_cache_max_len: bool = DEFAULT_HONOR_MAX_LEN
+    allow_client_priority: bool = DEFAULT_ALLOW_CLIENT_PRIORITY
+    """The front's: a priority the front refuses is refused here, before routing."""
 
     def __post_init__(self) -> None:
         try:
@@ -89,6 +95,7 @@ class ShimSettings:
                 isolation_field=self.isolation_field,
                 salt_key_file=self.salt_key_file,
                 honor_prompt_cache_max_len=self.honor_prompt_cache_max_len,
+                allow_client_priority=self.allow_client_priority,
                 session_header="",
                 session_from_user=False,
                 prompt_tokens_header="",

@@ -57,11 +57,13 @@ from epp.traffic import (
     LLMD_DEFAULT,
     LOAD_ONLY,
     VARIANTS,
+    Bounds,
     Pick,
     Session,
     Stats,
     Target,
     Workload,
+    bounds,
     for_gie,
     oracle_router,
     picker_router,
@@ -158,10 +160,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--full", action="store_true", help="8 pods, 5 load levels, 60 s of arrivals")
     ap.add_argument("--pods", type=int, default=4)
-    ap.add_argument("--window", type=float, default=20.0, help="seconds over which sessions arrive")
+    ap.add_argument("--window", type=float, default=60.0, help="seconds over which sessions arrive")
+    ap.add_argument(
+        "--think", type=float, default=5.0, help="mean seconds between an answer and the next turn"
+    )
     ap.add_argument("--loads", default="0.7,1.5", help="multiples of capacity")
     ap.add_argument("--time-scale", type=float, default=6.0, help="slow the modelled GPU down")
-    ap.add_argument("--num-gpu-blocks", type=int, default=2048, help="KV blocks per pod")
+    ap.add_argument(
+        "--num-gpu-blocks", type=int, default=1024, help="KV blocks per pod (see the docstring)"
+    )
     ap.add_argument("--max-num-seqs", type=int, default=32)
     ap.add_argument(
         "--routers",
@@ -184,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     loads = [float(x) for x in args.loads.split(",")]
     extra = dict(c.split("=", 1) for c in args.config)
     routers = [r.strip() for r in args.routers.split(",")] + list(extra)
-    wl = Workload()
+    wl = Workload(think_s=args.think)
     engine = EngineConfig.gpu_like(
         args.time_scale, num_gpu_blocks=args.num_gpu_blocks, max_num_seqs=args.max_num_seqs
     )
@@ -193,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     note = "not run"
     picker = "none"
     capacity = 0.0
+    limits: dict[float, Bounds] = {}
 
     def reset(targets: list[Target]) -> None:
         for t in targets:
@@ -223,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             # enough sessions that arrivals last --window seconds at this rate
             n = max(20, round(args.window * rate / wl.mean_turns()))
             trace = schedule(_sessions(wl, n, args.seed), rate, wl, args.seed + 1)
+            limits[load] = bounds(trace, wl, len(targets))
             for router in routers:
                 reset(targets)
                 s = drive(router, configs, pool, targets, trace, wl, args.seed)
@@ -264,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
                     launcher.close()
         finally:
             pytest_cluster.stop_cluster(cluster)
-    report(args, rows, loads, capacity, engine, wl, note, time.monotonic() - t_start, picker)
+    elapsed = time.monotonic() - t_start
+    report(args, rows, loads, capacity, engine, wl, note, elapsed, picker, limits)
     return 0
 
 
@@ -321,6 +331,7 @@ def report(
     note: str,
     elapsed: float,
     picker: str,
+    limits: dict[float, Bounds],
 ) -> None:
     print(
         f"Routing by the real Endpoint Picker ({picker}), {args.pods} stand-in pods, "
@@ -357,6 +368,13 @@ def report(
                 f"{_ratio(s.ttft(0.5), lo.ttft(0.5) if lo else None):>7} "
                 f"{_ratio(s.ttft(0.99), lo.ttft(0.99) if lo else None):>7} {s.busiest:>7.2f} "
                 f"{len(s.ttft_s):>5} {s.errors:>7}"
+            )
+        if load in limits:
+            b = limits[load]
+            print(
+                f"      trace: system prompts {b.shared_floor:.3f} of prompt tokens (any router's "
+                f"floor), ceiling {b.ceiling:.3f} (infinite cache): at most "
+                f"{b.ceiling / b.shared_floor:.2f}x the floor"
             )
         path = plot(rows, load, load * capacity, args.out, args.prefix)
         print(f"      plot: {_shown(path)}")

@@ -89,6 +89,44 @@ class Workload:
         return total / n
 
 
+@dataclass(frozen=True)
+class Bounds:
+    """What routing can and cannot change on a trace (token counts of the stand-in's
+    tokenizer; answers counted at `answer_tokens` each)."""
+
+    shared_floor: float
+    """Share of prompt tokens that are a tenant's system prompt: served from cache by any
+    router once every pod has seen every tenant (the load-only floor, whatever the cache)."""
+    ceiling: float
+    """1 - first-seen tokens / prompt tokens, with every system prompt prefilled once per
+    pod: the most any router can serve from cache (an infinite cache)."""
+
+
+def bounds(sessions: Sequence[Session], wl: Workload, pods: int) -> Bounds:
+    """The shared-prefix floor and the cache ceiling of `sessions` on `pods` pods."""
+    from promptcache.front.standin import EngineConfig, parse_prompt  # noqa: PLC0415
+
+    cfg = EngineConfig()
+
+    def n(messages: list[dict[str, str]]) -> int:
+        return len(parse_prompt({"messages": messages}, True, cfg))
+
+    total = shared = first_seen = 0
+    answer = "x" * (wl.answer_tokens * cfg.bytes_per_token)
+    for s in sessions:
+        messages = [{"role": "system", "content": s.system}]
+        system, seen = n(messages), n(messages)
+        for question in s.questions:
+            messages.append({"role": "user", "content": question})
+            prompt = n(messages)
+            total, shared, first_seen = total + prompt, shared + system, first_seen + prompt - seen
+            seen = prompt
+            messages.append({"role": "assistant", "content": answer})
+    system_tokens = {s.tenant: n([{"role": "system", "content": s.system}]) for s in sessions}
+    first_seen += pods * sum(system_tokens.values())
+    return Bounds(shared / max(1, total), 1 - first_seen / max(1, total))
+
+
 def schedule(
     sessions: Sequence[Session], rate_rps: float, wl: Workload, seed: int
 ) -> list[Session]:

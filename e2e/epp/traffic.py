@@ -276,6 +276,8 @@ class Stats:
     per_pod: dict[str, int] = field(default_factory=dict)
     errors: int = 0
     wall_s: float = 0.0
+    gaps_s: list[float] = field(default_factory=list)
+    """Start to start of a session's consecutive turns: how long its prefix must survive."""
 
     @property
     def cached_fraction(self) -> float:
@@ -289,6 +291,12 @@ class Stats:
     def busiest(self) -> float:
         """The busiest pod's share of requests (1/pods is even)."""
         return max(self.per_pod.values()) / max(1, sum(self.per_pod.values()))
+
+    def holding_s(self, cache_tokens_per_pod: int) -> float:
+        """Seconds of this run's writes one pod's cache holds: its capacity over the uncached
+        prompt tokens each pod prefilled per second (averaged over the run, ramps included)."""
+        written = (self.prompt_tokens - self.cached_tokens) / max(1, len(self.per_pod))
+        return cache_tokens_per_pod / max(1e-9, written / max(1e-9, self.wall_s))
 
     @property
     def rate(self) -> float:
@@ -359,6 +367,7 @@ async def run_trace(
             await asyncio.sleep(max(0.0, start + s.start_s - time.monotonic()))
             extra, headers = tenant_fields(s.tenant)
             messages = [{"role": "system", "content": s.system}]
+            last: float | None = None
             for question, pause in zip(s.questions, think, strict=True):
                 messages.append({"role": "user", "content": question})
                 body = {
@@ -370,6 +379,9 @@ async def run_trace(
                     **extra,
                 }
                 t0 = time.monotonic()
+                if last is not None:
+                    stats.gaps_s.append(t0 - last)
+                last = t0
                 target = await pick(body, headers)
                 answer = await _turn(http, target, body, headers, t0, stats)
                 messages.append({"role": "assistant", "content": answer})

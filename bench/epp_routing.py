@@ -72,6 +72,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -210,6 +211,11 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME=FILE",
         help="also route with this EndpointPickerConfig (repeatable)",
     )
+    ap.add_argument(
+        "--plaintext-picker",
+        action="store_true",
+        help="run the picker with --secure-serving=false (default: TLS, as rendered)",
+    )
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "img")
     ap.add_argument("--prefix", default="epp-routing", help="PNG file name prefix")
@@ -217,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.full:
         args.pods, args.window, args.loads = 8, 60.0, "0.3,0.7,1.0,1.5,2.0"
     loads = [float(x) for x in args.loads.split(",")]
+    epp_flags = ["--secure-serving=false"] if args.plaintext_picker else []
     extra = dict(c.split("=", 1) for c in args.config)
     routers = [r.strip() for r in args.routers.split(",")] + list(extra)
     wl = Workload(think_s=args.think)
@@ -240,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         reset(targets)
         light = dataclasses.replace(wl, sessions=40)
         trace = schedule(light.build(args.seed + 100), 4.0, light, args.seed + 101)
-        s = drive("random", {}, None, targets, trace, light, args.seed)
+        s = drive("random", {}, None, targets, trace, light, args.seed, ())
         uncached = (s.prompt_tokens - s.cached_tokens) / max(1, len(s.ttft_s))
         per_request = engine.step_overhead_s + uncached * engine.prefill_s_per_token
         print(
@@ -262,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
             limits[load] = bounds(trace, wl, len(targets))
             for router in routers:
                 reset(targets)
-                s = drive(router, configs, pool, targets, trace, wl, args.seed)
+                s = drive(router, configs, pool, targets, trace, wl, args.seed, epp_flags)
                 rows.append(Row(router, load, s))
                 print(
                     f"  load {load:g}x {router:14} cached {s.cached_fraction:.3f} "
@@ -321,8 +328,10 @@ def drive(
     trace: list[Session],
     wl: Workload,
     seed: int,
+    epp_flags: Sequence[str],
 ) -> Stats:
-    """One router over one trace, on pods the caller just reset."""
+    """One router over one trace, on pods the caller just reset; the picker runs with its
+    rendered args plus `epp_flags`."""
     client = None
     if router == "random":
         pick: Pick = random_router(targets, seed)
@@ -330,8 +339,8 @@ def drive(
         pick = oracle_router(targets, seed)
     else:
         assert pool is not None
-        # a fresh picker (an empty index); plaintext ext_proc on loopback, routing unchanged
-        epp = pool.start_epp(config_text=configs[router], extra_args=["--secure-serving=false"])
+        # a fresh picker (an empty index), with its rendered transport unless told otherwise
+        epp = pool.start_epp(config_text=configs[router], extra_args=epp_flags)
         client = epp.client()
         pick = picker_router(client, targets)
 

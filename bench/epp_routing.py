@@ -58,7 +58,9 @@ ceiling above twice the floor, which this workload does not have at any cache si
 
 The picker is the upstream GIE v1.5.0 EPP that `e2e/cluster build` builds (GIE
 needs an API server: the pods are kwok pods of the local control plane; the
-stand-ins bind on their loopback IPs). Run: `python bench/epp_routing.py`
+stand-ins bind on their loopback IPs). It runs with its rendered args: alone on its
+port it serves ext_proc over TLS, reached through the harness's TLS relay as a gateway
+would (`--plaintext-picker` turns TLS off). Run: `python bench/epp_routing.py`
 (about 25 minutes on 2 shared cores; `--full` for more sessions, pods and load levels;
 `--out DIR` for the PNGs, default docs/img/).
 """

@@ -45,7 +45,10 @@ the next turn comes after the pod wrote about **half** its cache (gap / holding 
 Here the pods are 6x slower (~1.7k prefill tokens/s): 1024 blocks (16k tokens; the
 workload's longest prompt, 7.9k tokens, fits twice) hold ~14 s of traffic at 0.7x, and a
 turn comes back after the 5 s think time, its answer (~1 s) and its wait: gap / holding
-~0.45. The old defaults (2048 blocks, 0.3 s think time) gave ~0.05, and the pool's cache
+~0.45 estimated; the bench prints it measured on load-only routing (a lower bound: the
+holding time is averaged over ramp-up and drain): 0.17 at 0.7x and 0.81 at 1.5x in the
+`--full` run, between production API traffic (~0.15) and chat (~0.5). The old defaults
+(2048 blocks, 0.3 s think time) gave ~0.05, and the pool's cache
 (131k tokens) exceeded all a run sends (~50k): nothing was ever evicted, an agent loop
 answering within a quarter second on an infinite cache. Sessions then last ~30 s, so
 arrivals span 60 s (`--window`) for the offered load to hold between ramp-up and drain.
@@ -61,7 +64,7 @@ needs an API server: the pods are kwok pods of the local control plane; the
 stand-ins bind on their loopback IPs). It runs with its rendered args: alone on its
 port it serves ext_proc over TLS, reached through the harness's TLS relay as a gateway
 would (`--plaintext-picker` turns TLS off). Run: `python bench/epp_routing.py`
-(about 25 minutes on 2 shared cores; `--full` for more sessions, pods and load levels;
+(about 25 minutes on 2 shared cores; `--full`, about an hour: 8 pods, 5 load levels;
 `--out DIR` for the PNGs, default docs/img/).
 """
 

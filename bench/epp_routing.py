@@ -29,10 +29,42 @@ load on one pod. This benchmark measures exactly that, per router, in one run:
   measured by the client over real sockets (including the pick), the busiest pod's
   share of requests; ratios against load-only and the oracle; one PNG per load level.
 
+**Why 1024 blocks and a 5 s think time: the cache is scarce, as in production.** A pod
+still holds a conversation's prefix when its next turn arrives only if the pod has not
+written a cache's worth of other traffic in between, so what must be production-like is
+the ratio of the gap between two turns to the time a pod's cache holds its traffic.
+Production model: an 8B model (Llama-3.1-8B: 32 layers x 8 KV heads x 128 x K,V x 2 bytes
+= 128 KiB per token) on an 80 GB H100 at vLLM defaults (`gpu_memory_utilization` 0.9,
+16-token blocks): ~72 GiB, less ~15 GiB of weights and ~3 GiB of activations and graphs,
+leaves ~54 GiB, **~27,000 blocks (~430k tokens)**. At 0.7 of its prefill capacity (10k
+tokens/s, `gpu_like`) it writes ~7k new tokens/s, so its cache holds the last **~60 s** of
+traffic. Reuse gaps measured in production (Wang et al., "KVCache Cache in the Wild",
+USENIX ATC '25, Alibaba's traces): 80 % of reuses within 10 s for API traffic, within 10
+min for chat. Taking a chat turn every ~30 s (read a short answer, type the next question),
+the next turn comes after the pod wrote about **half** its cache (gap / holding ~0.5).
+Here the pods are 6x slower (~1.7k prefill tokens/s): 1024 blocks (16k tokens; the
+workload's longest prompt, 7.9k tokens, fits twice) hold ~14 s of traffic at 0.7x, and a
+turn comes back after the 5 s think time, its answer (~1 s) and its wait: gap / holding
+~0.45 estimated; the bench prints it measured on load-only routing (a lower bound: the
+holding time is averaged over ramp-up and drain): 0.17 at 0.7x and 0.81 at 1.5x in the
+`--full` run, between production API traffic (~0.15) and chat (~0.5). The old defaults
+(2048 blocks, 0.3 s think time) gave ~0.05, and the pool's cache
+(131k tokens) exceeded all a run sends (~50k): nothing was ever evicted, an agent loop
+answering within a quarter second on an infinite cache. Sessions then last ~30 s, so
+arrivals span 60 s (`--window`) for the offered load to hold between ramp-up and drain.
+`--num-gpu-blocks`, `--think` and `--window` change them.
+
+**What routing cannot change** is printed per trace: about half of all prompt tokens are
+the tenants' system prompts, which every pod soon holds whatever the router (the floor),
+and a first turn is never cached (the ceiling). "2x load-only's cached fraction" needs a
+ceiling above twice the floor, which this workload does not have at any cache size.
+
 The picker is the upstream GIE v1.5.0 EPP that `e2e/cluster build` builds (GIE
 needs an API server: the pods are kwok pods of the local control plane; the
-stand-ins bind on their loopback IPs). Run: `python bench/epp_routing.py`
-(a few minutes; `--full` for more sessions, pods and load levels;
+stand-ins bind on their loopback IPs). It runs with its rendered args: alone on its
+port it serves ext_proc over TLS, reached through the harness's TLS relay as a gateway
+would (`--plaintext-picker` turns TLS off). Run: `python bench/epp_routing.py`
+(about 25 minutes on 2 shared cores; `--full`, about an hour: 8 pods, 5 load levels;
 `--out DIR` for the PNGs, default docs/img/).
 """
 
@@ -41,9 +73,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,11 +94,13 @@ from epp.traffic import (
     LLMD_DEFAULT,
     LOAD_ONLY,
     VARIANTS,
+    Bounds,
     Pick,
     Session,
     Stats,
     Target,
     Workload,
+    bounds,
     for_gie,
     oracle_router,
     picker_router,
@@ -161,10 +197,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--full", action="store_true", help="8 pods, 5 load levels, 60 s of arrivals")
     ap.add_argument("--pods", type=int, default=4)
-    ap.add_argument("--window", type=float, default=20.0, help="seconds over which sessions arrive")
+    ap.add_argument("--window", type=float, default=60.0, help="seconds over which sessions arrive")
+    ap.add_argument(
+        "--think", type=float, default=5.0, help="mean seconds between an answer and the next turn"
+    )
     ap.add_argument("--loads", default="0.7,1.5", help="multiples of capacity")
     ap.add_argument("--time-scale", type=float, default=6.0, help="slow the modelled GPU down")
-    ap.add_argument("--num-gpu-blocks", type=int, default=2048, help="KV blocks per pod")
+    ap.add_argument(
+        "--num-gpu-blocks", type=int, default=1024, help="KV blocks per pod (see the docstring)"
+    )
     ap.add_argument("--max-num-seqs", type=int, default=32)
     ap.add_argument(
         "--routers",
@@ -178,6 +219,11 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME=FILE",
         help="also route with this EndpointPickerConfig (repeatable)",
     )
+    ap.add_argument(
+        "--plaintext-picker",
+        action="store_true",
+        help="run the picker with --secure-serving=false (default: TLS, as rendered)",
+    )
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "img")
     ap.add_argument("--prefix", default="epp-routing", help="PNG file name prefix")
@@ -185,9 +231,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.full:
         args.pods, args.window, args.loads = 8, 60.0, "0.3,0.7,1.0,1.5,2.0"
     loads = [float(x) for x in args.loads.split(",")]
+    epp_flags = ["--secure-serving=false"] if args.plaintext_picker else []
     extra = dict(c.split("=", 1) for c in args.config)
     routers = [r.strip() for r in args.routers.split(",")] + list(extra)
-    wl = Workload()
+    wl = Workload(think_s=args.think)
     engine = EngineConfig.gpu_like(
         args.time_scale, num_gpu_blocks=args.num_gpu_blocks, max_num_seqs=args.max_num_seqs
     )
@@ -196,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     note = "not run"
     picker = "none"
     capacity = 0.0
+    limits: dict[float, Bounds] = {}
 
     def reset(targets: list[Target]) -> None:
         for t in targets:
@@ -207,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         reset(targets)
         light = dataclasses.replace(wl, sessions=40)
         trace = schedule(light.build(args.seed + 100), 4.0, light, args.seed + 101)
-        s = drive("random", {}, None, targets, trace, light, args.seed)
+        s = drive("random", {}, None, targets, trace, light, args.seed, ())
         uncached = (s.prompt_tokens - s.cached_tokens) / max(1, len(s.ttft_s))
         per_request = engine.step_overhead_s + uncached * engine.prefill_s_per_token
         print(
@@ -226,9 +274,10 @@ def main(argv: list[str] | None = None) -> int:
             # enough sessions that arrivals last --window seconds at this rate
             n = max(20, round(args.window * rate / wl.mean_turns()))
             trace = schedule(_sessions(wl, n, args.seed), rate, wl, args.seed + 1)
+            limits[load] = bounds(trace, wl, len(targets))
             for router in routers:
                 reset(targets)
-                s = drive(router, configs, pool, targets, trace, wl, args.seed)
+                s = drive(router, configs, pool, targets, trace, wl, args.seed, epp_flags)
                 rows.append(Row(router, load, s))
                 print(
                     f"  load {load:g}x {router:14} cached {s.cached_fraction:.3f} "
@@ -267,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
                     launcher.close()
         finally:
             pytest_cluster.stop_cluster(cluster)
-    report(args, rows, loads, capacity, engine, wl, note, time.monotonic() - t_start, picker)
+    elapsed = time.monotonic() - t_start
+    report(args, rows, loads, capacity, engine, wl, note, elapsed, picker, limits)
     return 0
 
 
@@ -286,8 +336,10 @@ def drive(
     trace: list[Session],
     wl: Workload,
     seed: int,
+    epp_flags: Sequence[str],
 ) -> Stats:
-    """One router over one trace, on pods the caller just reset."""
+    """One router over one trace, on pods the caller just reset; the picker runs with its
+    rendered args plus `epp_flags`."""
     client = None
     if router == "random":
         pick: Pick = random_router(targets, seed)
@@ -295,8 +347,8 @@ def drive(
         pick = oracle_router(targets, seed)
     else:
         assert pool is not None
-        # a fresh picker (an empty index); plaintext ext_proc on loopback, routing unchanged
-        epp = pool.start_epp(config_text=configs[router], extra_args=["--secure-serving=false"])
+        # a fresh picker (an empty index), with its rendered transport unless told otherwise
+        epp = pool.start_epp(config_text=configs[router], extra_args=epp_flags)
         client = epp.client()
         pick = picker_router(client, targets)
 
@@ -324,6 +376,7 @@ def report(
     note: str,
     elapsed: float,
     picker: str,
+    limits: dict[float, Bounds],
 ) -> None:
     print(
         f"Routing by the real Endpoint Picker ({picker}), {args.pods} stand-in pods, "
@@ -360,6 +413,21 @@ def report(
                 f"{_ratio(s.ttft(0.5), lo.ttft(0.5) if lo else None):>7} "
                 f"{_ratio(s.ttft(0.99), lo.ttft(0.99) if lo else None):>7} {s.busiest:>7.2f} "
                 f"{len(s.ttft_s):>5} {s.errors:>7}"
+            )
+        if load in limits:
+            b = limits[load]
+            print(
+                f"      trace: system prompts {b.shared_floor:.3f} of prompt tokens (any router's "
+                f"floor), ceiling {b.ceiling:.3f} (infinite cache): at most "
+                f"{b.ceiling / b.shared_floor:.2f}x the floor"
+            )
+        if lo is not None and lo.gaps_s:
+            gap = statistics.median(lo.gaps_s)
+            held = lo.holding_s(engine.num_gpu_blocks * engine.block_size)
+            print(
+                f"      load-only: a turn follows its session's previous one after {gap:.1f} s "
+                f"(median); a pod's cache holds {held:.0f} s of its writes (run average): "
+                f"gap / holding {gap / held:.2f}"
             )
         path = plot(rows, load, load * capacity, args.out, args.prefix)
         print(f"      plot: {_shown(path)}")

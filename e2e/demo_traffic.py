@@ -192,7 +192,7 @@ def show_cache_working(
             client = None
             if picker:
                 text = config if config is not None else for_gie(rendered.epp_config_text)[0]
-                epp = pool.start_epp(config_text=text, extra_args=["--secure-serving=false"])
+                epp = pool.start_epp(config_text=text)  # its rendered transport (TLS alone)
                 client = epp.client()
                 pick = picker_router(client, targets)
             else:

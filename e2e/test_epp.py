@@ -19,6 +19,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -500,3 +501,22 @@ def test_endpoint_names_are_pods_of_the_pool(launch: Launcher) -> None:
     pool = launch(spec_patch=routing_patch())
     names = set(pool.epp.queue_sizes())  # type: ignore[union-attr]
     assert {re.sub(r"-rank-\d+$", "", n) for n in names} == {p.name for p in pool.pods}
+
+
+def test_the_rendered_tls_picker_serves_concurrent_picks(launch: Launcher) -> None:
+    """Alone on its port the picker serves TLS as rendered; picks from many threads at once,
+    each a new stream on one connection through the gateway's TLS side (the relay), all
+    route. The picker opens this port only after health is up (it makes its key first):
+    `wait_ready` waits for it, else the first picks fail with `Socket closed`."""
+    pool = launch(spec_patch=routing_patch())
+    epp = pool.epp
+    assert epp is not None
+    assert "--secure-serving=false" not in pool.rendered.epp_args
+    assert epp.secure
+    endpoints = {p.endpoint for p in pool.pods}
+    with epp.client() as client, ThreadPoolExecutor(16) as threads:
+        picks = list(
+            threads.map(lambda i: client.pick(chat_body(unique_text(400 + i))).endpoint, range(96))
+        )
+    assert len(picks) == 96
+    assert set(picks) <= endpoints

@@ -365,3 +365,40 @@ def test_a_changed_picker_config_rolls_the_picker(cluster: Cluster, env: dict[st
     new = wait_for(lambda: one_pod_with(after), f"a picker pod on the new config\n{op.log_tail()}")
     assert new["metadata"]["uid"] != old["metadata"]["uid"]
     cluster.kubectl("delete", "pcd", name, "-n", ns, "--wait=false")
+
+
+def test_the_picker_network_policy_follows_the_policy_step(
+    cluster: Cluster, env: dict[str, Any]
+) -> None:
+    """Behind the policy step the picker pod gets a NetworkPolicy that leaves its inner port
+    out; when the step is no longer rendered (Shared isolation, no sessions), or the user
+    turns it off, the operator deletes it."""
+    ns, op = env["ns"], env["op"]
+    name = "fenced"
+    apply_yaml(cluster.kubectl, resource(name, ns))  # PerKey: the step fronts the picker
+    wait_ready(cluster, ns, name, op)
+
+    def policy() -> Any:
+        found = get_json(
+            cluster.kubectl, "networkpolicies", "-n", ns,
+            "-l", f"app.kubernetes.io/instance={name}",
+        )["items"]  # fmt: skip
+        return found[0] if found else None
+
+    live = wait_for(policy, f"the picker's NetworkPolicy\n{op.log_tail()}")
+    assert live["metadata"]["name"] == f"{name}-epp"
+    ports = {p["port"] for rule in live["spec"]["ingress"] for p in rule["ports"]}
+    assert ports == {9002, 9003, 9090}
+
+    def patch(spec: dict[str, Any]) -> None:
+        cluster.kubectl(
+            "patch", "pcd", name, "-n", ns, "--type=merge", "-p", json.dumps({"spec": spec})
+        )  # fmt: skip
+
+    patch({"isolation": {"mode": "Shared"}})
+    wait_for(lambda: policy() is None, f"pruned without the step\n{op.log_tail()}")
+    patch({"isolation": {"mode": "PerKey"}})
+    wait_for(policy, f"back with the step\n{op.log_tail()}")
+    patch({"gateway": {"networkPolicy": False}})
+    wait_for(lambda: policy() is None, f"pruned when turned off\n{op.log_tail()}")
+    assert op.alive()

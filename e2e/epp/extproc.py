@@ -78,6 +78,17 @@ class ExtProcClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _relayed(self, responses: Any) -> Iterator[pb.ProcessingResponse]:
+        """The picker's answers; through the TLS relay, a transport failure names its cause
+        (grpcio alone says only `Socket closed`, see tls_relay.py)."""
+        try:
+            yield from responses
+        except grpc.RpcError as error:
+            reason = self._relay.last_error if self._relay is not None else None
+            if reason is None:
+                raise
+            raise ConnectionError(f"{error.details()} ({reason})") from error
+
     def pick(
         self,
         body: Mapping[str, Any] | bytes,
@@ -115,7 +126,7 @@ class ExtProcClient:
         result = Pick(endpoint=None)
         responses = self._stub.Process(requests(), timeout=self._timeout)
         try:
-            for resp in responses:
+            for resp in self._relayed(responses):
                 kind = resp.WhichOneof("response")
                 if kind == "immediate_response":
                     result.immediate_status = int(resp.immediate_response.status.code)

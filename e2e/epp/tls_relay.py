@@ -9,6 +9,14 @@ port and relays the bytes over a real TLS connection (ALPN h2, no verification) 
 picker. Tests thereby run the picker with its rendered transport instead of switching
 TLS off. One asyncio loop in a daemon thread does the relaying (an SSL connection must not
 be read and written from two threads at once).
+
+When the relay cannot reach the picker it can only close the client's connection, which
+grpcio reports as `UNAVAILABLE: Socket closed` (and then fails every call of its backoff
+window the same way). That is what the benchmark and the demo once hit: GIE v1.5.0 serves
+gRPC health before its ext_proc listener, which it opens only after making a 4096-bit RSA
+key (0.2-0.5 s later here), so a pick sent when health said ready found nothing to relay
+to. `EppProcess.wait_ready` now waits for the ext_proc port too, and the relay keeps the
+reason (`last_error`), which the ext_proc client adds to the gRPC error it raises.
 """
 
 from __future__ import annotations
@@ -47,9 +55,12 @@ class TlsRelay:
     def __init__(self, upstream_port: int) -> None:
         self.upstream_port = upstream_port
         self.port = free_port()
+        self.last_error: str | None = None
+        """Why the last connection could not be relayed (None: every one was)."""
         self._ctx = _client_context()
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.AbstractServer | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=10)
@@ -59,24 +70,47 @@ class TlsRelay:
         return f"127.0.0.1:{self.port}"
 
     async def _start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+        self._server = await asyncio.start_server(self._accepted, "127.0.0.1", self.port)
+
+    async def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            await self._handle(reader, writer)
+        finally:
+            self._tasks.discard(task)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             up_reader, up_writer = await asyncio.open_connection(
                 "127.0.0.1", self.upstream_port, ssl=self._ctx, server_hostname=""
             )
-        except (OSError, ssl.SSLError):
+        except (OSError, ssl.SSLError) as error:
+            self.last_error = (
+                f"TLS relay could not reach the picker on 127.0.0.1:{self.upstream_port}: "
+                f"{type(error).__name__}: {error}"
+            )
             writer.close()
             return
-        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        try:
+            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        finally:
+            for w in (writer, up_writer):
+                with contextlib.suppress(OSError, RuntimeError, ssl.SSLError):
+                    w.close()
 
     def close(self) -> None:
         async def stop() -> None:
             if self._server is not None:
                 self._server.close()
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
 
         with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(stop(), self._loop).result(timeout=5)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
+        if not self._loop.is_running():
+            self._loop.close()

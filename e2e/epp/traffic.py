@@ -89,6 +89,44 @@ class Workload:
         return total / n
 
 
+@dataclass(frozen=True)
+class Bounds:
+    """What routing can and cannot change on a trace (token counts of the stand-in's
+    tokenizer; answers counted at `answer_tokens` each)."""
+
+    shared_floor: float
+    """Share of prompt tokens that are a tenant's system prompt: served from cache by any
+    router once every pod has seen every tenant (the load-only floor, whatever the cache)."""
+    ceiling: float
+    """1 - first-seen tokens / prompt tokens, with every system prompt prefilled once per
+    pod: the most any router can serve from cache (an infinite cache)."""
+
+
+def bounds(sessions: Sequence[Session], wl: Workload, pods: int) -> Bounds:
+    """The shared-prefix floor and the cache ceiling of `sessions` on `pods` pods."""
+    from promptcache.front.standin import EngineConfig, parse_prompt  # noqa: PLC0415
+
+    cfg = EngineConfig()
+
+    def n(messages: list[dict[str, str]]) -> int:
+        return len(parse_prompt({"messages": messages}, True, cfg))
+
+    total = shared = first_seen = 0
+    answer = "x" * (wl.answer_tokens * cfg.bytes_per_token)
+    for s in sessions:
+        messages = [{"role": "system", "content": s.system}]
+        system, seen = n(messages), n(messages)
+        for question in s.questions:
+            messages.append({"role": "user", "content": question})
+            prompt = n(messages)
+            total, shared, first_seen = total + prompt, shared + system, first_seen + prompt - seen
+            seen = prompt
+            messages.append({"role": "assistant", "content": answer})
+    system_tokens = {s.tenant: n([{"role": "system", "content": s.system}]) for s in sessions}
+    first_seen += pods * sum(system_tokens.values())
+    return Bounds(shared / max(1, total), 1 - first_seen / max(1, total))
+
+
 def schedule(
     sessions: Sequence[Session], rate_rps: float, wl: Workload, seed: int
 ) -> list[Session]:
@@ -238,6 +276,8 @@ class Stats:
     per_pod: dict[str, int] = field(default_factory=dict)
     errors: int = 0
     wall_s: float = 0.0
+    gaps_s: list[float] = field(default_factory=list)
+    """Start to start of a session's consecutive turns: how long its prefix must survive."""
 
     @property
     def cached_fraction(self) -> float:
@@ -251,6 +291,12 @@ class Stats:
     def busiest(self) -> float:
         """The busiest pod's share of requests (1/pods is even)."""
         return max(self.per_pod.values()) / max(1, sum(self.per_pod.values()))
+
+    def holding_s(self, cache_tokens_per_pod: int) -> float:
+        """Seconds of this run's writes one pod's cache holds: its capacity over the uncached
+        prompt tokens each pod prefilled per second (averaged over the run, ramps included)."""
+        written = (self.prompt_tokens - self.cached_tokens) / max(1, len(self.per_pod))
+        return cache_tokens_per_pod / max(1e-9, written / max(1e-9, self.wall_s))
 
     @property
     def rate(self) -> float:
@@ -321,6 +367,7 @@ async def run_trace(
             await asyncio.sleep(max(0.0, start + s.start_s - time.monotonic()))
             extra, headers = tenant_fields(s.tenant)
             messages = [{"role": "system", "content": s.system}]
+            last: float | None = None
             for question, pause in zip(s.questions, think, strict=True):
                 messages.append({"role": "user", "content": question})
                 body = {
@@ -332,6 +379,9 @@ async def run_trace(
                     **extra,
                 }
                 t0 = time.monotonic()
+                if last is not None:
+                    stats.gaps_s.append(t0 - last)
+                last = t0
                 target = await pick(body, headers)
                 answer = await _turn(http, target, body, headers, t0, stats)
                 messages.append({"role": "assistant", "content": answer})

@@ -25,6 +25,7 @@ def test_render_to_stdout_is_multi_document_yaml() -> None:
         "ConfigMap",
         "Service",
         "Service",
+        "NetworkPolicy",
         "Deployment",
         "Deployment",
         "PodDisruptionBudget",
@@ -41,9 +42,10 @@ def test_render_to_a_folder_writes_one_file_per_manifest(tmp_path: Path) -> None
     folder = tmp_path / "inference" / "llama-tenants"
     files = sorted(p.name for p in folder.iterdir())
     assert files[0] == "00-serviceaccount-llama-tenants-epp.yaml"
-    assert "10-httproute-llama-tenants.yaml" in files
-    assert len(files) == 11
-    route = yaml.safe_load((folder / "10-httproute-llama-tenants.yaml").read_text())
+    assert "06-networkpolicy-llama-tenants-epp.yaml" in files
+    assert "11-httproute-llama-tenants.yaml" in files
+    assert len(files) == 12
+    route = yaml.safe_load((folder / "11-httproute-llama-tenants.yaml").read_text())
     assert route["spec"]["hostnames"] == ["llm.example.com"]
 
 

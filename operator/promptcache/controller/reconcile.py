@@ -83,6 +83,7 @@ ROUTE = by_kind("HTTPRoute")
 GATEWAY = by_kind("Gateway")
 POD_MONITOR = by_kind("PodMonitor")
 HPA = by_kind("HorizontalPodAutoscaler")
+NETWORK_POLICY = by_kind("NetworkPolicy")
 STATUS_ECHO_S = 10.0
 """How long a just-written status is trusted over a body that may not show it yet."""
 
@@ -282,6 +283,9 @@ class Reconciler:
             obs.monitoring = self._monitoring_condition(names, served, by_kind_name)
         if not spec.autoscaling.enabled and not fresh:
             await self._prune(HPA, names.namespace, names.instance, uid)
+        if not fresh and not any(m["kind"] == NETWORK_POLICY.kind for m in desired):
+            # no policy step in front of the picker any more, or gateway.networkPolicy off
+            await self._prune(NETWORK_POLICY, names.namespace, names.epp, uid)
 
         obs.model_server = by_kind_name.get(f"Deployment/{names.model_server}")
         obs.endpoint_picker = by_kind_name.get(f"Deployment/{names.epp}")

@@ -277,6 +277,29 @@ def epp_service(names: Names) -> dict[str, Any]:
     }
 
 
+def epp_network_policy(pcd: PromptCacheDeployment, names: Names) -> dict[str, Any] | None:
+    """Ingress to the picker pod on its served ports only, when the policy step fronts it.
+
+    Behind the step the picker serves ext_proc in plain gRPC on `EPP_LOCAL_GRPC_PORT`, for the
+    step on the pod's loopback; neither picker can bind it to loopback only (GIE v1.5.0 and
+    llm-d-router v0.10.0 have no bind-address flag), so without this any pod could dial it
+    directly, with a forged `cache_salt`, past the tenant rules. Traffic over the pod's own
+    loopback and from its node (kubelet probes) is not subject to NetworkPolicy."""
+    if not (uses_session_shim(pcd) and pcd.spec.gateway.network_policy):
+        return None
+    ports = (GRPC_PORT, GRPC_HEALTH_PORT, METRICS_PORT)
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata(names, names.epp, Component.ENDPOINT_PICKER),
+        "spec": {
+            "podSelector": {"matchLabels": selector_labels(names, Component.ENDPOINT_PICKER)},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"ports": [{"protocol": "TCP", "port": p} for p in ports]}],
+        },
+    }
+
+
 def epp_config_map(pcd: PromptCacheDeployment, names: Names) -> dict[str, Any]:
     return {
         "apiVersion": "v1",

@@ -1,7 +1,7 @@
 """Cache speed: PromptEmbedsCache vs a plain locked OrderedDict LRU with the same HMAC.
 
-    python bench/embeds_cache.py                 # ~20 s
-    python bench/embeds_cache.py --ops 400000    # longer, steadier
+    python -m bench.embeds_cache                 # ~20 s
+    python -m bench.embeds_cache --ops 400000    # longer, steadier
 
 Two workloads, each with 1 and 8 threads (total operations per second across
 threads; CPython's GIL makes 8 threads a contention test, not a speed-up):

@@ -1,7 +1,7 @@
 """Identifier speed: compute_prompt_embeds_id vs blake3 over the same raw bytes.
 
-    python bench/embeds_id.py            # 32768 x 4096 bf16 (256 MiB), ~30 s
-    python bench/embeds_id.py --rows 4096 --repeat 3   # quicker
+    python -m bench.embeds_id            # 32768 x 4096 bf16 (256 MiB), ~30 s
+    python -m bench.embeds_id --rows 4096 --repeat 3   # quicker
 
 Prints throughput and two ratios measured in this run (higher is better for us):
   vs raw:   blake3 (same max_threads) over the tensor's bytes, already in hand.

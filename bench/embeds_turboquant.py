@@ -1,7 +1,7 @@
 """TurboQuant codec: encode/decode throughput and payload size vs dense bf16.
 
-    python bench/embeds_turboquant.py            # 4096 x 4096 bf16 (32 MiB), ~1 min
-    python bench/embeds_turboquant.py --full     # 32768 x 4096 (256 MiB), several minutes
+    python -m bench.embeds_turboquant            # 4096 x 4096 bf16 (32 MiB), ~1 min
+    python -m bench.embeds_turboquant --full     # 32768 x 4096 (256 MiB), several minutes
 
 For 2, 3 and 4 bits prints encode and decode throughput (elements/s and dense
 bf16 MiB/s), bytes per element of the wire payload (torch.save bytes, before

@@ -63,7 +63,7 @@ The picker is the upstream GIE v1.5.0 EPP that `e2e/cluster build` builds (GIE
 needs an API server: the pods are kwok pods of the local control plane; the
 stand-ins bind on their loopback IPs). It runs with its rendered args: alone on its
 port it serves ext_proc over TLS, reached through the harness's TLS relay as a gateway
-would (`--plaintext-picker` turns TLS off). Run: `python bench/epp_routing.py`
+would (`--plaintext-picker` turns TLS off). Run: `python -m bench.epp_routing`
 (about 25 minutes on 2 shared cores; `--full`, about an hour: 8 pods, 5 load levels;
 `--out DIR` for the PNGs, default docs/img/).
 """
@@ -82,15 +82,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-# A plain script (`python bench/NAME.py`, as the README says): the e2e helpers import each
-# other by bare name (`localcluster`, `epp`, `pytest_cluster`), as pytest's `pythonpath`
-# arranges for the tests, so a bench that reuses them puts e2e/ on the path the same way.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-
-import pytest_cluster  # e2e/: the same local control plane the tests use
-from epp.launch import Launcher, routing_patch
-from epp.pool import PoolOnCluster
-from epp.traffic import (
+from e2e import pytest_cluster  # e2e/: the same local control plane the tests use
+from e2e.epp.launch import Launcher, routing_patch
+from e2e.epp.pool import PoolOnCluster
+from e2e.epp.traffic import (
     LLMD_DEFAULT,
     LOAD_ONLY,
     VARIANTS,

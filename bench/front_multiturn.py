@@ -11,8 +11,8 @@ front exactly as a pod runs it: `python -m promptcache.front`); this process is
 the client. The stand-in answers instantly, so every millisecond above the
 direct baseline is the front's (parse, policy, resolve/verify, forward).
 
-    python bench/front_multiturn.py          # short run (< 1 min)
-    python bench/front_multiturn.py --full   # bigger embeddings, more conversations
+    python -m bench.front_multiturn          # short run (< 1 min)
+    python -m bench.front_multiturn --full   # bigger embeddings, more conversations
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ hundreds of MB to GBs), several at once; the kernel's peak RSS of the front
 (`VmHWM`) before and after is compared with the budget. Goal: growth under the
 budget plus a fixed margin.
 
-    python bench/front_overhead.py            # ~1-2 minutes
-    python bench/front_overhead.py --quick    # fewer requests
+    python -m bench.front_overhead            # ~1-2 minutes
+    python -m bench.front_overhead --quick    # fewer requests
 """
 
 from __future__ import annotations
@@ -39,10 +39,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
-
-# A plain script (`python bench/front_overhead.py`): the attack payloads are the unit tests'
-# (tests/front/amplification.py), importable as `tests.*` from the checkout root.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.front.amplification import attacks, dense_payload
 

@@ -11,8 +11,8 @@ The baseline is a tight loop in its own process that server-side-applies the ver
 rendered children (owner references and hash included) one after another, with the same
 client code, and nothing else: no status, no checks, no reads.
 
-    bench/operator_scale.py            # 30 resources (about a minute and a half)
-    bench/operator_scale.py --full     # 200 resources, the issue's size
+    python -m bench.operator_scale            # 30 resources (about a minute and a half)
+    python -m bench.operator_scale --full     # 200 resources, the issue's size
 Model replicas are 0 so kwok does not have to play hundreds of pods on a 2-core box;
 every Endpoint Picker Deployment still gets its pod.
 """
@@ -29,15 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-# A plain script (`python bench/NAME.py`, as the README says): the e2e helpers import each
-# other by bare name (`localcluster`, `epp`, `pytest_cluster`), as pytest's `pythonpath`
-# arranges for the tests, so a bench that reuses them puts e2e/ on the path the same way.
-sys.path.insert(0, str(ROOT / "e2e"))
+import yaml
 
-import yaml  # noqa: E402
-
-from operator_harness import (  # noqa: E402
+from e2e.operator_harness import (
     CHILD_RESOURCES,
     OperatorProcess,
     apiserver_writes,
@@ -45,11 +39,13 @@ from operator_harness import (  # noqa: E402
     resource,
     wait_for,
 )
-from promptcache.api import parse_resource  # noqa: E402
-from promptcache.controller.children import owned  # noqa: E402
-from promptcache.controller.kube import Kube, load_config  # noqa: E402
-from promptcache.render import render  # noqa: E402
-from pytest_cluster import start_local_cluster, stop_cluster  # noqa: E402
+from e2e.pytest_cluster import start_local_cluster, stop_cluster
+from promptcache.api import parse_resource
+from promptcache.controller.children import owned
+from promptcache.controller.kube import Kube, load_config
+from promptcache.render import render
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # The operator's kinds, as the tests count them (events left out: the scheduler and kwok
 # post them for every pod).
@@ -112,8 +108,8 @@ def main() -> int:
 
         before = apiserver_writes(cluster.kubectl, WRITE_RESOURCES)
         proc = subprocess.run(
-            [sys.executable, __file__, "--baseline-child", base_ns, str(n)],
-            capture_output=True, text=True, check=False, env=cluster.env,
+            [sys.executable, "-m", "bench.operator_scale", "--baseline-child", base_ns, str(n)],
+            capture_output=True, text=True, check=False, env=cluster.env, cwd=ROOT,
         )  # fmt: skip
         if proc.returncode != 0:
             raise SystemExit(f"baseline failed:\n{proc.stderr[-3000:]}")

@@ -1,9 +1,8 @@
 """Registers the shared cluster fixtures (see pytest_cluster.py) for the e2e tree.
 
-The e2e helpers (`pytest_cluster`, `operator_harness`, `epp`) are importable because
-pyproject.toml puts `e2e/` on pytest's `pythonpath`, and so is the checkout root (some e2e
-tests reuse the unit tests' cases, `tests.render.*`, under a bare `pytest e2e/...`); no
-module edits `sys.path`.
+`e2e` is a package, imported from the checkout root as `tests` is: its helpers import as
+`e2e.pytest_cluster`, `e2e.operator_harness`, `e2e.epp.*`, `e2e.localcluster.*`, and e2e
+tests reuse the unit tests' cases (`tests.render.*`); no module edits `sys.path`.
 """
 
 from __future__ import annotations
@@ -15,6 +14,6 @@ def pytest_configure(config: pytest.Config) -> None:
     # Registered once per session whichever conftest loads first, so `tests/` and `e2e/`
     # share one session cluster instead of defining the fixture twice.
     if not config.pluginmanager.has_plugin("pytest_cluster"):
-        import pytest_cluster  # noqa: PLC0415 - only when not registered yet
+        from e2e import pytest_cluster  # noqa: PLC0415 - only when not registered yet
 
         config.pluginmanager.register(pytest_cluster, "pytest_cluster")

@@ -16,9 +16,11 @@ into `status.prefixCache`, so `kubectl get pcd` shows the hit ratio rising.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import base64
 import json
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -26,11 +28,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import pytest_cluster
-from epp.front import FrontProcess
-from epp.pool import PodHandle, PoolOnCluster
-from epp.rendered import Rendered, load_example, render_resource
-from epp.traffic import (
+from e2e import pytest_cluster
+from e2e.epp.front import FrontProcess
+from e2e.epp.pool import PodHandle, PoolOnCluster
+from e2e.epp.rendered import Rendered, load_example, render_resource
+from e2e.epp.traffic import (
     LOAD_ONLY,
     Pick,
     Stats,
@@ -228,3 +230,22 @@ def show_cache_working(
         say(f"traffic part took {time.monotonic() - t0:.0f} s")
     finally:
         pool.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m e2e.demo_traffic`: what `e2e/demo` runs once the resource is Ready."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kubeconfig", type=Path, required=True)
+    parser.add_argument("--example", type=Path, required=True, help="the applied resource")
+    parser.add_argument("--workdir", type=Path, required=True, help="logs and pod state")
+    args = parser.parse_args(argv)
+
+    def say(msg: str) -> None:
+        print(f"[demo] {msg}", file=sys.stderr, flush=True)
+
+    show_cache_working(args.kubeconfig, args.example, args.workdir, say)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

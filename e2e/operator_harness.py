@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from localcluster.crds import wait_established as crd_wait
+from e2e.localcluster.crds import wait_established as crd_wait
 
 ROOT = Path(__file__).resolve().parents[1]
 CRD_FILE = ROOT / "crds" / "serving.promptcache.io_promptcachedeployments.yaml"

@@ -35,9 +35,9 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
-from localcluster.paths import CACHE, CLI
-from localcluster.state import State
-from localcluster.targets import binary_path
+from e2e.localcluster.paths import CACHE, CLI
+from e2e.localcluster.state import State
+from e2e.localcluster.targets import binary_path
 
 CLUSTER_CLI = CLI
 BUILD_ON_REQUEST_TIMEOUT_S = 3600  # a cold Prometheus build on a loaded 2-core machine

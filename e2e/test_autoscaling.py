@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from operator_harness import (
+from e2e.operator_harness import (
     OperatorProcess,
     apply_yaml,
     free_port,
@@ -32,8 +32,8 @@ from operator_harness import (
     resource,
     wait_for,
 )
+from e2e.pytest_cluster import Cluster, binary
 from promptcache.front.standin import FakePod
-from pytest_cluster import Cluster, binary
 
 pytestmark = pytest.mark.cluster
 

@@ -18,13 +18,13 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kubernetes.client.exceptions import ApiException
-from tests.render import test_pod_template as pod_template_cases
 
-from operator_harness import wait_established
+from e2e.operator_harness import wait_established
+from e2e.pytest_cluster import Cluster
 from promptcache.api import InvalidResourceError, parse_resource
 from promptcache.loading import load_resources
 from promptcache.render import render
-from pytest_cluster import Cluster
+from tests.render import test_pod_template as pod_template_cases
 
 pytestmark = pytest.mark.cluster
 

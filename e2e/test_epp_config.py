@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from epp.rendered import Rendered, example_files, load_example, render_resource
+from e2e.epp.rendered import Rendered, example_files, load_example, render_resource
 
 ACCEPTED: dict[str, list[str]] = json.loads(
     (Path(__file__).parent / "epp" / "accepted_parameters.json").read_text()

@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 
-from epp.binary import find_epp_binary, missing_reason
-from epp.extproc import chat_body
-from epp.launch import Launcher, routing_patch
-from epp.pool import PodHandle, PoolOnCluster
-from epp.scenarios import prefixed, settle_index, unique_text, wait_scrapes
+from e2e.epp.binary import find_epp_binary, missing_reason
+from e2e.epp.extproc import chat_body
+from e2e.epp.launch import Launcher, routing_patch
+from e2e.epp.pool import PodHandle, PoolOnCluster
+from e2e.epp.scenarios import prefixed, settle_index, unique_text, wait_scrapes
 from promptcache.contract import DEFAULT_ISOLATION_HEADER, PickerTarget
 from promptcache.salt import derive_salt
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from epp.extproc import ExtProcClient, chat_body
-from epp.process import free_port
+from e2e.epp.extproc import ExtProcClient, chat_body
+from e2e.epp.process import free_port
 
 
 def test_a_picker_not_listening_is_named_not_just_socket_closed() -> None:

@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 import yaml
 
-from operator_harness import OperatorProcess, free_port, wait_established, wait_for
+from e2e.operator_harness import OperatorProcess, free_port, wait_established, wait_for
+from e2e.pytest_cluster import Cluster
 from promptcache.api.defaults import OperatorDefaults, flag_of
-from pytest_cluster import Cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.helm]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from localcluster.build import (
+from e2e.localcluster.build import (
     Target,
     build_target,
     go_version,
@@ -17,9 +17,9 @@ from localcluster.build import (
     stamp_key,
     write_stamp,
 )
-from localcluster.errors import ClusterError
-from localcluster.paths import E2E
-from localcluster.targets import TARGETS, find_target
+from e2e.localcluster.errors import ClusterError
+from e2e.localcluster.paths import E2E
+from e2e.localcluster.targets import TARGETS, find_target
 
 GOMOD = """module example.com/wrapper
 

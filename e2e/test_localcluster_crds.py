@@ -9,9 +9,9 @@ import uuid
 
 import pytest
 
-from localcluster.crds import established, kubectl_getter, wait_established
-from localcluster.errors import ClusterError
-from pytest_cluster import Cluster, binary
+from e2e.localcluster.crds import established, kubectl_getter, wait_established
+from e2e.localcluster.errors import ClusterError
+from e2e.pytest_cluster import Cluster, binary
 
 pytestmark = pytest.mark.cluster
 

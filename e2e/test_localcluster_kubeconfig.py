@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from localcluster.kubeconfig import write_kubeconfig
-from localcluster.pki import make_pki
-from localcluster.targets import binary_path
+from e2e.localcluster.kubeconfig import write_kubeconfig
+from e2e.localcluster.pki import make_pki
+from e2e.localcluster.targets import binary_path
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from localcluster.pki import APISERVER_SANS, admin_ssl, make_pki
+from e2e.localcluster.pki import APISERVER_SANS, admin_ssl, make_pki
 
 
 @pytest.fixture(scope="module")

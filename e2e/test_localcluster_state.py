@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from localcluster.errors import ClusterError
-from localcluster.paths import CLI
-from localcluster.state import State, cluster_dir, free_ports, pick_pod_cidr
-from localcluster.targets import binary_path
+from e2e.localcluster.errors import ClusterError
+from e2e.localcluster.paths import CLI
+from e2e.localcluster.state import State, cluster_dir, free_ports, pick_pod_cidr
+from e2e.localcluster.targets import binary_path
 
 
 def test_state_round_trips_and_names_its_kubeconfig(tmp_path: Path) -> None:

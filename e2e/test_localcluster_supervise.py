@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from localcluster.errors import ClusterError, ComponentExitedError
-from localcluster.supervise import Supervisor, pid_alive
+from e2e.localcluster.errors import ClusterError, ComponentExitedError
+from e2e.localcluster.supervise import Supervisor, pid_alive
 
 # Every child gets the work dir as its last argument, as the components get the cluster dir
 # in their flags: that is what marks a pid as ours in /proc.

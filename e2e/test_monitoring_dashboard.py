@@ -29,12 +29,12 @@ import aiohttp
 import pytest
 import yaml
 
-from epp.extproc import chat_body
-from epp.launch import Launcher, routing_patch
-from epp.pool import PoolOnCluster
-from epp.process import free_port
-from epp.scenarios import prefixed, unique_text
-from pytest_cluster import Cluster, built_binary
+from e2e.epp.extproc import chat_body
+from e2e.epp.launch import Launcher, routing_patch
+from e2e.epp.pool import PoolOnCluster
+from e2e.epp.process import free_port
+from e2e.epp.scenarios import prefixed, unique_text
+from e2e.pytest_cluster import Cluster, built_binary
 
 pytestmark = [pytest.mark.cluster, pytest.mark.prometheus]
 

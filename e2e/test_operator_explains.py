@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from localcluster.crds import MONITORING_CRD_NAMES, monitoring_crd_files
-from operator_harness import (
+from e2e.localcluster.crds import MONITORING_CRD_NAMES, monitoring_crd_files
+from e2e.operator_harness import (
     OperatorProcess,
     apply_yaml,
     condition,
@@ -30,7 +30,7 @@ from operator_harness import (
     wait_established,
     wait_for,
 )
-from pytest_cluster import Cluster
+from e2e.pytest_cluster import Cluster
 
 pytestmark = pytest.mark.cluster
 

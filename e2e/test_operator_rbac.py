@@ -18,7 +18,7 @@ import pytest
 import yaml
 from lightkube.config.kubeconfig import KubeConfig
 
-from operator_harness import (
+from e2e.operator_harness import (
     RULES_FILE,
     OperatorProcess,
     apply_yaml,
@@ -28,10 +28,10 @@ from operator_harness import (
     resource,
     wait_for,
 )
+from e2e.pytest_cluster import Cluster
 from promptcache.controller.kube import ApiError, Kube
 from promptcache.controller.rbac import leader_election_role, load_rules, picker_cluster_role
 from promptcache.controller.reconcile import apply_in_order
-from pytest_cluster import Cluster
 
 pytestmark = pytest.mark.cluster
 TIMEOUT_S = 180

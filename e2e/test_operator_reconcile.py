@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from operator_harness import (
+from e2e.operator_harness import (
     CHILD_KINDS,
     OperatorProcess,
     apiserver_writes,
@@ -31,7 +31,7 @@ from operator_harness import (
     resource,
     wait_for,
 )
-from pytest_cluster import Cluster
+from e2e.pytest_cluster import Cluster
 
 pytestmark = pytest.mark.cluster
 

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 import yaml
 
+from e2e.pytest_cluster import Cluster
 from promptcache.render.epp import SESSION_SHIM_CONTAINER
 from promptcache.render.front import FRONT_CONTAINER
-from pytest_cluster import Cluster
 
 pytestmark = [pytest.mark.cluster]
 

@@ -163,8 +163,7 @@ PICKER_RULES_HEADER = (
 def picker_rules_file() -> dict[Path, str]:
     """The picker's rules live with the renderer (which renders them as a Role without the
     chart); the chart reads this copy."""
-    sys.path.insert(0, str(ROOT / "operator"))
-    from promptcache.render.epp import picker_rules  # noqa: PLC0415 - the package, from here
+    from promptcache.render.epp import picker_rules  # noqa: PLC0415 - only this generator needs it
 
     text = PICKER_RULES_HEADER + yaml.safe_dump(
         picker_rules(), sort_keys=False, default_flow_style=None, width=100

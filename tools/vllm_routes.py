@@ -24,10 +24,9 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "operator"))
+from promptcache.front.routes import VLLM_ROUTES_VERSION
 
-from promptcache.front.routes import VLLM_ROUTES_VERSION  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 _DECORATOR_METHODS = {
     "get": "GET",

@@ -18,8 +18,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from localcluster.paths import BIN_ROOT
-from localcluster.targets import find_target
+from e2e.localcluster.paths import BIN_ROOT
+from e2e.localcluster.targets import find_target
 from promptcache.contract import PickerTarget
 
 EPP_MODULE = "github.com/llm-d/llm-d-router"

@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
-from .assets import ROOT, install_assets
+from tools import install_assets
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.helm
 

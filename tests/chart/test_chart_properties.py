@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -18,8 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from promptcache.cli import build_parser
+from tools import install_assets
 
-from .assets import ROOT, install_assets
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.helm
 

@@ -24,8 +24,9 @@ from promptcache.api.constants import (
     FRONT_IMAGE_REPOSITORY,
     OPERATOR_IMAGE_REPOSITORY,
 )
+from tools import install_assets
 
-from .assets import ROOT, install_assets
+ROOT = Path(__file__).resolve().parents[2]
 
 CHART = ROOT / "charts" / "promptcache-operator"
 OPERATOR_IMAGE = "ghcr.io/promptcache/promptcache-operator"

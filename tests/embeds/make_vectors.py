@@ -1,7 +1,7 @@
 """Regenerate tests/embeds/vectors/prompt_embeds_id_v1.json (run only when the
 encoding version changes; the point of the file is that ids never drift).
 
-    python tests/embeds/make_vectors.py
+    python -m tests.embeds.make_vectors   # from the checkout root
 """
 
 from __future__ import annotations
@@ -10,9 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from vectors_lib import object_from_vector
-
 from promptcache.embeds import compute_prompt_embeds_id
+from tests.embeds.vectors_lib import object_from_vector
 
 OUT = Path(__file__).parent / "vectors" / "prompt_embeds_id_v1.json"
 

@@ -14,7 +14,6 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from vectors_lib import object_from_vector
 
 from promptcache.embeds import (
     PROMPT_EMBEDS_ID_ALGORITHM,
@@ -24,6 +23,7 @@ from promptcache.embeds import (
     is_prompt_embeds_id,
     turboquant,
 )
+from tests.embeds.vectors_lib import object_from_vector
 
 pytestmark = pytest.mark.torch
 
@@ -149,15 +149,16 @@ def test_checked_in_vectors(vector: dict[str, object]) -> None:
 def test_vectors_are_stable_in_a_fresh_process() -> None:
     """Same id in another interpreter (fresh hash seeds, fresh thread pools)."""
     code = (
-        "import json,sys; sys.path.insert(0, sys.argv[1]);"
-        "from vectors_lib import object_from_vector;"
+        "import json,sys;"
+        "from tests.embeds.vectors_lib import object_from_vector;"
         "from promptcache.embeds import compute_prompt_embeds_id as f;"
         "v=json.load(open(sys.argv[2]))['vectors'];"
         "print('\\n'.join(f(object_from_vector(x)) for x in v))"
     )
     here = Path(__file__).parent
     out = subprocess.run(
-        [sys.executable, "-c", code, str(here), str(here / "vectors" / "prompt_embeds_id_v1.json")],
+        [sys.executable, "-c", code, "-", str(here / "vectors" / "prompt_embeds_id_v1.json")],
+        cwd=here.parents[1],  # `python -c` imports from its working directory: the checkout
         capture_output=True,
         text=True,
         check=True,

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -19,9 +16,7 @@ from promptcache.front.routes import (
     check_route,
     find_route,
 )
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import vllm_routes
+from tools import vllm_routes
 
 
 @pytest.fixture(scope="module")

@@ -88,6 +88,7 @@ from e2e.epp.pool import PoolOnCluster
 from e2e.epp.traffic import (
     LLMD_DEFAULT,
     LOAD_ONLY,
+    REPORTED_BLOCK_SIZE,
     VARIANTS,
     Bounds,
     Pick,
@@ -342,6 +343,9 @@ def drive(
         pick = oracle_router(targets, seed)
     else:
         assert pool is not None
+        if router in REPORTED_BLOCK_SIZE:  # what the picker is told; reset() restores it
+            for t in targets:
+                t.pod.set(block_size=REPORTED_BLOCK_SIZE[router])
         # a fresh picker (an empty index), with its rendered transport unless told otherwise
         epp = pool.start_epp(config_text=configs[router], extra_args=epp_flags)
         client = epp.client()

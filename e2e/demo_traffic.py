@@ -5,8 +5,11 @@ each one this binds what the rendered pod runs: the stand-in vLLM
 (`promptcache.front.standin`: a block-level prefix cache, a latency model, vLLM's
 metrics) on the vLLM port, and the real cache front (`python -m promptcache.front`,
 the rendered environment, the operator's salt Secret) on the serving port. The
-real Endpoint Picker runs with the rendered config as the rendered ServiceAccount
-and picks a pod for every request over ext_proc, as the gateway asks it.
+real Endpoint Picker runs with the rendered config and args as the rendered
+ServiceAccount, behind the rendered gateway policy step when the pod has one (it
+puts the tenant's salt into the body the picker hashes; the picker then serves
+plain gRPC on the pod's loopback, as rendered), and picks a pod for every request
+over ext_proc, asked on the port the gateway would dial.
 
 The same multi-tenant, multi-turn chat workload runs twice on fresh caches: once
 with load-only routing (queue + KV-cache scorers), once with the generated
@@ -31,7 +34,9 @@ from typing import Any
 from e2e import pytest_cluster
 from e2e.epp.front import FrontProcess
 from e2e.epp.pool import PodHandle, PoolOnCluster
+from e2e.epp.process import EppProcess
 from e2e.epp.rendered import Rendered, load_example, render_resource
+from e2e.epp.shim import ShimProcess
 from e2e.epp.traffic import (
     LOAD_ONLY,
     Pick,
@@ -119,6 +124,8 @@ def _salt_key(cluster: Any, rendered: Rendered) -> bytes | None:
 def _bind_pods(pool: PoolOnCluster, cluster: Any, workdir: Path, model: str) -> list[Target]:
     rendered = pool.rendered
     key = _salt_key(cluster, rendered)
+    if key is not None:  # the operator's Secret, as the fronts and the policy step mount it
+        pool.salt_key_file.write_bytes(key)
     for pod in pool.wait_pods():
         name, ip = pod["metadata"]["name"], pod["status"]["podIP"]
         server = FakePod(
@@ -134,14 +141,22 @@ def _bind_pods(pool: PoolOnCluster, cluster: Any, workdir: Path, model: str) -> 
             upstream=f"http://{ip}:{VLLM_LOCAL_PORT}",
             env=pool.front_env(),
             workdir=front_dir,
+            salt_key_file=pool.salt_key_file,
         )
-        if key is not None and (front_dir / "salt-key").exists():
-            (front_dir / "salt-key").write_bytes(key)  # the operator's Secret, as mounted
         pool.pods.append(PodHandle(name, ip, server, front.start()))
     for handle in pool.pods:
         assert handle.front is not None
         handle.front.wait_ready()
     return [Target(h.name, f"http://{h.endpoint}", h.endpoint, h.server) for h in pool.pods]
+
+
+def _gateway_path(shim: ShimProcess | None, epp: EppProcess) -> str:
+    picker = f"picker {'TLS' if epp.secure else 'plain gRPC'} on 127.0.0.1:{epp.ports.grpc}"
+    if shim is None:
+        return f"ext_proc -> {picker} (alone on its port, as rendered)"
+    return (
+        f"ext_proc -> gateway policy step on {shim.target} (tenant salt) -> {picker} (as rendered)"
+    )
 
 
 def _run(pick: Pick, targets: list[Target], seed: int) -> Stats:
@@ -194,9 +209,14 @@ def show_cache_working(
             client = None
             if picker:
                 text = config if config is not None else for_gie(rendered.epp_config_text)[0]
-                epp = pool.start_epp(config_text=text)  # its rendered transport (TLS alone)
-                client = epp.client()
+                # The picker with its rendered args and, when the pod renders one, the
+                # gateway policy step in front (the tenant's salt goes into the body the
+                # picker hashes); the client dials what a gateway would dial.
+                epp = pool.start_epp(config_text=text)
+                client = pool.client()
                 pick = picker_router(client, targets)
+                if not runs:
+                    say(f"gateway path: {_gateway_path(pool.shim, epp)}")
             else:
                 pick = random_router(targets, 1)
             say(
@@ -210,6 +230,9 @@ def show_cache_working(
             finally:
                 if client is not None:
                     client.close()
+                if pool.shim is not None:
+                    pool.shim.stop()
+                    pool.shim = None
                 if pool.epp is not None:
                     pool.epp.stop()
                     pool.epp = None

@@ -241,6 +241,10 @@ VARIANTS: dict[str, str] = {
     "index=31250 blocks": picker_config(
         {PREFIX: 3, QUEUE: 2, KV: 2}, {"autoTune": False, "blockSizeTokens": 16}
     ),
+    # llm-d-router's index, emulated on GIE: autoTune as generated, while the pods report
+    # 64-token blocks to the picker (REPORTED_BLOCK_SIZE) and cache 16-token ones, so the
+    # index keeps num_gpu_blocks entries of 64 tokens: 4x what a pod holds.
+    "index=4x pod cache": picker_config({PREFIX: 3, QUEUE: 2, KV: 2}, {"autoTune": True}),
     # Weights under overload.
     "prefix 5/q 2/kv 2": picker_config({PREFIX: 5, QUEUE: 2, KV: 2}, {}),
     "prefix 2/q 3/kv 2": picker_config({PREFIX: 2, QUEUE: 3, KV: 2}, {}),
@@ -252,6 +256,16 @@ VARIANTS: dict[str, str] = {
     ),
 }
 """Named picker configurations the benchmark can compare (`--routers NAME,...`)."""
+
+LLMD_ROUTER_MIN_BLOCK_TOKENS = 64
+"""llm-d-router's floor on the prefix index's block size: under autoTune it hashes blocks of
+max(the pod's block_size, 64) tokens and keeps `num_gpu_blocks` of them per pod."""
+REPORTED_BLOCK_SIZE: dict[str, int] = {"index=4x pod cache": LLMD_ROUTER_MIN_BLOCK_TOKENS}
+"""Variants whose pods report another `block_size` in `vllm:cache_config_info` than their
+cache uses. GIE v1.5 has no 64-token floor and ignores `lruCapacityPerServer` (autoTune
+off means 31250 entries whatever is set), so llm-d-router's belief (num_gpu_blocks entries
+of 64 tokens against a cache of 16-token blocks) can be had on GIE only this way: autoTune
+reads 64 and num_gpu_blocks from the pod. Nothing else in the picker reads `block_size`."""
 
 
 def for_gie(config_text: str) -> tuple[str, str]:

@@ -9,11 +9,18 @@ stand-in answers at once, so all time above the baseline is the front's.
 Goals (issue 11): zero refusals at 64 and 256; throughput through the front
 >= 0.8x direct at 64; added p50 <= 1 ms at concurrency 1.
 
-The load generator (this process), the stand-in and the front share this
-machine's cores, so at 64 and 256 the throughput ratio is a ratio of CPU sums as
-soon as the cores are saturated: each process's CPU per request is printed, and
-the summary compares the CPU sums of the two arms (a pod gives the front CPU of
-its own, and vLLM's per-request CPU is far above the stand-in's).
+Two CPU layouts, each with its own processes (`--layout`, both by default):
+
+* `shared`: the load generator (this process), the stand-in and the front share
+  all cores, so at 64 and 256 the throughput ratio is a ratio of CPU sums as soon
+  as the cores are saturated: each process's CPU per request is printed, and the
+  summary compares the CPU sums of the two arms.
+* `sidecar`: as in a pod, the front has a core of its own (its container's CPU
+  request) and does not take CPU from the model server: the load generator and
+  the stand-in are pinned to one core in both arms, the front to another. Then
+  the ratio says whether the front keeps up with the server behind it, which is
+  what a user of the pod sees; it cannot show the front's CPU cost, which the
+  shared layout and the CPU columns do.
 
 Part 2, memory: a fresh front with a memory budget gets the amplification
 requests of `tests/front/amplification.py` (each a few MB that asks for
@@ -102,9 +109,41 @@ def peak_rss(pid: int) -> int:
     raise RuntimeError("no VmHWM")
 
 
-async def _start(*args: str) -> asyncio.subprocess.Process:
+@dataclass(frozen=True)
+class Layout:
+    """Which cores each process may run on (None: any)."""
+
+    name: str
+    client: frozenset[int] | None = None
+    standin: frozenset[int] | None = None
+    front: frozenset[int] | None = None
+
+
+def layouts(names: str) -> list[Layout]:
+    cpus = sorted(os.sched_getaffinity(0))
+    chosen = []
+    for name in names.split(","):
+        if name == "shared":
+            chosen.append(Layout("shared"))
+        elif name == "sidecar":
+            if len(cpus) < 2:
+                raise SystemExit("the sidecar layout needs two cores")
+            upstream, own = frozenset(cpus[:1]), frozenset(cpus[1:2])
+            chosen.append(Layout("sidecar", client=upstream, standin=upstream, front=own))
+        else:
+            raise SystemExit(f"--layout: unknown {name!r} (shared, sidecar)")
+    return chosen
+
+
+def _cpus(cpus: frozenset[int]) -> str:
+    return ",".join(map(str, sorted(cpus)))
+
+
+async def _start(*args: str, cpus: frozenset[int] | None = None) -> asyncio.subprocess.Process:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROMPTCACHE_")}
+    pin = ["taskset", "-c", _cpus(cpus)] if cpus is not None else []  # exec'd: same pid
     return await asyncio.create_subprocess_exec(
+        *pin,
         sys.executable,
         *args,
         stdout=asyncio.subprocess.DEVNULL,
@@ -165,14 +204,26 @@ async def _measure(
     return run
 
 
-async def overhead(args: argparse.Namespace) -> None:
+async def overhead(args: argparse.Namespace, layout: Layout) -> None:
+    everywhere = os.sched_getaffinity(0)
+    if layout.client is not None:
+        os.sched_setaffinity(0, layout.client)
+    try:
+        await _overhead(args, layout)
+    finally:
+        os.sched_setaffinity(0, everywhere)
+
+
+async def _overhead(args: argparse.Namespace, layout: Layout) -> None:
     standin_port, front_port = _free_port(), _free_port()
     direct = f"http://127.0.0.1:{standin_port}"
     through = f"http://127.0.0.1:{front_port}"
     with tempfile.TemporaryDirectory() as tmp:
         salt = Path(tmp) / "salt-key"
         salt.write_bytes(os.urandom(32))
-        standin = await _start("-m", "promptcache.front.standin", str(standin_port))
+        standin = await _start(
+            "-m", "promptcache.front.standin", str(standin_port), cpus=layout.standin
+        )
         front = await _start(
             "-m",
             "promptcache.front",
@@ -184,6 +235,7 @@ async def overhead(args: argparse.Namespace) -> None:
             "PerKey",
             "--salt-key-file",
             str(salt),
+            cpus=layout.front,
         )
         connector = aiohttp.TCPConnector(limit=0)
         timeout = aiohttp.ClientTimeout(total=120)
@@ -191,7 +243,16 @@ async def overhead(args: argparse.Namespace) -> None:
             async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
                 await _wait(http, direct + "/health", standin)
                 await _wait(http, through + "/readyz", front)
-                print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+                where = (
+                    "all processes on all cores"
+                    if layout.front is None
+                    else f"client and stand-in on CPU {_cpus(layout.client or frozenset())}, "
+                    f"front on CPU {_cpus(layout.front)}"
+                )
+                print(
+                    f"\n== layout {layout.name}: {where}; load average before: "
+                    f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+                )
                 print(
                     f"{'mode':<8}{'conc':>5}{'target':>8}{'req/s':>9}{'p50 ms':>9}"
                     f"{'p99 ms':>9}{'refused':>9}{'front cpu':>11}{'standin cpu':>13}"
@@ -233,14 +294,16 @@ async def overhead(args: argparse.Namespace) -> None:
         d1, f1 = results[(stream, 1, "direct")], results[(stream, 1, "front")]
         added = (f1.pct(0.5) - d1.pct(0.5)) * 1e3
         print(
-            f"{mode}: added p50 at concurrency 1: {added:+.2f} ms (goal <= 1 ms); the front's "
+            f"{layout.name} {mode}: added p50 at concurrency 1: {added:+.2f} ms (goal <= 1 ms); "
+            f"the front's "
             f"own CPU per request {f1.cpu_ms(f1.front_cpu):.2f} ms vs the stand-in's "
             f"{f1.cpu_ms(f1.standin_cpu):.2f} ms"
         )
         for c in (64, 256):
             d, f = results[(stream, c, "direct")], results[(stream, c, "front")]
             print(
-                f"{mode}: throughput front/direct at {c}: {f.throughput / d.throughput:.2f}"
+                f"{layout.name} {mode}: throughput front/direct at {c}: "
+                f"{f.throughput / d.throughput:.2f}"
                 f"{' (goal >= 0.80)' if c == 64 else ''}; refused through the front: "
                 f"{f.refused} (goal 0)"
             )
@@ -248,9 +311,9 @@ async def overhead(args: argparse.Namespace) -> None:
         client, standin = d.cpu_ms(d.client_cpu), d.cpu_ms(d.standin_cpu)
         front_ms = f.cpu_ms(f.front_cpu)
         print(
-            f"{mode}: CPU per request at 64: client {client:.2f} ms + stand-in {standin:.2f} ms "
-            f"direct; the front adds {front_ms:.2f} ms: through the front the three processes "
-            f"on these shared cores need {(client + standin + front_ms) / (client + standin):.2f}x "
+            f"{layout.name} {mode}: CPU per request at 64: client {client:.2f} ms + stand-in "
+            f"{standin:.2f} ms direct; the front adds {front_ms:.2f} ms: through the front the "
+            f"three processes need {(client + standin + front_ms) / (client + standin):.2f}x "
             f"the CPU per request of direct"
         )
 
@@ -329,13 +392,20 @@ def main() -> None:
         "--rounds", type=int, default=6, help="direct/front alternations per point (noise)"
     )
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument(
+        "--layout",
+        default="shared,sidecar",
+        help="CPU layouts to measure, comma-separated: shared (all on all cores), sidecar "
+        "(the front on a core of its own, as in a pod)",
+    )
     ap.add_argument("--budget-mib", type=int, default=256)
     ap.add_argument("--copies", type=int, default=8, help="concurrent copies of each attack")
     args = ap.parse_args()
     if args.quick:
         args.requests = 200
         args.rounds = 2
-    asyncio.run(overhead(args))
+    for layout in layouts(args.layout):
+        asyncio.run(overhead(args, layout))
     asyncio.run(memory(args))
 
 

@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import sys
 import time
@@ -31,6 +30,7 @@ from typing import Any
 import aiohttp
 import torch
 
+from e2e.localcluster.state import free_port
 from promptcache.front.client import EmbedsPayload, PromptCacheClient
 
 CHAT = "/v1/chat/completions"
@@ -46,12 +46,6 @@ class Series:
     def pct(self, q: float) -> float:
         ordered = sorted(self.latencies)
         return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _conversation(seed: int, turns: int, tokens: int, hidden: int) -> list[EmbedsPayload]:
@@ -116,7 +110,7 @@ async def _wait_ready(
 
 async def run(args: argparse.Namespace) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROMPTCACHE_")}
-    standin_port, front_port = _free_port(), _free_port()
+    standin_port, front_port = free_port(), free_port()
     standin = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",

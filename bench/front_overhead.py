@@ -38,7 +38,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -47,6 +46,7 @@ from pathlib import Path
 
 import aiohttp
 
+from e2e.localcluster.state import free_port
 from tests.front.amplification import attacks, dense_payload
 
 CHAT = "/v1/chat/completions"
@@ -86,12 +86,6 @@ class Run:
 
     def cpu_ms(self, seconds: float) -> float:
         return 1e3 * seconds / max(1, len(self.latencies) + self.refused)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cpu_seconds(pid: int) -> float:
@@ -215,7 +209,7 @@ async def overhead(args: argparse.Namespace, layout: Layout) -> None:
 
 
 async def _overhead(args: argparse.Namespace, layout: Layout) -> None:
-    standin_port, front_port = _free_port(), _free_port()
+    standin_port, front_port = free_port(), free_port()
     direct = f"http://127.0.0.1:{standin_port}"
     through = f"http://127.0.0.1:{front_port}"
     with tempfile.TemporaryDirectory() as tmp:
@@ -320,7 +314,7 @@ async def _overhead(args: argparse.Namespace, layout: Layout) -> None:
 
 async def memory(args: argparse.Namespace) -> None:
     budget, max_body = args.budget_mib << 20, 16 << 20
-    standin_port, front_port = _free_port(), _free_port()
+    standin_port, front_port = free_port(), free_port()
     direct = f"http://127.0.0.1:{standin_port}"
     url = f"http://127.0.0.1:{front_port}"
     standin = await _start("-m", "promptcache.front.standin", str(standin_port))

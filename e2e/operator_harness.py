@@ -15,7 +15,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from typing import Any
 import yaml
 
 from e2e.localcluster.crds import wait_established as crd_wait
+from e2e.localcluster.state import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CRD_FILE = ROOT / "crds" / "serving.promptcache.io_promptcachedeployments.yaml"
@@ -51,12 +51,6 @@ CHILD_KINDS: tuple[str, ...] = ()
 CHILD_RESOURCES: tuple[str, ...] = ()
 """Everything the operator writes: the resource, its children, the HTTPRoute a route adds
 and the salt Secret the controller generates."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for(

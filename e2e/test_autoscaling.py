@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 import yaml
 
+from e2e.localcluster.state import free_port
 from e2e.operator_harness import (
     OperatorProcess,
     apply_yaml,
-    free_port,
     get_json,
     install_crd,
     resource,

@@ -32,8 +32,8 @@ import yaml
 from e2e.epp.extproc import chat_body
 from e2e.epp.launch import Launcher, routing_patch
 from e2e.epp.pool import PoolOnCluster
-from e2e.epp.process import free_port
 from e2e.epp.scenarios import prefixed, unique_text
+from e2e.localcluster.state import free_port
 from e2e.pytest_cluster import Cluster, built_binary
 
 pytestmark = [pytest.mark.cluster, pytest.mark.prometheus]

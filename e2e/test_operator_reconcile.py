@@ -19,13 +19,13 @@ from typing import Any
 
 import pytest
 
+from e2e.localcluster.state import free_port
 from e2e.operator_harness import (
     CHILD_KINDS,
     OperatorProcess,
     apiserver_writes,
     apply_yaml,
     condition,
-    free_port,
     get_json,
     install_crd,
     resource,

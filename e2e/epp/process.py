@@ -25,19 +25,14 @@ from typing import BinaryIO
 
 import grpc
 
+from e2e.localcluster.state import free_port
+
 from .extproc import ExtProcClient
 
 # What the harness rewrites: ports, and the config file's path. Nothing else.
 _PORT_FLAGS = ("--grpc-port", "--grpc-health-port", "--metrics-port")
 _PATH_FLAGS = ("--config-file", "--config-text")
 _HARNESS_FLAGS = (*_PORT_FLAGS, *_PATH_FLAGS)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port free on loopback right now (the EPP binds it a moment later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def terminate(proc: subprocess.Popen[bytes], timeout_s: float) -> int | None:

@@ -19,10 +19,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
+from e2e.localcluster.state import free_port
 from promptcache.contract import GatewayPolicyEnv
 
 from .extproc import ExtProcClient
-from .process import free_port, terminate
+from .process import terminate
 
 STARTED_LINE = "gateway policy step listening on"
 

@@ -26,7 +26,7 @@ import contextlib
 import ssl
 import threading
 
-from .process import free_port
+from e2e.localcluster.state import free_port
 
 
 def _client_context() -> ssl.SSLContext:

@@ -7,13 +7,13 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import sys
 from pathlib import Path
 
 import aiohttp
 import pytest
 
+from e2e.localcluster.state import free_port
 from promptcache.contract import FrontEnv, IsolationMode
 from promptcache.contract.front import FRONT_SETTINGS
 from promptcache.front.command import add_arguments, register, run, settings_from
@@ -89,12 +89,6 @@ def test_register_adds_the_front_subcommand() -> None:
     assert settings_from(args, {}).workers == 2
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _env() -> dict[str, str]:
     return {
         k: v
@@ -114,7 +108,7 @@ async def test_salting_mode_without_secret_refuses_to_start(tmp_path: Path) -> N
         "--salt-key-file",
         str(missing),
         "--listen",
-        f"127.0.0.1:{_free_port()}",
+        f"127.0.0.1:{free_port()}",
         env=_env(),
         stderr=asyncio.subprocess.PIPE,
     )
@@ -155,7 +149,7 @@ async def test_real_process_serves_and_stops_on_sigterm(
     upstream, upstream_url = standin
     secret = b"k" * 32
     (tmp_path / "salt-key").write_bytes(secret + b"\n")
-    port = _free_port()
+    port = free_port()
     env = {
         **_env(),
         FrontEnv.ISOLATION_MODE: "PerKey",

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from e2e.localcluster.state import free_port
 from promptcache.contract import IsolationMode
 from promptcache.front.standin import StandinUpstream
 
@@ -43,12 +43,6 @@ def peak_rss(pid: int) -> int:
     raise AssertionError("no VmHWM")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 MODES = [IsolationMode.SHARED, IsolationMode.PER_KEY, IsolationMode.REQUIRED]
 KEYED = {"x-prompt-cache-isolation-key": "tenant-a"}
 
@@ -60,7 +54,7 @@ async def front_process(
     mode: IsolationMode = request.param
     salt = tmp_path / "salt-key"
     salt.write_bytes(SECRET)
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROMPTCACHE_")}
     proc = await asyncio.create_subprocess_exec(
         sys.executable,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 
 import aiohttp
 import pytest
 
+from e2e.localcluster.state import free_port
 from promptcache.contract import IsolationMode
 from promptcache.front.client import parse_usage_comments
 from promptcache.front.salt import derive_salt, is_valid_vllm_salt
@@ -396,16 +396,10 @@ async def test_upstream_error_keeps_status_and_body(
         assert "dashflow-prompt-tokens" not in resp.headers
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def test_upstream_down_is_503_with_message(
     make_front: MakeFront, http: aiohttp.ClientSession
 ) -> None:
-    front = await make_front(upstream=f"http://127.0.0.1:{_free_port()}")
+    front = await make_front(upstream=f"http://127.0.0.1:{free_port()}")
     status, body, headers = await _post(http, front.url + CHAT, _chat())
     assert status == 503
     assert isinstance(body, dict)
@@ -514,7 +508,7 @@ async def test_metrics_merge_vllm_and_front_series(
 async def test_metrics_survive_upstream_down(
     make_front: MakeFront, http: aiohttp.ClientSession
 ) -> None:
-    front = await make_front(upstream=f"http://127.0.0.1:{_free_port()}")
+    front = await make_front(upstream=f"http://127.0.0.1:{free_port()}")
     async with http.get(front.url + "/metrics") as resp:
         text = await resp.text()
     assert "promptcache_front_upstream_metrics_up 0.0" in text

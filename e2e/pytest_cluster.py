@@ -23,7 +23,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
@@ -38,6 +37,7 @@ from kubernetes import client, config
 from e2e.localcluster.paths import CACHE, CLI
 from e2e.localcluster.state import State
 from e2e.localcluster.targets import binary_path
+from e2e.operator_harness import wait_for
 
 CLUSTER_CLI = CLI
 BUILD_ON_REQUEST_TIMEOUT_S = 3600  # a cold Prometheus build on a loaded 2-core machine
@@ -170,12 +170,8 @@ class Cluster:
         return name
 
     def wait_for(self, cond: Callable[[], bool], what: str, timeout: float = 90) -> None:
-        """Poll ``cond`` (bounded); fail with ``what`` named."""
-        deadline = time.monotonic() + timeout
-        while not cond():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-            time.sleep(0.3)
+        """Poll ``cond`` (bounded); fail with ``what`` named: the harness's one wait helper."""
+        wait_for(cond, what, timeout, every=0.3)
 
     def get_json(self, *args: str) -> Any:
         return json.loads(self.kubectl("get", *args, "-o", "json").stdout)

@@ -10,7 +10,6 @@ port added to the pod without the policy following it fails here.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -19,21 +18,9 @@ from promptcache.api import parse_resource
 from promptcache.contract import EPP_LOCAL_GRPC_PORT
 from promptcache.render import render
 from promptcache.render.epp import uses_policy_step
+from tests.render.minimal import rendered
 from tests.render.schemas import validate_manifest
 from tests.render.strategies import resources
-
-BASE: dict[str, Any] = {
-    "apiVersion": "serving.promptcache.io/v1alpha1",
-    "kind": "PromptCacheDeployment",
-    "metadata": {"name": "chat", "namespace": "serving"},
-    "spec": {"model": {"name": "org/model", "replicas": 2}},
-}
-
-
-def rendered(**spec: Any) -> list[dict[str, Any]]:
-    doc = copy.deepcopy(BASE)
-    doc["spec"].update(spec)
-    return render(parse_resource(doc))
 
 
 def one(manifests: list[dict[str, Any]], kind: str, suffix: str = "") -> dict[str, Any]:

@@ -10,7 +10,6 @@ wiring is checked through the step's own command-line parser, so the renderer an
 from __future__ import annotations
 
 import argparse
-import copy
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -23,21 +22,9 @@ from promptcache.gateway.command import settings_from
 from promptcache.gateway.settings import ShimSettings
 from promptcache.render import render
 from promptcache.render.epp import CONFIG_HASH_ANNOTATION
+from tests.render.minimal import rendered
 from tests.render.schemas import validate_manifest
 from tests.render.strategies import resources
-
-BASE: dict[str, Any] = {
-    "apiVersion": "serving.promptcache.io/v1alpha1",
-    "kind": "PromptCacheDeployment",
-    "metadata": {"name": "chat", "namespace": "serving"},
-    "spec": {"model": {"name": "org/model", "replicas": 2}},
-}
-
-
-def rendered(**spec: Any) -> list[dict[str, Any]]:
-    doc = copy.deepcopy(BASE)
-    doc["spec"].update(spec)
-    return render(parse_resource(doc))
 
 
 def epp_deployment(manifests: list[dict[str, Any]]) -> dict[str, Any]:

@@ -108,55 +108,48 @@ async def forward(
     headers: CIMultiDict[str],
     strip_usage: bool,
 ) -> web.StreamResponse:
-    settings = state.settings
     assert state.pool is not None
     # exactly the target that was checked, byte for byte
     try:
         answer = await state.pool.request(request.method, target.raw, list(headers.items()), data)
-    except UpstreamConnectError as exc:
-        state.metrics.upstream_errors.labels(kind="connect").inc()
-        log.warning("model server unreachable at %s: %s", settings.upstream_base, exc)
-        raise FrontError(
-            503,
-            errors.UPSTREAM_UNAVAILABLE,
-            f"the model server is not accepting connections ({exc}); "
-            "it may be starting or restarting, retry shortly",
-        ) from None
-    except UpstreamTimeoutError:
-        state.metrics.upstream_errors.labels(kind="timeout").inc()
-        raise FrontError(
-            504,
-            errors.UPSTREAM_TIMEOUT,
-            f"the model server sent nothing for {settings.upstream_timeout_seconds:g} seconds",
-        ) from None
     except UpstreamError as exc:
-        state.metrics.upstream_errors.labels(kind="failed").inc()
-        log.warning("model server failed on %s: %s", route.path, exc)
-        raise FrontError(
-            502,
-            errors.UPSTREAM_FAILED,
-            f"the model server failed while answering: {exc}",
-        ) from None
+        raise _upstream_refusal(state, route, exc) from None
     try:
         request_id = headers.get("X-Request-Id", "")
         return await _relay(
             request, state, route, answer, strip_usage=strip_usage, request_id=request_id
         )
-    except UpstreamTimeoutError:
+    except UpstreamError as exc:
+        raise _upstream_refusal(state, route, exc) from None
+    finally:
+        answer.release()
+
+
+def _upstream_refusal(state: FrontState, route: Route, exc: UpstreamError) -> FrontError:
+    """What the client is told when vLLM fails, before or while answering (counted by kind;
+    a connection refused is a restart to retry, silence a timeout, anything else a 502)."""
+    settings = state.settings
+    if isinstance(exc, UpstreamConnectError):
+        state.metrics.upstream_errors.labels(kind="connect").inc()
+        log.warning("model server unreachable at %s: %s", settings.upstream_base, exc)
+        return FrontError(
+            503,
+            errors.UPSTREAM_UNAVAILABLE,
+            f"the model server is not accepting connections ({exc}); "
+            "it may be starting or restarting, retry shortly",
+        )
+    if isinstance(exc, UpstreamTimeoutError):
         state.metrics.upstream_errors.labels(kind="timeout").inc()
-        raise FrontError(
+        return FrontError(
             504,
             errors.UPSTREAM_TIMEOUT,
             f"the model server sent nothing for {settings.upstream_timeout_seconds:g} seconds",
-        ) from None
-    except UpstreamError as exc:
-        state.metrics.upstream_errors.labels(kind="failed").inc()
-        log.warning("model server failed on %s: %s", route.path, exc)
-        raise FrontError(
-            502, errors.UPSTREAM_FAILED, f"the model server failed while answering: {exc}"
-        ) from None
-    finally:
-        answer.release()
+        )
+    state.metrics.upstream_errors.labels(kind="failed").inc()
+    log.warning("model server failed on %s: %s", route.path, exc)
+    return FrontError(
+        502, errors.UPSTREAM_FAILED, f"the model server failed while answering: {exc}"
+    )
 
 
 async def _relay(

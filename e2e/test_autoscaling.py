@@ -32,7 +32,7 @@ from e2e.operator_harness import (
     resource,
     wait_for,
 )
-from e2e.pytest_cluster import Cluster, binary
+from e2e.pytest_cluster import Cluster, built_binary
 from promptcache.front.standin import FakePod
 
 pytestmark = pytest.mark.cluster
@@ -139,11 +139,11 @@ def metrics_pipeline(
     values = yaml.safe_load(ADAPTER_VALUES.read_text())
     (work / "adapter.yaml").write_text(yaml.safe_dump({"rules": values["rules"]["custom"]}))
     prometheus = _start([
-        str(binary("prometheus")), f"--config.file={work / 'prometheus.yml'}",
+        str(built_binary("prometheus")), f"--config.file={work / 'prometheus.yml'}",
         f"--storage.tsdb.path={work / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prom_port}",
     ], work / "prometheus.log")  # fmt: skip
     adapter = _start([
-        str(binary("prometheus-adapter")),
+        str(built_binary("prometheus-adapter")),
         "--bind-address=127.0.0.1", f"--secure-port={adapter_port}",
         f"--cert-dir={work / 'adapter-certs'}",
         f"--lister-kubeconfig={cluster.kubeconfig}",

@@ -125,3 +125,21 @@ def test_a_real_build_is_stamped_then_reused(
     capsys.readouterr()
     build_target(t, 1, 1, 0.0)
     assert f"(1/1) w v0.1.0: cached in {t.out_dir()}" in capsys.readouterr().err
+
+
+def test_tests_build_every_on_request_binary_they_use() -> None:
+    """`e2e/cluster build` (what CI runs first) skips the optional targets, so a test that
+    takes one with `binary()` passes only on a machine where an earlier session happened to
+    build it, and fails on a fresh one (found by a cold CI run: prometheus-adapter). Such
+    binaries go through `built_binary()`, which builds them once on request."""
+    on_request = {b for t in TARGETS if t.optional for b in t.binaries}
+    assert on_request, "no optional target left: this check has nothing to guard"
+    plain_use = re.compile(r"""(?<![_\w])binary\(\s*["']([\w-]+)["']\s*\)""")
+    offenders = [
+        f"{path.relative_to(E2E.parent)}: binary({name!r})"
+        for tree in (E2E, E2E.parent / "tests", E2E.parent / "bench")
+        for path in tree.rglob("*.py")
+        for name in plain_use.findall(path.read_text(encoding="utf-8"))
+        if name in on_request
+    ]
+    assert offenders == [], f"use built_binary() for on-request binaries: {offenders}"

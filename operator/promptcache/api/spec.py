@@ -34,6 +34,7 @@ from promptcache.contract import (
     IsolationMode,
     needs_salt_key,
 )
+from promptcache.contract.engine import VLLM_DEFAULT_BLOCK_SIZE
 from promptcache.contract.front import (
     DEFAULT_ALLOW_CLIENT_PRIORITY,
     DEFAULT_BODY_TIMEOUT_SECONDS,
@@ -167,7 +168,7 @@ class EngineSpec(ApiModel):
 
     api_server_count: Annotated[int, Field(ge=1, le=64)] = 1
     """vLLM API server processes per pod (`--api-server-count`). Each keeps its own caches."""
-    block_size: Literal[8, 16, 32, 64, 128] = 16
+    block_size: Literal[8, 16, 32, 64, 128] = VLLM_DEFAULT_BLOCK_SIZE
     """KV-cache block size in tokens (`--block-size`); the Endpoint Picker tunes to it."""
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
     """Fraction of GPU memory vLLM may use (`--gpu-memory-utilization`)."""

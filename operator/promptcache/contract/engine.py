@@ -9,6 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+VLLM_DEFAULT_BLOCK_SIZE: Final = 16
+"""Tokens per KV-cache block when `--block-size` is not given (vLLM 0.33, CUDA)."""
+VLLM_DEFAULT_MAX_NUM_SEQS: Final[int] = 256
+"""Sequences vLLM runs at once when `--max-num-seqs` is not given; more wait in its queue."""
+
 
 class VllmFlag:
     """Flags of `vllm serve` (vLLM 0.33 spellings) the renderer writes or the pod relies on."""

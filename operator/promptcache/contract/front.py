@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from promptcache.contract.cache_size import parse_cache_gib
+from promptcache.contract.engine import VLLM_DEFAULT_MAX_NUM_SEQS
 from promptcache.contract.names import (
     DEFAULT_CACHED_PROMPT_TOKENS_HEADER,
     DEFAULT_ISOLATION_FIELD,
@@ -93,7 +94,7 @@ DEFAULT_MAX_BODY_BYTES: Final[int] = 32 * 1024 * 1024
 """vLLM's Rust frontend enforces 32 MiB; its Python server enforces nothing."""
 DEFAULT_CACHE_GIB: Final[float] = 0.0
 DEFAULT_WORKERS: Final[int] = 1
-DEFAULT_MAX_IN_FLIGHT: Final[int] = 256
+DEFAULT_MAX_IN_FLIGHT: Final[int] = VLLM_DEFAULT_MAX_NUM_SEQS
 """vLLM's default `--max-num-seqs`: the front must not refuse what vLLM would run or queue."""
 DEFAULT_MAX_BODY_READS: Final[int] = 128
 """Request bodies being received at once; slow senders wait here, not in the in-flight cap."""

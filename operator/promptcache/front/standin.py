@@ -67,6 +67,8 @@ from typing import Any
 
 from aiohttp import web
 
+from promptcache.contract.engine import VLLM_DEFAULT_BLOCK_SIZE, VLLM_DEFAULT_MAX_NUM_SEQS
+
 # --- configuration -----------------------------------------------------------------------
 
 
@@ -80,11 +82,11 @@ class EngineConfig:
     """
 
     model_name: str = "standin"
-    block_size: int = 16
+    block_size: int = VLLM_DEFAULT_BLOCK_SIZE
     """Tokens per KV block (vLLM's default is 16)."""
     num_gpu_blocks: int = 4096
     """Cache capacity in blocks (`vllm:cache_config_info{num_gpu_blocks}`)."""
-    max_num_seqs: int = 256
+    max_num_seqs: int = VLLM_DEFAULT_MAX_NUM_SEQS
     """Requests running at once (vLLM's `--max-num-seqs`, default 256)."""
     prefill_s_per_token: float = 0.0
     """Seconds of prefill per uncached prompt token (one prefill at a time)."""
@@ -595,7 +597,7 @@ class VllmMetrics:
     waiting: int | None = None
     running: int | None = None
     kv_cache_usage: float | None = None
-    block_size: int = 16
+    block_size: int = VLLM_DEFAULT_BLOCK_SIZE
     num_gpu_blocks: int = 31250
     prefix_cache_queries: int | None = None
     prefix_cache_hits: int | None = None
@@ -717,7 +719,7 @@ class StandinUpstream:
     kv_usage: float | None = None
     pinned: VllmMetrics = field(
         default_factory=lambda: VllmMetrics(
-            model_name="standin", block_size=16, num_gpu_blocks=4096
+            model_name="standin", block_size=VLLM_DEFAULT_BLOCK_SIZE, num_gpu_blocks=4096
         )
     )
     """The metric values reported when pinned (`FakePod.set` writes here)."""
@@ -1070,9 +1072,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("port", nargs="?", type=int, default=0)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--model", default="standin")
-    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--block-size", type=int, default=VLLM_DEFAULT_BLOCK_SIZE)
     ap.add_argument("--num-gpu-blocks", type=int, default=4096)
-    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--max-num-seqs", type=int, default=VLLM_DEFAULT_MAX_NUM_SEQS)
     ap.add_argument("--prefill-s-per-token", type=float, default=0.0)
     ap.add_argument("--decode-s-per-token", type=float, default=0.0)
     ap.add_argument("--step-overhead-s", type=float, default=0.0)

@@ -11,6 +11,7 @@ through the scale subresource into pods.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import threading
@@ -138,36 +139,44 @@ def metrics_pipeline(
     }))  # fmt: skip
     values = yaml.safe_load(ADAPTER_VALUES.read_text())
     (work / "adapter.yaml").write_text(yaml.safe_dump({"rules": values["rules"]["custom"]}))
-    prometheus = _start([
-        str(built_binary("prometheus")), f"--config.file={work / 'prometheus.yml'}",
-        f"--storage.tsdb.path={work / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prom_port}",
-    ], work / "prometheus.log")  # fmt: skip
-    adapter = _start([
-        str(built_binary("prometheus-adapter")),
-        "--bind-address=127.0.0.1", f"--secure-port={adapter_port}",
-        f"--cert-dir={work / 'adapter-certs'}",
-        f"--lister-kubeconfig={cluster.kubeconfig}",
-        f"--authentication-kubeconfig={cluster.kubeconfig}",
-        f"--authorization-kubeconfig={cluster.kubeconfig}",
-        f"--prometheus-url=http://127.0.0.1:{prom_port}/",
-        "--metrics-relist-interval=3s", f"--config={work / 'adapter.yaml'}", "--v=2",
-    ], work / "adapter.log")  # fmt: skip
-    ns = cluster.create_namespace("metrics")
-    # The aggregator dials an ExternalName Service's name: the adapter on this host.
-    apply_yaml(
-        cluster.kubectl,
-        {"apiVersion": "v1", "kind": "Service",
-         "metadata": {"name": "custom-metrics", "namespace": ns},
-         "spec": {"type": "ExternalName", "externalName": "localhost",
-                  "ports": [{"port": adapter_port, "protocol": "TCP"}]}},
-        {"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
-         "metadata": {"name": METRICS_API},
-         "spec": {"group": "custom.metrics.k8s.io", "version": "v1beta2",
-                  "service": {"name": "custom-metrics", "namespace": ns, "port": adapter_port},
-                  "insecureSkipTLSVerify": True,
-                  "groupPriorityMinimum": 100, "versionPriority": 100}},
-    )  # fmt: skip
-    try:
+    # Everything started is registered for teardown the moment it exists, so a setup step
+    # that fails (a binary that cannot be built, a refused apply) leaves no process behind.
+    with contextlib.ExitStack() as teardown:
+        prometheus = _start([
+            str(built_binary("prometheus")), f"--config.file={work / 'prometheus.yml'}",
+            f"--storage.tsdb.path={work / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prom_port}",
+        ], work / "prometheus.log")  # fmt: skip
+        teardown.callback(_stop, prometheus)
+        adapter = _start([
+            str(built_binary("prometheus-adapter")),
+            "--bind-address=127.0.0.1", f"--secure-port={adapter_port}",
+            f"--cert-dir={work / 'adapter-certs'}",
+            f"--lister-kubeconfig={cluster.kubeconfig}",
+            f"--authentication-kubeconfig={cluster.kubeconfig}",
+            f"--authorization-kubeconfig={cluster.kubeconfig}",
+            f"--prometheus-url=http://127.0.0.1:{prom_port}/",
+            "--metrics-relist-interval=3s", f"--config={work / 'adapter.yaml'}", "--v=2",
+        ], work / "adapter.log")  # fmt: skip
+        teardown.callback(_stop, adapter)
+        ns = cluster.create_namespace("metrics")
+        teardown.callback(cluster.kubectl, "delete", "namespace", ns, "--wait=false", check=False)
+        teardown.callback(
+            cluster.kubectl, "delete", "apiservice", METRICS_API, "--wait=false", check=False
+        )
+        # The aggregator dials an ExternalName Service's name: the adapter on this host.
+        apply_yaml(
+            cluster.kubectl,
+            {"apiVersion": "v1", "kind": "Service",
+             "metadata": {"name": "custom-metrics", "namespace": ns},
+             "spec": {"type": "ExternalName", "externalName": "localhost",
+                      "ports": [{"port": adapter_port, "protocol": "TCP"}]}},
+            {"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
+             "metadata": {"name": METRICS_API},
+             "spec": {"group": "custom.metrics.k8s.io", "version": "v1beta2",
+                      "service": {"name": "custom-metrics", "namespace": ns, "port": adapter_port},
+                      "insecureSkipTLSVerify": True,
+                      "groupPriorityMinimum": 100, "versionPriority": 100}},
+        )  # fmt: skip
         wait_for(
             lambda: urllib.request.urlopen(
                 f"http://127.0.0.1:{prom_port}/-/ready", timeout=2).status == 200,
@@ -180,11 +189,6 @@ def metrics_pipeline(
             f"APIService {METRICS_API} Available\n{_tail(work / 'adapter.log')}", timeout=120,
         )  # fmt: skip
         yield {"work": work, "targets": targets, "prom_port": prom_port}
-    finally:
-        cluster.kubectl("delete", "apiservice", METRICS_API, "--wait=false", check=False)
-        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
-        for proc in (adapter, prometheus):
-            _stop(proc)
 
 
 def _installed(cluster: Cluster) -> bool:

@@ -25,6 +25,7 @@ from typing import Any
 import aiohttp
 import yaml
 
+from promptcache.api.constants import EPP_MIN_BLOCK_SIZE_TOKENS
 from promptcache.front.standin import FakePod
 
 GIE_API_VERSION = "inference.networking.x-k8s.io/v1alpha1"
@@ -257,10 +258,7 @@ VARIANTS: dict[str, str] = {
 }
 """Named picker configurations the benchmark can compare (`--routers NAME,...`)."""
 
-LLMD_ROUTER_MIN_BLOCK_TOKENS = 64
-"""llm-d-router's floor on the prefix index's block size: under autoTune it hashes blocks of
-max(the pod's block_size, 64) tokens and keeps `num_gpu_blocks` of them per pod."""
-REPORTED_BLOCK_SIZE: dict[str, int] = {"index=4x pod cache": LLMD_ROUTER_MIN_BLOCK_TOKENS}
+REPORTED_BLOCK_SIZE: dict[str, int] = {"index=4x pod cache": EPP_MIN_BLOCK_SIZE_TOKENS}
 """Variants whose pods report another `block_size` in `vllm:cache_config_info` than their
 cache uses. GIE v1.5 has no 64-token floor and ignores `lruCapacityPerServer` (autoTune
 off means 31250 entries whatever is set), so llm-d-router's belief (num_gpu_blocks entries

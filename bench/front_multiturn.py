@@ -20,9 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +28,7 @@ from typing import Any
 import aiohttp
 import torch
 
+from bench.local_processes import start, wait_ok
 from e2e.localcluster.state import free_port
 from promptcache.front.client import EmbedsPayload, PromptCacheClient
 
@@ -92,36 +91,11 @@ async def _reference_turns(
         series.bytes_sent += result.bytes_sent
 
 
-async def _wait_ready(
-    http: aiohttp.ClientSession, url: str, proc: asyncio.subprocess.Process
-) -> None:
-    for _ in range(600):
-        if proc.returncode is not None:
-            raise SystemExit(f"{url}: process exited with {proc.returncode}")
-        try:
-            async with http.get(url + "/readyz") as resp:
-                if resp.status == 200:
-                    return
-        except aiohttp.ClientConnectionError:
-            pass
-        await asyncio.sleep(0.1)
-    raise SystemExit(f"{url} never became ready")
-
-
 async def run(args: argparse.Namespace) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PROMPTCACHE_")}
     standin_port, front_port = free_port(), free_port()
-    standin = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "promptcache.front.standin",
-        str(standin_port),
-        stdout=asyncio.subprocess.DEVNULL,
-        env=env,
-    )
+    standin = await start("-m", "promptcache.front.standin", str(standin_port))
     direct_url = f"http://127.0.0.1:{standin_port}"
-    front = await asyncio.create_subprocess_exec(
-        sys.executable,
+    front = await start(
         "-m",
         "promptcache.front",
         "--upstream",
@@ -130,23 +104,14 @@ async def run(args: argparse.Namespace) -> None:
         f"127.0.0.1:{front_port}",
         "--prompt-embeds-cache-gib",
         "2",
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-        env=env,
     )
     front_url = f"http://127.0.0.1:{front_port}"
     modes = {"direct (inline)": Series(), "front, inline": Series(), "front, references": Series()}
     try:
         timeout = aiohttp.ClientTimeout(total=300)
         async with aiohttp.ClientSession(timeout=timeout) as http:
-            for _ in range(100):
-                try:
-                    async with http.get(direct_url + "/health") as resp:
-                        if resp.status == 200:
-                            break
-                except aiohttp.ClientConnectionError:
-                    await asyncio.sleep(0.1)
-            await _wait_ready(http, front_url, front)
+            await wait_ok(http, direct_url + "/health", standin)
+            await wait_ok(http, front_url + "/readyz", front)
             print(
                 f"{args.conversations} conversations x {args.turns} turns, "
                 f"{args.tokens} tokens x {args.hidden} hidden (fp16) added per turn"

@@ -38,7 +38,6 @@ import argparse
 import asyncio
 import json
 import os
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -46,6 +45,7 @@ from pathlib import Path
 
 import aiohttp
 
+from bench.local_processes import start, wait_ok
 from e2e.localcluster.state import free_port
 from tests.front.amplification import attacks, dense_payload
 
@@ -133,33 +133,6 @@ def _cpus(cpus: frozenset[int]) -> str:
     return ",".join(map(str, sorted(cpus)))
 
 
-async def _start(*args: str, cpus: frozenset[int] | None = None) -> asyncio.subprocess.Process:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PROMPTCACHE_")}
-    pin = ["taskset", "-c", _cpus(cpus)] if cpus is not None else []  # exec'd: same pid
-    return await asyncio.create_subprocess_exec(
-        *pin,
-        sys.executable,
-        *args,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-        env=env,
-    )
-
-
-async def _wait(http: aiohttp.ClientSession, url: str, proc: asyncio.subprocess.Process) -> None:
-    for _ in range(600):
-        if proc.returncode is not None:
-            raise SystemExit(f"{url}: process exited with {proc.returncode}")
-        try:
-            async with http.get(url) as resp:
-                if resp.status == 200:
-                    return
-        except aiohttp.ClientConnectionError:
-            pass
-        await asyncio.sleep(0.1)
-    raise SystemExit(f"{url} never answered")
-
-
 async def _one(
     http: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str], run: Run
 ) -> None:
@@ -215,10 +188,10 @@ async def _overhead(args: argparse.Namespace, layout: Layout) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         salt = Path(tmp) / "salt-key"
         salt.write_bytes(os.urandom(32))
-        standin = await _start(
+        standin = await start(
             "-m", "promptcache.front.standin", str(standin_port), cpus=layout.standin
         )
-        front = await _start(
+        front = await start(
             "-m",
             "promptcache.front",
             "--upstream",
@@ -235,8 +208,8 @@ async def _overhead(args: argparse.Namespace, layout: Layout) -> None:
         timeout = aiohttp.ClientTimeout(total=120)
         try:
             async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
-                await _wait(http, direct + "/health", standin)
-                await _wait(http, through + "/readyz", front)
+                await wait_ok(http, direct + "/health", standin)
+                await wait_ok(http, through + "/readyz", front)
                 where = (
                     "all processes on all cores"
                     if layout.front is None
@@ -317,8 +290,8 @@ async def memory(args: argparse.Namespace) -> None:
     standin_port, front_port = free_port(), free_port()
     direct = f"http://127.0.0.1:{standin_port}"
     url = f"http://127.0.0.1:{front_port}"
-    standin = await _start("-m", "promptcache.front.standin", str(standin_port))
-    front = await _start(
+    standin = await start("-m", "promptcache.front.standin", str(standin_port))
+    front = await start(
         "-m",
         "promptcache.front",
         "--upstream",
@@ -334,8 +307,8 @@ async def memory(args: argparse.Namespace) -> None:
     )
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as http:
-            await _wait(http, direct + "/health", standin)
-            await _wait(http, url + "/healthz", front)
+            await wait_ok(http, direct + "/health", standin)
+            await wait_ok(http, url + "/healthz", front)
             warm = {"model": "m", "prompt_embeds": dense_payload(64, 1024), "max_tokens": 1}
             async with http.post(url + "/v1/completions", json=warm) as resp:
                 assert resp.status == 200, resp.status

@@ -49,6 +49,8 @@ def test_the_tree_keeps_every_contract(tmp_path: Path) -> None:
         ("api/spec.py", "import promptcache.render", "api imports nothing of ours"),
         ("controller/status.py", "import torch", "the operator never imports torch"),
         ("contract/names.py", "import promptcache.api", "the contract imports nothing"),
+        ("front/app.py", "import harness.vllm", "the product never imports test code"),
+        ("gateway/command.py", "from e2e import pytest_cluster", "the product never imports"),
     ],
 )
 def test_a_deliberate_violation_breaks_its_contract(

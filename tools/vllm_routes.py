@@ -144,6 +144,14 @@ def routes_in_wheel(wheel: Path) -> set[tuple[str, str]]:
     return found
 
 
+def routes_in_package(site_packages: Path) -> set[tuple[str, str]]:
+    """The same, from an installed vLLM (the CPU build the tests run, `scripts/engine`)."""
+    found = set(FASTAPI_DEFAULT_ROUTES)
+    for module in sorted((site_packages / "vllm" / "entrypoints").rglob("*.py")):
+        found |= routes_in_source(module.read_text(encoding="utf-8"))
+    return found
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fetch", action="store_true", help="only fetch the wheel")

@@ -1,0 +1,58 @@
+"""The one translation of rendered engine args for vLLM's CPU build adds what it must and
+changes nothing else: a new translation cannot creep in without failing here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from e2e.engine.pods import engine_resource, rendered_pod_spec
+from harness.pod import pod_local
+from harness.vllm import CPU_TRANSLATIONS, cpu_engine_args
+from harness.vllm.cpu import KV_CACHE_MEMORY_BYTES, CpuBuildRefusesError
+
+
+def _rendered_args(**spec: object) -> list[str]:
+    resource = engine_resource(Path("/models/tiny"), **spec)
+    vllm = next(c for c in rendered_pod_spec(resource)["containers"] if c["name"] == "vllm")
+    return [str(a) for a in vllm["args"]]
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [{}, {"engine": {"blockSize": 64, "maxNumSeqs": 8}}, {"promptEmbeds": {"enabled": False}}],
+)
+def test_only_the_kv_cache_size_is_added(spec: dict[str, object]) -> None:
+    rendered = _rendered_args(**spec)
+    translated = cpu_engine_args(rendered, kv_cache_bytes=123)
+    assert translated[: len(rendered)] == rendered, "a rendered argument was changed"
+    added = translated[len(rendered) :]
+    assert added == [KV_CACHE_MEMORY_BYTES, "123"]
+    assert {a for a in added if a.startswith("--")} <= set(CPU_TRANSLATIONS)
+
+
+def test_the_list_of_translations_is_the_kv_cache_size_alone() -> None:
+    assert CPU_TRANSLATIONS == (KV_CACHE_MEMORY_BYTES,)
+
+
+def test_a_kv_cache_size_already_given_is_kept() -> None:
+    rendered = [*_rendered_args(), f"{KV_CACHE_MEMORY_BYTES}=99"]
+    assert cpu_engine_args(rendered) == rendered
+
+
+@pytest.mark.parametrize("block", ["8", "16"])
+def test_block_sizes_the_cpu_build_refuses_are_refused_not_translated(block: str) -> None:
+    rendered = [a if a != "32" else block for a in _rendered_args()]
+    with pytest.raises(CpuBuildRefusesError, match="multiple of 32"):
+        cpu_engine_args(rendered)
+
+
+def test_pod_local_maps_the_pods_addresses_and_mounts() -> None:
+    mounts = {"/tmp": Path("/w/tmp"), "/etc/salt": Path("/w/salt")}
+    assert pod_local("http://127.0.0.1:8001", "127.50.0.2", mounts) == "http://127.50.0.2:8001"
+    assert pod_local("0.0.0.0:8000", "127.50.0.2", mounts) == "127.50.0.2:8000"
+    assert pod_local("/etc/salt/salt-key", "127.50.0.2", mounts) == "/w/salt/salt-key"
+    assert pod_local("/tmp", "127.50.0.2", mounts) == "/w/tmp"
+    assert pod_local("/tmpfoo", "127.50.0.2", mounts) == "/tmpfoo"
+    assert pod_local("--dtype=float32", "127.50.0.2", mounts) == "--dtype=float32"

@@ -98,7 +98,8 @@ def _maximal_resource(model: Path) -> dict[str, Any]:
 def test_every_rendered_flag_is_accepted_by_the_served_build(engine_model: Path) -> None:
     spec = rendered_pod_spec(_maximal_resource(engine_model))
     args = cpu_engine_args(next(c for c in spec["containers"] if c["name"] == "vllm")["args"])
-    assert "--tensor-parallel-size" in args and "--max-num-seqs" in args
+    assert "--tensor-parallel-size" in args
+    assert "--max-num-seqs" in args
     probe = (
         "import json, sys\n"
         "from vllm.entrypoints.launchers.cli_args import make_arg_parser\n"

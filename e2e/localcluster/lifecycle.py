@@ -30,6 +30,13 @@ from .supervise import Supervisor, http_ok, insecure_ssl
 from .targets import binary_path, ensure_binaries, find_target
 
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+PROCESS_POD_ANNOTATION = "kubelet.harness.promptcache.io/processes"
+"""A pod carrying this annotation ("true") really runs, as processes (harness/pod.py): kwok
+only makes it Running with a pod IP, and the harness's probes decide when it is Ready."""
+_SELECT_PROCESS_PODS = (
+    "    - key: '.metadata.annotations[\"" + PROCESS_POD_ANNOTATION + "\"]'\n"
+    "      operator: '{op}'\n"
+)
 """Node annotation kwok selects on: only our fake nodes are driven by this cluster's kwok."""
 SERVICE_CIDR = "10.0.0.0/16"
 """Allocation only: nothing routes service IPs here; room for 200+ resources x 2 Services."""
@@ -81,9 +88,34 @@ def kwok_config(state: State) -> Path:
             env=go_env(),
             check=True,
         )
+    texts = [f.read_text() for f in files]
+    ready = next(i for i, f in enumerate(files) if f.name == "pod-ready.yaml")
+    texts[ready : ready + 1] = process_pod_stages(texts[ready])
     path = Path(state.dir) / "kwok.yaml"
-    path.write_text("\n---\n".join(f.read_text() for f in files))
+    path.write_text("\n---\n".join(texts))
     return path
+
+
+def process_pod_stages(pod_ready: str) -> list[str]:
+    """kwok's pod-ready stage, split in two: pods without the process annotation become
+    Ready at once as before; annotated pods become Running with an IP but not Ready."""
+    anchor = "    matchExpressions:\n"
+    if pod_ready.count(anchor) != 1 or pod_ready.count('status: "True"') < 3:
+        raise ClusterError("kwok's pod-ready stage changed shape: revisit process_pod_stages")
+    plain = pod_ready.replace(anchor, anchor + _SELECT_PROCESS_PODS.format(op="DoesNotExist"))
+    processes = (
+        pod_ready.replace("name: pod-ready", "name: pod-running-as-processes", 1)
+        .replace(anchor, anchor + _SELECT_PROCESS_PODS.format(op="Exists"))
+        .replace('status: "True"\n        type: Ready', 'status: "False"\n        type: Ready')
+        .replace(
+            'status: "True"\n        type: ContainersReady',
+            'status: "False"\n        type: ContainersReady',
+        )
+        .replace("ready: true", "ready: false")
+    )
+    if "type: Ready\n" not in processes or processes.count('status: "False"') != 2:
+        raise ClusterError("kwok's pod-ready stage changed shape: revisit process_pod_stages")
+    return [plain, processes]
 
 
 def node_manifest(state: State, nodes: int, gpus: int) -> str:

@@ -182,7 +182,7 @@ async def _relay(
                 cached_header=settings.cached_prompt_tokens_header,
             )
             chunks = relay(chunks, sse)
-        await _pump(request, state, response, chunks)
+        await _pump(request, state, response, chunks, sse=True)
         if sse is not None and sse.usage is not None:
             state.metrics.observe_usage(sse.usage.prompt_tokens, sse.usage.cached_tokens)
         return response
@@ -223,8 +223,13 @@ async def _relay(
     await response.prepare(request)
     if prefix:
         await response.write(prefix)
-    await _pump(request, state, response, answer.chunks())
+    await _pump(request, state, response, answer.chunks(), sse=False)
     return response
+
+
+def stream_error_event(error: FrontError) -> bytes:
+    """An SSE event carrying the front's JSON error: how a stream says it failed."""
+    return b"\n\ndata: " + error.body_bytes() + b"\n\n"
 
 
 async def _pump(
@@ -232,18 +237,33 @@ async def _pump(
     state: FrontState,
     response: web.StreamResponse,
     chunks: AsyncIterator[bytes],
+    *,
+    sse: bool,
 ) -> None:
     """Copy an upstream body to the client as it arrives, never holding it whole.
 
-    Headers are already sent, so a failure here cannot become an error response:
-    a vLLM failure cuts the client's connection (a truncated body, not a
-    complete-looking one), and a client that left ends the upstream request.
+    Headers are already sent, so a failure here cannot become an error response. A
+    stream (SSE) that vLLM breaks off ends with an error event in the front's JSON error
+    shape and no `[DONE]`, so a client knows it failed rather than reading a silent
+    truncation (the real engine showed this on `kill -9`); any other body is cut (a
+    truncated body, not a complete-looking one). A client that left ends the upstream
+    request.
     """
     try:
         async for chunk in chunks:
             await response.write(chunk)
-    except UpstreamError:
+    except UpstreamError as exc:
         state.metrics.upstream_errors.labels(kind="interrupted").inc()
+        if sse:
+            error = FrontError(
+                502, errors.UPSTREAM_FAILED, f"the model server failed while streaming: {exc}"
+            )
+            try:
+                await response.write(stream_error_event(error))
+                await response.write_eof()
+            except ConnectionResetError:
+                state.metrics.client_disconnects.inc()
+            return
         if request.transport is not None:
             request.transport.close()
         return

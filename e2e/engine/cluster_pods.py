@@ -1,0 +1,86 @@
+"""The kubelet's half for kwok pods that really run: their status written from real probes.
+
+kwok makes a pod annotated `kubelet.harness.promptcache.io/processes` Running with a pod
+IP but never Ready (e2e/localcluster/lifecycle.py). `run_on_cluster` reads that pod from
+the API server, resolves its Secrets there, runs its containers as a `ProcessPod`, and
+writes Ready / ContainersReady and each container's `ready` to the pod's status whenever
+the probes change their verdict, so the Deployment, the operator and the picker see
+what a real kubelet would report.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+from e2e.localcluster.lifecycle import PROCESS_POD_ANNOTATION
+from e2e.pytest_cluster import Cluster
+from harness.pod import ProcessPod
+
+PROCESS_POD_TEMPLATE = {"metadata": {"annotations": {PROCESS_POD_ANNOTATION: "true"}}}
+"""`spec.model.podTemplate` that makes the model-server pods run as processes."""
+
+
+def _secrets(cluster: Cluster, namespace: str) -> Any:
+    def resolve(name: str, key: str) -> bytes:
+        secret = cluster.get_json("-n", namespace, "get", "secret", name, "-o", "json")
+        return base64.b64decode(secret["data"][key])
+
+    return resolve
+
+
+def _write_readiness(cluster: Cluster, namespace: str) -> Any:
+    def write(pod: ProcessPod, ready: bool) -> None:
+        status = "True" if ready else "False"
+        patch = {
+            "status": {
+                "conditions": [
+                    {"type": "Ready", "status": status},
+                    {"type": "ContainersReady", "status": status},
+                ],
+                "containerStatuses": [
+                    {
+                        "name": c.name,
+                        "ready": c.running()
+                        and c.started
+                        and (c.readiness is None or c.readiness.passed),
+                        "started": c.started,
+                        "restartCount": c.restarts,
+                    }
+                    for c in pod.containers
+                ],
+            }
+        }
+        cluster.kubectl(
+            "-n",
+            namespace,
+            "patch",
+            "pod",
+            pod.name,
+            "--subresource=status",
+            "--type=strategic",
+            "-p",
+            json.dumps(patch),
+        )
+
+    return write
+
+
+def run_on_cluster(
+    cluster: Cluster, namespace: str, pod_name: str, workdir: Path, **kwargs: Any
+) -> ProcessPod:
+    """Start the containers of an annotated kwok pod; its readiness goes to the API server."""
+    obj = cluster.get_json("-n", namespace, "get", "pod", pod_name, "-o", "json")
+    assert obj["metadata"].get("annotations", {}).get(PROCESS_POD_ANNOTATION) == "true"
+    ip = obj["status"]["podIP"]
+    return ProcessPod(
+        pod_name,
+        obj["spec"],
+        ip,
+        workdir,
+        _secrets(cluster, namespace),
+        on_ready=_write_readiness(cluster, namespace),
+        **kwargs,
+    ).start()

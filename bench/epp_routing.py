@@ -5,7 +5,7 @@ What a user buys from prefix-aware routing is GPU time: prompt tokens served fro
 cache instead of prefilled again, and a shorter time to first token, without piling
 load on one pod. This benchmark measures exactly that, per router, in one run:
 
-* **Pods**: N stand-in vLLM pods (`promptcache.front.standin`): a block-level prefix
+* **Pods**: N stand-in vLLM pods (`harness.standin`): a block-level prefix
   cache (16-token blocks, `num_gpu_blocks`, LRU, salt-scoped), an FCFS queue with
   `max_num_seqs`, prefill cost per *uncached* token and a decode cost per token
   (`EngineConfig.gpu_like(time_scale)`: an 8B model on an H100-class GPU, slowed
@@ -105,7 +105,7 @@ from e2e.epp.traffic import (
     schedule,
     use_gie_picker,
 )
-from promptcache.front.standin import EngineConfig, FakePod
+from harness.standin import EngineConfig, FakePod
 
 ROOT = Path(__file__).resolve().parents[1]
 

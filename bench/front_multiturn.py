@@ -93,7 +93,7 @@ async def _reference_turns(
 
 async def run(args: argparse.Namespace) -> None:
     standin_port, front_port = free_port(), free_port()
-    standin = await start("-m", "promptcache.front.standin", str(standin_port))
+    standin = await start("-m", "harness.standin", str(standin_port))
     direct_url = f"http://127.0.0.1:{standin_port}"
     front = await start(
         "-m",

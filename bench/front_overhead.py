@@ -188,9 +188,7 @@ async def _overhead(args: argparse.Namespace, layout: Layout) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         salt = Path(tmp) / "salt-key"
         salt.write_bytes(os.urandom(32))
-        standin = await start(
-            "-m", "promptcache.front.standin", str(standin_port), cpus=layout.standin
-        )
+        standin = await start("-m", "harness.standin", str(standin_port), cpus=layout.standin)
         front = await start(
             "-m",
             "promptcache.front",
@@ -290,7 +288,7 @@ async def memory(args: argparse.Namespace) -> None:
     standin_port, front_port = free_port(), free_port()
     direct = f"http://127.0.0.1:{standin_port}"
     url = f"http://127.0.0.1:{front_port}"
-    standin = await start("-m", "promptcache.front.standin", str(standin_port))
+    standin = await start("-m", "harness.standin", str(standin_port))
     front = await start(
         "-m",
         "promptcache.front",

@@ -2,7 +2,7 @@
 
 On the demo cluster the model-server pods are kwok pods with loopback IPs. For
 each one this binds what the rendered pod runs: the stand-in vLLM
-(`promptcache.front.standin`: a block-level prefix cache, a latency model, vLLM's
+(`harness.standin`: a block-level prefix cache, a latency model, vLLM's
 metrics) on the vLLM port, and the real cache front (`python -m promptcache.front`,
 the rendered environment, the operator's salt Secret) on the serving port. The
 real Endpoint Picker runs with the rendered config and args as the rendered
@@ -50,8 +50,8 @@ from e2e.epp.traffic import (
     schedule,
     use_gie_picker,
 )
+from harness.standin import EngineConfig, FakePod, VllmMetrics
 from promptcache.contract import DEFAULT_ISOLATION_HEADER, VLLM_LOCAL_PORT
-from promptcache.front.standin import EngineConfig, FakePod, VllmMetrics
 
 WORKLOAD = Workload(tenants=3, sessions=24, doc_share=0.0, system_tokens=1500, turns=(3, 5))
 ENGINE = EngineConfig.gpu_like(1.0, num_gpu_blocks=4096, max_num_seqs=16)

@@ -34,7 +34,7 @@ from e2e.operator_harness import (
     wait_for,
 )
 from e2e.pytest_cluster import Cluster, built_binary
-from promptcache.front.standin import FakePod
+from harness.standin import FakePod
 
 pytestmark = pytest.mark.cluster
 

@@ -1,6 +1,6 @@
 """The stand-in engine, held to the real one: same requests, same shapes where it matters.
 
-The stand-in (`promptcache.front.standin`) plays vLLM where many engines must run at once
+The stand-in (`harness.standin`) plays vLLM where many engines must run at once
 (the 8-pod routing bench, scale and chaos tests). What the product depends on must be
 the same as on the real engine, so this test sends the same requests to both and
 compares: response and usage shapes, the `object` names, streamed chunks (the usage-only
@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.engine.client import chat_body, completion_body, long_text
 from e2e.engine.pods import BLOCK_SIZE, SERVED_NAME
-from promptcache.front.standin import EngineConfig, StandinUpstream, start_standin
+from harness.standin import EngineConfig, StandinUpstream, start_standin
 
 
 @pytest.fixture

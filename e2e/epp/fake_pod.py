@@ -3,13 +3,13 @@
 The picker scrapes `http://<podIP>:<port>/metrics` every 50 ms and routes by what
 it reads, so tests steer it through those numbers (`pod.set(waiting=50)` pins a
 value; unpinned values follow the stand-in's real queue and KV cache). The
-stand-in lives in `promptcache.front.standin` so the cache front's tests, these
+stand-in lives in `harness.standin` so the cache front's tests, these
 tests, the routing benchmark and the demo all use the same model of vLLM.
 """
 
 from __future__ import annotations
 
-from promptcache.front.standin import (
+from harness.standin import (
     EngineConfig,
     FakePod,
     ServedRequest,

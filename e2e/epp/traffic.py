@@ -25,8 +25,8 @@ from typing import Any
 import aiohttp
 import yaml
 
+from harness.standin import FakePod
 from promptcache.api.constants import EPP_MIN_BLOCK_SIZE_TOKENS
-from promptcache.front.standin import FakePod
 
 GIE_API_VERSION = "inference.networking.x-k8s.io/v1alpha1"
 VOCAB = [f"w{i:04d}" for i in range(4000)]
@@ -105,7 +105,7 @@ class Bounds:
 
 def bounds(sessions: Sequence[Session], wl: Workload, pods: int) -> Bounds:
     """The shared-prefix floor and the cache ceiling of `sessions` on `pods` pods."""
-    from promptcache.front.standin import EngineConfig, parse_prompt  # noqa: PLC0415
+    from harness.standin import EngineConfig, parse_prompt  # noqa: PLC0415
 
     cfg = EngineConfig()
 

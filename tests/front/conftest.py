@@ -14,10 +14,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from harness.standin import StandinUpstream, start_standin
 from promptcache.embeds.cache import PromptEmbedsCache
 from promptcache.front.app import create_runner
 from promptcache.front.settings import FrontSettings
-from promptcache.front.standin import StandinUpstream, start_standin
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 

@@ -14,12 +14,12 @@ import aiohttp
 import pytest
 
 from e2e.localcluster.state import free_port
+from harness.standin import StandinUpstream
 from promptcache.contract import FrontEnv, IsolationMode
 from promptcache.contract.front import FRONT_SETTINGS
 from promptcache.front.command import add_arguments, register, run, settings_from
 from promptcache.front.salt import derive_salt
 from promptcache.front.settings import FrontSettings, SettingsError
-from promptcache.front.standin import StandinUpstream
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:

@@ -17,7 +17,7 @@ import re
 import aiohttp
 import pytest
 
-from promptcache.front.standin import StandinUpstream
+from harness.standin import StandinUpstream
 
 from .conftest import MakeFront
 

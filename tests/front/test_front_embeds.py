@@ -11,13 +11,13 @@ import aiohttp
 import pytest
 import torch
 
+from harness.standin import StandinUpstream
 from promptcache.contract import IsolationMode
 from promptcache.embeds.ids import compute_prompt_embeds_id
 from promptcache.embeds.turboquant import decode as tq_decode
 from promptcache.embeds.turboquant import encode as tq_encode
 from promptcache.embeds.wire import encode_payload
 from promptcache.front.client import EmbedsPayload, PromptCacheClient
-from promptcache.front.standin import StandinUpstream
 
 from .conftest import MakeFront
 

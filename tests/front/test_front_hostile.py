@@ -18,9 +18,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from harness.standin import StandinUpstream
 from promptcache.contract import IsolationMode
 from promptcache.front.salt import derive_salt
-from promptcache.front.standin import StandinUpstream
 
 from .conftest import SECRET, MakeFront
 

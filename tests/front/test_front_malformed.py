@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import pytest
 
-from promptcache.front.standin import StandinUpstream
+from harness.standin import StandinUpstream
 
 from .conftest import MakeFront
 

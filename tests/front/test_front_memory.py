@@ -21,8 +21,8 @@ import aiohttp
 import pytest
 
 from e2e.localcluster.state import free_port
+from harness.standin import StandinUpstream
 from promptcache.contract import IsolationMode
-from promptcache.front.standin import StandinUpstream
 
 from .amplification import JSON, Attack, attacks, dense_payload
 from .conftest import SECRET

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from harness.standin import StandinUpstream, start_standin
 from promptcache.contract import IsolationMode
 from promptcache.embeds.cache import PromptEmbedsCache
 from promptcache.front.app import create_runner
@@ -26,7 +27,6 @@ from promptcache.front.errors import FrontError
 from promptcache.front.routes import ROUTES, RouteClass, canonical_target, check_route
 from promptcache.front.salt import derive_salt
 from promptcache.front.settings import FrontSettings
-from promptcache.front.standin import StandinUpstream, start_standin
 
 from .conftest import SECRET
 

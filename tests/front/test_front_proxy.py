@@ -9,10 +9,10 @@ import aiohttp
 import pytest
 
 from e2e.localcluster.state import free_port
+from harness.standin import StandinUpstream
 from promptcache.contract import IsolationMode
 from promptcache.front.client import parse_usage_comments
 from promptcache.front.salt import derive_salt, is_valid_vllm_salt
-from promptcache.front.standin import StandinUpstream
 
 from .conftest import SECRET, MakeFront
 

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from promptcache.front.standin import (
+from harness.standin import (
     EngineConfig,
     FakePod,
     PrefixCache,

@@ -43,7 +43,7 @@ Usage in answers: by default the stand-in reports the fixed `prompt_tokens` /
 Two ways to run it: `StandinUpstream` + `start_standin` on the caller's event
 loop (async tests), or `FakePod` in a thread of its own on a fixed `ip:port`
 (synchronous harnesses, the Endpoint Picker's scraping). As a process:
-`python -m promptcache.front.standin --help`.
+`python -m harness.standin --help`.
 """
 
 from __future__ import annotations
@@ -779,7 +779,7 @@ class StandinUpstream:
     def _text(self, served: Served, seed: bytes) -> list[str]:
         if not self.usage_from_engine:
             return [f"tok{i} " for i in range(served.completion_tokens)]
-        rng = random.Random(seed)  # noqa: S311 - filler text, not secrets
+        rng = random.Random(seed)
         return [rng.choice(VOCAB) + " " for _ in range(served.completion_tokens)]
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
@@ -1066,7 +1066,7 @@ class FakePod:
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="python -m promptcache.front.standin",
+        prog="python -m harness.standin",
         description="A stand-in vLLM: prefix KV cache, latency model, vLLM metrics.",
     )
     ap.add_argument("port", nargs="?", type=int, default=0)
@@ -1106,7 +1106,7 @@ async def _serve_forever(args: argparse.Namespace) -> None:
 
 
 def main(argv: Iterable[str] | None = None) -> None:
-    """`python -m promptcache.front.standin [PORT] [options]`."""
+    """`python -m harness.standin [PORT] [options]`."""
     args = _parser().parse_args(list(argv) if argv is not None else None)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve_forever(args))

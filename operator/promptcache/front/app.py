@@ -12,7 +12,6 @@ vLLM's answer (status and body) is passed back, streamed when vLLM streams.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 from collections.abc import Awaitable, Callable
@@ -35,9 +34,15 @@ from promptcache.contract import FRONT_HEALTH_PATH, FRONT_READY_PATH
 from promptcache.contract.front import VLLM_PRIORITY_HEADER, VLLM_REQUEST_ID_HEADER
 from promptcache.embeds.cache import PromptEmbedsCache
 from promptcache.front import errors
+from promptcache.front.canonical import (
+    POLICY_FIELDS,
+    check_headers,
+    check_json_media_type,
+    parse_body,
+)
 from promptcache.front.errors import FrontError
 from promptcache.front.metrics import CONTENT_TYPE, FrontMetrics, merge_expositions
-from promptcache.front.policy import Isolation, apply_policy, has_lone_surrogate
+from promptcache.front.policy import Isolation, apply_policy
 from promptcache.front.pool import UpstreamError, UpstreamPool
 from promptcache.front.references import VerifiedLike, forward_size, resolve, serialize
 from promptcache.front.routes import (
@@ -80,49 +85,8 @@ def _json_error(exc: FrontError) -> web.Response:
     )
 
 
-def _check_headers(request: web.BaseRequest, settings: FrontSettings) -> None:
-    """Refuse header sets vLLM or the front would read differently from what was checked."""
-    for name, value in request.headers.items():
-        if not value.isascii() and has_lone_surrogate(value):
-            raise FrontError(
-                400,
-                errors.INVALID_HEADER,
-                f"the {name} header is not valid UTF-8; send header values as ASCII",
-                param=name,
-            )
-    for name in ("Content-Type", "Content-Encoding", "Content-Length", "Transfer-Encoding"):
-        if len(request.headers.getall(name, ())) > 1:
-            raise FrontError(
-                400, errors.DUPLICATE_HEADER, f"send one {name} header, not several", param=name
-            )
-    encoding = request.headers.get("Content-Encoding", "").strip().lower()
-    if encoding not in ("", "identity"):
-        raise FrontError(
-            415,
-            errors.UNSUPPORTED_CONTENT_ENCODING,
-            f"Content-Encoding {encoding!r} is not accepted: send the body uncompressed "
-            "(vLLM does not decode request bodies either)",
-            param="Content-Encoding",
-        )
-
-
 def _has_body(request: web.BaseRequest) -> bool:
     return bool(request.content_length) or request.headers.get("Transfer-Encoding") is not None
-
-
-def _check_json_media_type(request: web.BaseRequest) -> None:
-    # vLLM: lower-case, cut at ';', must be application/json (validate_json_request)
-    media = request.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
-    if media != "application/json":
-        shown = request.headers.get("Content-Type")
-        raise FrontError(
-            415,
-            errors.UNSUPPORTED_MEDIA_TYPE,
-            f"this endpoint takes a JSON body: send Content-Type: application/json (got {shown!r})"
-            if shown
-            else "this endpoint takes a JSON body: send Content-Type: application/json",
-            param="Content-Type",
-        )
 
 
 async def _read_body(request: web.BaseRequest, state: FrontState, charge: Charge) -> bytearray:
@@ -214,25 +178,9 @@ def _too_large(size: int, limit: int) -> FrontError:
     )
 
 
-def _parse_json(raw: bytearray, charge: Charge) -> dict[str, Any]:
+def _parse_json(raw: bytearray, charge: Charge, settings: FrontSettings) -> dict[str, Any]:
     charge.take(json_charge(raw))
-    try:
-        body = json.loads(raw)
-    except RecursionError:
-        raise FrontError(
-            400, errors.JSON_TOO_DEEP, "the request body nests JSON too deeply"
-        ) from None
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise FrontError(
-            400, errors.INVALID_JSON, f"the request body is not valid JSON: {exc}"
-        ) from None
-    if not isinstance(body, dict):
-        raise FrontError(
-            400,
-            errors.BODY_NOT_OBJECT,
-            f"the request body must be a JSON object, got a JSON {type(body).__name__}",
-        )
-    return body
+    return parse_body(raw, acted_on=(*POLICY_FIELDS, settings.isolation_field))
 
 
 async def _verify(state: FrontState, charge: Charge, payload: str) -> VerifiedLike:
@@ -291,7 +239,7 @@ async def _proxy(
     request: web.BaseRequest, state: FrontState, route: Route, target: Target
 ) -> web.StreamResponse:
     settings = state.settings
-    _check_headers(request, settings)
+    check_headers(request.headers)
     charge = Charge(state)
     try:
         if route.kind is RouteClass.READ_ONLY:
@@ -306,7 +254,7 @@ async def _proxy(
             return await _admitted(
                 request, state, route, target, data=b"", headers=headers, strip_usage=False
             )
-        _check_json_media_type(request)
+        check_json_media_type(request.headers)
         raw = await _read_body(request, state, charge)
         return await _salted(request, state, route, target, raw=raw, charge=charge)
     finally:
@@ -353,7 +301,7 @@ async def _salted(
     charge: Charge,
 ) -> web.StreamResponse:
     settings = state.settings
-    body = _parse_json(raw, charge)
+    body = _parse_json(raw, charge, settings)
     size = len(raw)
     raw.clear()  # parsed: the raw bytes are no longer needed
     charge.give_back(size)
@@ -565,12 +513,7 @@ def parse_refusal(status: int, exc: BaseException | None) -> FrontError:
     detail (the traceback goes to the log).
     """
     if status >= 500 or not isinstance(exc, HttpProcessingError):
-        return FrontError(
-            500,
-            errors.INTERNAL_ERROR,
-            "the cache front failed on this request; it was not forwarded. Retry, and report "
-            "it if it persists",
-        )
+        return errors.internal_error()
     if isinstance(exc, LineTooLong) or "Too many headers" in exc.message:
         return FrontError(
             431,

@@ -58,6 +58,8 @@ MALFORMED_REQUEST: Final = "malformed_request"
 INTERNAL_ERROR: Final = "internal_error"
 EXPECTATION_FAILED: Final = "expectation_failed"
 PRIORITY_NOT_ALLOWED: Final = "priority_not_allowed"
+DUPLICATE_FIELD: Final = "duplicate_field"
+AMBIGUOUS_FIELD: Final = "ambiguous_field"
 
 _TYPES: Final[dict[int, str]] = {
     400: "invalid_request_error",
@@ -112,6 +114,17 @@ class FrontError(Exception):
     def body_bytes(self) -> bytes:
         """The response body, encoded."""
         return json.dumps(self.body()).encode("utf-8")
+
+
+def internal_error() -> FrontError:
+    """A failure inside the front (or the gateway's policy step): the request is refused,
+    never forwarded; the traceback goes to the log, not to the client."""
+    return FrontError(
+        500,
+        INTERNAL_ERROR,
+        "the cache front failed on this request; it was not forwarded. Retry, and report "
+        "it if it persists",
+    )
 
 
 def not_cached(missing: list[str], param: str) -> FrontError:

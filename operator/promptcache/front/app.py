@@ -35,9 +35,11 @@ from promptcache.contract.front import VLLM_PRIORITY_HEADER, VLLM_REQUEST_ID_HEA
 from promptcache.embeds.cache import PromptEmbedsCache
 from promptcache.front import errors
 from promptcache.front.canonical import (
+    DENSE_TOKENS,
     POLICY_FIELDS,
     check_headers,
     check_json_media_type,
+    json_tokens,
     parse_body,
 )
 from promptcache.front.errors import FrontError
@@ -69,6 +71,9 @@ LINGER_SECONDS: Final = 2.0
 """aiohttp drains an unread request body this long before closing (its default: 10 s)."""
 SMALL_BODY_BYTES: Final = 1 << 20
 """Bodies up to this size with a Content-Length are read in one call."""
+OFFLOAD_BYTES: Final = 256 * 1024
+"""Bodies this large are parsed and re-encoded on the decode pool, not on the event loop
+(so /healthz answers while they are worked on)."""
 UPLOAD_FACTOR: Final = 2
 """Verifying an uploaded payload holds its decoded bytes and the loaded tensor."""
 
@@ -178,9 +183,22 @@ def _too_large(size: int, limit: int) -> FrontError:
     )
 
 
-def _parse_json(raw: bytearray, charge: Charge, settings: FrontSettings) -> dict[str, Any]:
+async def _off_loop(state: FrontState, size: int, job: Callable[[], Any]) -> Any:
+    """Run CPU-heavy JSON work of a large body on the decode pool, off the event loop."""
+    if size < OFFLOAD_BYTES:
+        return job()
+    return await asyncio.get_running_loop().run_in_executor(state.executor, job)
+
+
+async def _parse_json(
+    raw: bytearray, charge: Charge, state: FrontState
+) -> tuple[dict[str, Any], bool]:
+    """The body parsed (off the loop when large), and whether it is dense in values (its
+    re-encoding then uses the interruptible encoder too)."""
     charge.take(json_charge(raw))
-    return parse_body(raw, acted_on=(*POLICY_FIELDS, settings.isolation_field))
+    fields = (*POLICY_FIELDS, state.settings.isolation_field)
+    body = await _off_loop(state, len(raw), partial(parse_body, raw, acted_on=fields))
+    return body, json_tokens(raw) > DENSE_TOKENS
 
 
 async def _verify(state: FrontState, charge: Charge, payload: str) -> VerifiedLike:
@@ -291,6 +309,27 @@ async def _admitted(
         state.in_flight -= 1
 
 
+async def _encode(
+    state: FrontState, body: dict[str, Any], placed: list[Any], *, size: int, dense: bool
+) -> bytes:
+    """The body vLLM receives, encoded off the loop when large."""
+    try:
+        job = partial(serialize, body, placed, interruptible=dense)
+        data = await _off_loop(state, size, job)
+    except UnicodeEncodeError:
+        raise FrontError(
+            400,
+            errors.INVALID_UNICODE,
+            "the request body holds a string that is not valid Unicode (a lone surrogate "
+            "such as \\ud800)",
+        ) from None
+    except RecursionError:
+        raise FrontError(
+            400, errors.JSON_TOO_DEEP, "the request body nests JSON too deeply"
+        ) from None
+    return data  # type: ignore[no-any-return]
+
+
 async def _salted(
     request: web.BaseRequest,
     state: FrontState,
@@ -301,7 +340,7 @@ async def _salted(
     charge: Charge,
 ) -> web.StreamResponse:
     settings = state.settings
-    body = _parse_json(raw, charge, settings)
+    body, dense = await _parse_json(raw, charge, state)
     size = len(raw)
     raw.clear()  # parsed: the raw bytes are no longer needed
     charge.give_back(size)
@@ -349,19 +388,7 @@ async def _salted(
             f"request would have about {expected} bytes; this server forwards at most {limit}",
         )
     charge.take(2 * expected)  # the encoded pieces, then the joined body
-    try:
-        data = serialize(body, outcome.placed)
-    except UnicodeEncodeError:
-        raise FrontError(
-            400,
-            errors.INVALID_UNICODE,
-            "the request body holds a string that is not valid Unicode (a lone surrogate "
-            "such as \\ud800)",
-        ) from None
-    except RecursionError:
-        raise FrontError(
-            400, errors.JSON_TOO_DEEP, "the request body nests JSON too deeply"
-        ) from None
+    data = await _encode(state, body, outcome.placed, size=expected, dense=dense)
     headers = forward_headers(
         request.headers, settings, json_body=True, request_id=new_request_id()
     )

@@ -53,12 +53,14 @@ from promptcache.contract import CACHE_SALT_FIELD, PROMPT_CACHE_KEY_FIELD
 from promptcache.contract.settings import split_host_port
 from promptcache.front import errors as front_errors
 from promptcache.front.canonical import (
+    DENSE_TOKENS,
     POLICY_FIELDS,
     check_headers,
     check_json_media_type,
     encode_body,
     header_multidict,
     json_charge,
+    json_tokens,
     parse_body,
 )
 from promptcache.front.errors import FrontError
@@ -179,7 +181,8 @@ def decide(
         session = None
         if session_header and not (lowered.get(session_header) or "").strip():
             session = session_of(body, user_field)
-        return Decision(body=encode_body(body), session=session)
+        dense = json_tokens(raw) > DENSE_TOKENS  # then encoded without holding the GIL long
+        return Decision(body=encode_body(body, interruptible=dense), session=session)
     except FrontError as error:
         return Decision(refusal=error)
 

@@ -76,6 +76,11 @@ class FrontEnv:
     """Time a connection has to deliver a request's headers (also the keep-alive idle time)."""
     BODY_TIMEOUT_SECONDS: Final[str] = "PROMPTCACHE_BODY_TIMEOUT_SECONDS"
     """Time a request has to deliver its whole body (HTTP 408 after)."""
+    WRITE_TIMEOUT_SECONDS: Final[str] = "PROMPTCACHE_WRITE_TIMEOUT_SECONDS"
+    """Longest a write to a client may wait for it to read (then the connection is cut and
+    the request's slot freed)."""
+    SEND_BUFFER_BYTES: Final[str] = "PROMPTCACHE_SEND_BUFFER_BYTES"
+    """Answer bytes the front queues per connection before it waits for the client."""
     MAX_PROMPT_EMBEDS_REFERENCES: Final[str] = "PROMPTCACHE_MAX_PROMPT_EMBEDS_REFERENCES"
     """Prompt-embeds payloads and references one request may carry."""
     ALLOW_CLIENT_PRIORITY: Final[str] = "PROMPTCACHE_ALLOW_CLIENT_PRIORITY"
@@ -104,6 +109,10 @@ DEFAULT_BODY_TIMEOUT_SECONDS: Final[float] = 60.0
 """A request's body must arrive whole within this (a 256 MiB body at 5 MB/s takes ~50 s)."""
 DEFAULT_MAX_PROMPT_EMBEDS_REFERENCES: Final[int] = 1024
 """Prompt-embeds payloads and references one request may carry."""
+DEFAULT_WRITE_TIMEOUT_SECONDS: Final[float] = 30.0
+"""A client that reads nothing of its answer for this long is cut off (its slot freed)."""
+DEFAULT_SEND_BUFFER_BYTES: Final[int] = 256 * 1024
+"""Answer bytes queued per connection (beyond the kernel's socket buffer) before waiting."""
 DEFAULT_MAX_IN_FLIGHT_BYTES: Final[int] = 1 << 30
 """The renderer never sets less (it raises it to fit one maximal request) and gives the
 container this much memory per process above the cache ceiling."""
@@ -192,6 +201,11 @@ FRONT_SETTINGS: Final[tuple[Setting[Any], ...]] = (
     Setting("body_timeout_seconds", "--body-timeout-seconds", FrontEnv.BODY_TIMEOUT_SECONDS,
             as_float, DEFAULT_BODY_TIMEOUT_SECONDS,
             "time to deliver a whole request body (408 after)"),
+    Setting("write_timeout_seconds", "--write-timeout-seconds", FrontEnv.WRITE_TIMEOUT_SECONDS,
+            as_float, DEFAULT_WRITE_TIMEOUT_SECONDS,
+            "longest wait for a client to read its answer (then the connection is cut)"),
+    Setting("send_buffer_bytes", "--send-buffer-bytes", FrontEnv.SEND_BUFFER_BYTES, as_int,
+            DEFAULT_SEND_BUFFER_BYTES, "answer bytes queued per connection before waiting"),
     Setting("max_prompt_embeds_references", "--max-prompt-embeds-references",
             FrontEnv.MAX_PROMPT_EMBEDS_REFERENCES, as_int, DEFAULT_MAX_PROMPT_EMBEDS_REFERENCES,
             "prompt-embeds payloads and references one request may carry (400 above)"),

@@ -270,8 +270,9 @@ async def _proxy(
             )
             _count_controls(state, request.headers)
             return await _admitted(
-                request, state, route, target, data=b"", headers=headers, strip_usage=False
-            )
+                request, state, route, target, data=b"", headers=headers, strip_usage=False,
+                charge=charge,
+            )  # fmt: skip
         check_json_media_type(request.headers)
         raw = await _read_body(request, state, charge)
         return await _salted(request, state, route, target, raw=raw, charge=charge)
@@ -288,8 +289,10 @@ async def _admitted(
     data: bytes,
     headers: CIMultiDict[str],
     strip_usage: bool,
+    charge: Charge,
 ) -> web.StreamResponse:
-    """Forward under the concurrency cap (bodies are read before a slot is taken)."""
+    """Forward under the concurrency cap (bodies are read before a slot is taken); the
+    answer is sent inside the slot, under the write deadline."""
     cap = state.settings.max_in_flight
     if state.in_flight >= cap:
         raise FrontError(
@@ -300,8 +303,9 @@ async def _admitted(
     state.in_flight += 1
     try:
         return await forward(
-            request, state, route, target, data=data, headers=headers, strip_usage=strip_usage
-        )
+            request, state, route, target, data=data, headers=headers, strip_usage=strip_usage,
+            charge=charge,
+        )  # fmt: skip
     except asyncio.CancelledError:
         state.metrics.client_disconnects.inc()
         raise
@@ -399,8 +403,9 @@ async def _salted(
         headers[settings.session_header] = plan.session_header_value
     strip = plan.strip_usage_chunk
     return await _admitted(
-        request, state, route, target, data=data, headers=headers, strip_usage=strip
-    )
+        request, state, route, target, data=data, headers=headers, strip_usage=strip,
+        charge=charge,
+    )  # fmt: skip
 
 
 async def _probe(state: FrontState, path: str) -> tuple[int, bytes]:

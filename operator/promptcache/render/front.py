@@ -85,6 +85,8 @@ def _env(pcd: PromptCacheDeployment, has_salt: bool) -> list[dict[str, str]]:
         (FrontEnv.MAX_BODY_READS, str(spec.front.max_concurrent_body_reads)),
         (FrontEnv.HEADER_TIMEOUT_SECONDS, format_float(spec.front.header_timeout_seconds)),
         (FrontEnv.BODY_TIMEOUT_SECONDS, format_float(spec.front.body_timeout_seconds)),
+        (FrontEnv.WRITE_TIMEOUT_SECONDS, format_float(spec.front.write_timeout_seconds)),
+        (FrontEnv.SEND_BUFFER_BYTES, str(spec.front.send_buffer_bytes)),
         (FrontEnv.MAX_PROMPT_EMBEDS_REFERENCES, str(spec.front.max_prompt_embeds_references)),
         (FrontEnv.ALLOW_CLIENT_PRIORITY, format_bool(spec.front.allow_client_priority)),
         (FrontEnv.PROMPT_TOKENS_HEADER, usage.prompt_tokens_header if usage.enabled else ""),

@@ -100,6 +100,11 @@ class FrontError(Exception):
         self.extra = dict(extra or {})
         self.headers = dict(headers or {})
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # picklable with its fields (the policy step decides large bodies in a worker process)
+        options = {"param": self.param, "extra": self.extra, "headers": self.headers}
+        return (_rebuild, (self.status, self.code, self.message, options))
+
     def body(self) -> dict[str, Any]:
         """The JSON object the client receives."""
         error: dict[str, Any] = {
@@ -114,6 +119,10 @@ class FrontError(Exception):
     def body_bytes(self) -> bytes:
         """The response body, encoded."""
         return json.dumps(self.body()).encode("utf-8")
+
+
+def _rebuild(status: int, code: str, message: str, options: dict[str, Any]) -> FrontError:
+    return FrontError(status, code, message, **options)
 
 
 def internal_error() -> FrontError:

@@ -34,9 +34,11 @@ import asyncio
 import contextlib
 import functools
 import logging
+import multiprocessing
 import signal
 from collections.abc import AsyncIterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -78,7 +80,7 @@ _OFFLOAD_BYTES: Final[int] = 256 * 1024
 _CHUNK_BYTES: Final[int] = 1024 * 1024
 """Largest body message sent to the picker (gRPC servers refuse messages over 4 MiB)."""
 _DECIDE_WORKERS: Final[int] = 2
-"""Threads deciding large bodies: bounded, so a burst of them cannot take every core."""
+"""Worker processes deciding large bodies: bounded, so a burst cannot take every core."""
 _QUEUE_DEPTH: Final[int] = 16
 """Messages waiting for the EPP per stream: back-pressure instead of an unbounded queue."""
 _NOT_FORWARDED_METADATA: Final[frozenset[str]] = frozenset(
@@ -449,9 +451,22 @@ class SessionShim(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self._stub = pb_grpc.ExternalProcessorStub(channel)
         self.budget = _Budget(settings.max_buffered_bytes)
         self.metrics = PolicyMetrics()
-        self.executor = ThreadPoolExecutor(
-            max_workers=_DECIDE_WORKERS, thread_name_prefix="promptcache-policy"
-        )
+        self._processes: ProcessPoolExecutor | None = None
+
+    def _pool(self) -> ProcessPoolExecutor:
+        """Worker processes for large bodies, started on first use (spawned: no fork of a
+        process running gRPC). Parsing in a thread would hold this process's GIL for
+        seconds; in a worker it costs only CPU, and other tenants keep being routed."""
+        if self._processes is None:
+            self._processes = ProcessPoolExecutor(
+                max_workers=_DECIDE_WORKERS, mp_context=multiprocessing.get_context("spawn")
+            )
+        return self._processes
+
+    def close(self) -> None:
+        if self._processes is not None:
+            self._processes.shutdown(wait=False, cancel_futures=True)
+            self._processes = None
 
     async def _decide(self, inspector: _Inspector) -> Decision:
         entries = inspector.headers()
@@ -469,8 +484,12 @@ class SessionShim(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             session_header=self.settings.session_header, user_field=self.settings.user_field,
         )  # fmt: skip
         if len(raw) >= _OFFLOAD_BYTES:
-            # Off the event loop, on a bounded pool: other streams keep being routed.
-            return await asyncio.get_running_loop().run_in_executor(self.executor, run)
+            # In a worker process, on a bounded pool: other streams keep being routed.
+            try:
+                return await asyncio.get_running_loop().run_in_executor(self._pool(), run)
+            except BrokenProcessPool:
+                self._processes = None  # a worker died (killed, out of memory): a new pool
+                raise
         return run()
 
     def _failed(self, error: BaseException) -> FrontError:
@@ -617,7 +636,7 @@ class RunningShim:
         grace = self.shim.settings.drain_seconds if grace_s is None else grace_s
         await self.server.stop(grace)
         await self.channel.close()
-        self.shim.executor.shutdown(wait=False, cancel_futures=True)
+        self.shim.close()
 
 
 async def start(settings: ShimSettings, secret: bytes | None = None) -> RunningShim:

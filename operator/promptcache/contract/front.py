@@ -83,6 +83,9 @@ class FrontEnv:
     """Answer bytes the front queues per connection before it waits for the client."""
     MAX_PROMPT_EMBEDS_REFERENCES: Final[str] = "PROMPTCACHE_MAX_PROMPT_EMBEDS_REFERENCES"
     """Prompt-embeds payloads and references one request may carry."""
+    ALLOW_ENGINE_STATE: Final[str] = "PROMPTCACHE_ALLOW_ENGINE_STATE"
+    """Forward the request fields through which a client reaches vLLM's state
+    (`VLLM_ENGINE_STATE_FIELDS`); false: a non-null one is refused."""
     ALLOW_CLIENT_PRIORITY: Final[str] = "PROMPTCACHE_ALLOW_CLIENT_PRIORITY"
     """Let clients set vLLM's scheduling priority (`X-Vllm-Priority`, body `priority`);
     false: the header is removed and a non-zero `priority` is refused."""
@@ -121,6 +124,20 @@ TURBOQUANT_DTYPES: Final[tuple[str, ...]] = ("auto", "float32", "float16", "bflo
 DEFAULT_TURBOQUANT_DTYPE: Final[str] = "auto"
 """auto: decode to the dtype the client compressed from (vLLM casts to the model dtype)."""
 DEFAULT_UPSTREAM_TIMEOUT_SECONDS: Final[float] = 600.0
+DEFAULT_ALLOW_ENGINE_STATE: Final[bool] = False
+VLLM_ENGINE_STATE_FIELDS: Final[tuple[str, ...]] = (
+    "previous_response_id",
+    "kv_transfer_params",
+    "vllm_xargs",
+    "session_id",
+)
+"""Request fields of vLLM 0.33.0's request models through which a client reaches engine
+state beyond its own request: another stored response (`previous_response_id`, the
+Responses API), KV blocks to pull from or push to another engine (`kv_transfer_params`),
+arbitrary arguments to engine plugins (`vllm_xargs`), a session identity shared with
+other requests (`session_id`, new in 0.33.0; what the engine keys by it is not
+documented, so it is treated as shared state). Derived from the request models
+(`tests/front/test_front_vllm_fields.py` fails when vLLM adds another such field)."""
 DEFAULT_ALLOW_CLIENT_PRIORITY: Final[bool] = False
 """With vLLM's `--scheduling-policy priority` a client's priority moves it ahead of other
 tenants in the queue; only a deployment that trusts its clients with that turns it on."""
@@ -209,6 +226,9 @@ FRONT_SETTINGS: Final[tuple[Setting[Any], ...]] = (
     Setting("max_prompt_embeds_references", "--max-prompt-embeds-references",
             FrontEnv.MAX_PROMPT_EMBEDS_REFERENCES, as_int, DEFAULT_MAX_PROMPT_EMBEDS_REFERENCES,
             "prompt-embeds payloads and references one request may carry (400 above)"),
+    Setting("allow_engine_state", "--allow-engine-state", FrontEnv.ALLOW_ENGINE_STATE,
+            parse_bool, DEFAULT_ALLOW_ENGINE_STATE,
+            "forward previous_response_id, kv_transfer_params, vllm_xargs (false: refused)"),
     Setting("allow_client_priority", "--allow-client-priority",
             FrontEnv.ALLOW_CLIENT_PRIORITY, parse_bool, DEFAULT_ALLOW_CLIENT_PRIORITY,
             "forward X-Vllm-Priority and a body priority to vLLM (false: removed / refused)"),

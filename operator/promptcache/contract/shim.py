@@ -65,6 +65,7 @@ class GatewayPolicyEnv:
     SALT_KEY_FILE: Final[str] = FrontEnv.SALT_KEY_FILE
     HONOR_MAX_LEN: Final[str] = FrontEnv.HONOR_MAX_LEN
     ALLOW_CLIENT_PRIORITY: Final[str] = FrontEnv.ALLOW_CLIENT_PRIORITY
+    ALLOW_ENGINE_STATE: Final[str] = FrontEnv.ALLOW_ENGINE_STATE
 
 
 SessionShimEnv = GatewayPolicyEnv
@@ -100,6 +101,7 @@ ISOLATION_FIELDS: Final[tuple[str, ...]] = (
     "salt_key_file",
     "honor_prompt_cache_max_len",
     "allow_client_priority",
+    "allow_engine_state",
 )
 """The front's settings the step shares, declaration and all."""
 

@@ -43,7 +43,11 @@ from promptcache.contract import (
     PROMPT_CACHE_MAX_LEN_FIELD,
     SESSION_USER_FIELD,
 )
-from promptcache.contract.front import VLLM_PRIORITY_FIELD, VLLM_REQUEST_ID_FIELD
+from promptcache.contract.front import (
+    VLLM_ENGINE_STATE_FIELDS,
+    VLLM_PRIORITY_FIELD,
+    VLLM_REQUEST_ID_FIELD,
+)
 from promptcache.front import errors
 from promptcache.front.errors import FrontError
 from promptcache.front.policy import has_lone_surrogate
@@ -70,6 +74,7 @@ POLICY_FIELDS: Final[frozenset[str]] = frozenset(
         "input",
         "items",
         "prompt_embeds",
+        *VLLM_ENGINE_STATE_FIELDS,
     }
 )
 """Top-level fields either process acts on, or the picker reads; with the isolation field

@@ -60,6 +60,7 @@ EXPECTATION_FAILED: Final = "expectation_failed"
 PRIORITY_NOT_ALLOWED: Final = "priority_not_allowed"
 DUPLICATE_FIELD: Final = "duplicate_field"
 AMBIGUOUS_FIELD: Final = "ambiguous_field"
+FIELD_NOT_ALLOWED: Final = "field_not_allowed"
 
 _TYPES: Final[dict[int, str]] = {
     400: "invalid_request_error",

@@ -33,6 +33,7 @@ from promptcache.contract import (
 from promptcache.contract.cache_size import check_cache_gib
 from promptcache.contract.front import (
     DEFAULT_ALLOW_CLIENT_PRIORITY,
+    DEFAULT_ALLOW_ENGINE_STATE,
     DEFAULT_BODY_TIMEOUT_SECONDS,
     DEFAULT_CACHE_GIB,
     DEFAULT_DECODE_WORKERS,
@@ -105,6 +106,8 @@ class FrontSettings:
     """A write to a client waiting longer than this cuts the connection."""
     send_buffer_bytes: int = DEFAULT_SEND_BUFFER_BYTES
     allow_client_priority: bool = DEFAULT_ALLOW_CLIENT_PRIORITY
+    allow_engine_state: bool = DEFAULT_ALLOW_ENGINE_STATE
+    """False: a non-null `VLLM_ENGINE_STATE_FIELDS` field is refused (null ones removed)."""
     """False: `X-Vllm-Priority` is removed and a non-zero body `priority` refused."""
 
     def __post_init__(self) -> None:

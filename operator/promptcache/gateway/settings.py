@@ -24,6 +24,7 @@ from promptcache.contract import (
 )
 from promptcache.contract.front import (
     DEFAULT_ALLOW_CLIENT_PRIORITY,
+    DEFAULT_ALLOW_ENGINE_STATE,
     DEFAULT_HONOR_MAX_LEN,
     DEFAULT_ISOLATION_MODE,
 )
@@ -69,6 +70,8 @@ class ShimSettings:
     salt_key_file: str = SALT_KEY_FILE
     honor_prompt_cache_max_len: bool = DEFAULT_HONOR_MAX_LEN
     allow_client_priority: bool = DEFAULT_ALLOW_CLIENT_PRIORITY
+    allow_engine_state: bool = DEFAULT_ALLOW_ENGINE_STATE
+    """The front's: a state field the front refuses is refused here, before routing."""
     """The front's: a priority the front refuses is refused here, before routing."""
 
     def __post_init__(self) -> None:
@@ -109,6 +112,7 @@ class ShimSettings:
                 salt_key_file=self.salt_key_file,
                 honor_prompt_cache_max_len=self.honor_prompt_cache_max_len,
                 allow_client_priority=self.allow_client_priority,
+                allow_engine_state=self.allow_engine_state,
                 session_header="",
                 session_from_user=False,
                 prompt_tokens_header="",

@@ -79,7 +79,8 @@ BAD: list[tuple[str, str, type[Exception], str]] = [
         "not a zip",
         base64.b64encode(b"hello world!").decode(),
         PayloadFormatError,
-        "prompt_embeds payload is not a loadable torch.save of a tensor: ",
+        "prompt_embeds payload is not what torch.save of a tensor or a TurboQuant mapping "
+        "writes: not a zip archive",
     ),
     (
         "pickle gadget",
@@ -91,7 +92,7 @@ BAD: list[tuple[str, str, type[Exception], str]] = [
         "raw pickle",
         base64.b64encode(pickle.dumps(Evil())).decode(),
         PayloadFormatError,
-        "not a loadable torch.save of a tensor",
+        "not a zip archive (the legacy format is not accepted)",
     ),
     (
         "a list",
@@ -151,7 +152,7 @@ def test_non_str_input_is_a_programming_error() -> None:
 def test_truncated_zip_is_refused() -> None:
     raw = base64.b64decode(GOOD)
     text = base64.b64encode(raw[: len(raw) // 2]).decode()
-    with pytest.raises(PayloadFormatError, match=re.escape("not a loadable torch.save")):
+    with pytest.raises(PayloadFormatError, match=re.escape("not a zip archive")):
         decode_payload(text, max_bytes=CAP)
 
 

@@ -174,7 +174,8 @@ BAD_PAYLOADS = [
     ),
     (
         base64.b64encode(b"garbage bytes").decode(),
-        "prompt_embeds[0] prompt_embeds payload is not a loadable torch.save of a tensor: ",
+        "prompt_embeds[0] prompt_embeds payload is not what torch.save of a tensor or a "
+        "TurboQuant mapping writes: not a zip archive (the legacy format is not accepted)",
     ),
     (
         _torch_save(torch.zeros(4, 8, dtype=torch.int64)),

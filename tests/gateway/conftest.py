@@ -21,6 +21,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+from promptcache.front.canonical import encode_body
 from promptcache.gateway.session_shim import RunningShim, start
 from promptcache.gateway.settings import ShimSettings
 
@@ -28,6 +29,13 @@ SESSION = "x-session-affinity"
 ECHO = "x-seen-session"
 """What the stand-in answers with: the session header value it received, or `-`."""
 TIMEOUT = 30.0
+JSON = {"content-type": "application/json"}
+"""What a gateway sends with a JSON body (the front refuses one without it)."""
+
+
+def canonical(raw: bytes) -> bytes:
+    """The body the step forwards for a JSON body it accepts: its canonical encoding."""
+    return encode_body(json.loads(raw))
 
 
 @dataclass

@@ -24,7 +24,7 @@ from promptcache.front.settings import FrontSettings
 from promptcache.gateway.session_shim import decide
 from promptcache.salt import derive_salt
 
-from .conftest import SESSION, ShimFactory, Upstream, body_msg, headers_msg
+from .conftest import JSON, SESSION, ShimFactory, Upstream, body_msg, headers_msg
 
 SECRET = b"s" * 32
 CHAT = check_route("POST", "/v1/chat/completions")
@@ -124,7 +124,7 @@ def test_decide_matches_the_front_for_any_key_and_forged_salt(
 ) -> None:
     """Whatever the client sends, the picker sees exactly the salt the front forwards."""
     front = FrontSettings(isolation_mode=mode)
-    headers = {} if key is None or "\x00" in key else {KEY_HEADER: key}
+    headers = JSON if key is None or "\x00" in key else {**JSON, KEY_HEADER: key}
     fields: dict[str, Any] = {} if forged is None else {"cache_salt": forged}
     raw = request(**fields)
     decision = decide(
@@ -152,7 +152,7 @@ def test_a_client_priority_is_decided_as_the_front_decides() -> None:
     for allowed in (False, True):
         front = FrontSettings(isolation_mode=IsolationMode.SHARED, allow_client_priority=allowed)
         decision = decide(
-            "POST", "/v1/chat/completions", {}, raw, front=front, secret=None,
+            "POST", "/v1/chat/completions", JSON, raw, front=front, secret=None,
             session_header="", user_field="user",
         )  # fmt: skip
         if allowed:

@@ -21,15 +21,22 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from promptcache.front.settings import FrontSettings
-from promptcache.gateway.session_shim import MAX_SESSION_ID_CHARS, decide, session_from_body
+from promptcache.gateway.session_shim import (
+    MAX_SESSION_ID_CHARS,
+    decide,
+    decide_cost,
+    session_from_body,
+)
 
 from .conftest import (
+    JSON,
     SESSION,
     TIMEOUT,
     Gateway,
     ShimFactory,
     Upstream,
     body_msg,
+    canonical,
     chat,
     echoed,
     eventually,
@@ -65,7 +72,8 @@ async def test_user_becomes_the_session_header(
     assert ("x-request-id", "r1") in stream.headers()
     kinds = [m.WhichOneof("request") for m in stream.received]
     assert kinds == ["request_headers", "request_body"]
-    assert stream.received[1].request_body.body == raw  # the body is not touched
+    # the body is the canonical encoding of what the client sent (no salt in Shared mode)
+    assert stream.received[1].request_body.body == canonical(raw)
     assert echoed(responses) == "alice"  # the EPP's answer reaches the gateway
 
 
@@ -101,14 +109,15 @@ async def test_empty_header_is_replaced_by_user(
 async def test_unusable_user_is_ignored(
     make_shim: ShimFactory, upstream: Upstream, gateway_for: Any, user: Any
 ) -> None:
-    """Never a session; either passed on exactly as sent, or refused with the error the
-    front itself gives that body (e.g. control characters in `user`)."""
+    """Never a session; either passed on (headers as sent, the body in its canonical
+    encoding), or refused with the error the front itself gives that body (e.g. control
+    characters in `user`)."""
     gw = gateway_for(await make_shim())
     raw = json.dumps({"model": "m", "user": user}).encode()
     sent = [headers_msg({}), body_msg(raw)]
     responses = await gw.exchange(*sent)
     decision = decide(
-        "POST", "/v1/chat/completions", {}, raw, front=FrontSettings(), secret=None,
+        "POST", "/v1/chat/completions", JSON, raw, front=FrontSettings(), secret=None,
         session_header="", user_field="user",
     )  # fmt: skip
     if decision.refusal is not None:
@@ -117,20 +126,31 @@ async def test_unusable_user_is_ignored(
         assert upstream.fake.streams == []
         return
     (stream,) = upstream.fake.streams
-    assert stream.received == sent  # exactly what the gateway sent
+    assert stream.received[0] == sent[0]  # the headers exactly as the gateway sent them
+    assert stream.received[1].request_body.body == canonical(raw)
     assert echoed(responses) == "-"
 
 
 @pytest.mark.parametrize(
     "raw", [b"", b"not json", b"\xff\xfe{", b"[1, 2]", b'"alice"', b'{"user": "al', b"{" * 5000]
 )
-async def test_unreadable_body_passes_unchanged(
+async def test_unreadable_body_is_refused_as_the_front_refuses_it(
     make_shim: ShimFactory, upstream: Upstream, gateway_for: Any, raw: bytes
 ) -> None:
-    gw = gateway_for(await make_shim())
-    sent = [headers_msg({}), body_msg(raw)]
-    await gw.exchange(*sent)
-    assert upstream.fake.streams[0].received == sent
+    """A body the front would refuse never reaches the picker undecided (it would route
+    without the tenant's salt): the front's status and error body, at the gateway."""
+    shim = await make_shim()
+    gw = gateway_for(shim)
+    status, body = refusal(await gw.exchange(headers_msg({}), body_msg(raw)))
+    assert status == 400
+    assert body["error"]["code"] in {"invalid_json", "body_not_object", "json_too_deep"}
+    assert upstream.fake.streams == []
+    assert (
+        shim.shim.metrics.value(
+            "promptcache_gateway_policy_refusals_total", code=body["error"]["code"]
+        )
+        == 1
+    )
 
 
 async def test_another_field_can_be_configured(
@@ -151,17 +171,21 @@ async def test_body_in_chunks_is_joined_and_forwarded_in_order(
     responses = await gw.exchange(headers_msg({}), *chunks)
     (stream,) = upstream.fake.streams
     assert stream.session() == ["carol"]
-    assert stream.received[1:] == chunks
+    (forwarded,) = stream.received[1:]  # decided whole, forwarded as one canonical body
+    assert forwarded.request_body.body == canonical(raw)
+    assert forwarded.request_body.end_of_stream
     assert echoed(responses) == "carol"
 
 
-async def test_body_without_end_of_stream_is_forwarded_on_half_close(
+async def test_body_without_end_of_stream_is_refused_on_half_close(
     make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
 ) -> None:
+    """A request whose body never ended is not forwarded undecided."""
     gw = gateway_for(await make_shim())
     sent = [headers_msg({}), body_msg(chat("dave"), end_of_stream=False)]
-    await gw.exchange(*sent)
-    assert upstream.fake.streams[0].received == sent
+    status, body = refusal(await gw.exchange(*sent))
+    assert (status, body["error"]["code"]) == (400, "invalid_json")
+    assert upstream.fake.streams == []
 
 
 async def test_request_without_body_is_not_held(
@@ -209,10 +233,12 @@ async def test_body_over_the_cap_gets_the_fronts_413_never_passes_unread(
 async def test_shared_budget_bounds_all_streams(
     make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
 ) -> None:
-    shim = await make_shim(max_body_bytes=400, max_buffered_bytes=400)
+    raw_a = chat("alice", pad=200)
+    need_a = len(raw_a) + decide_cost(raw_a)  # its bytes, then deciding on them
+    shim = await make_shim(max_body_bytes=need_a, max_buffered_bytes=need_a)
     gw = gateway_for(shim)
-    raw_a, raw_b = chat("alice", pad=200), chat("bob", pad=200)
-    assert len(raw_a) + len(raw_b) > 400 >= max(len(raw_a), len(raw_b))
+    raw_b = chat("bob", pad=need_a - 200)
+    assert 250 + len(raw_b) > need_a >= len(raw_b)
     a = gw.open()
     await a.write(headers_msg({}))
     await a.write(body_msg(raw_a[:250], end_of_stream=False))  # held: budget partly used

@@ -65,7 +65,7 @@ def test_behind_the_policy_step_only_the_served_ports_are_admitted() -> None:
     assert policy["metadata"]["name"] == one(manifests, "Deployment", "-epp")["metadata"]["name"]
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     ports = served_ports(manifests)
-    assert admitted(policy) == set(ports.values()) == {9002, 9003, 9090}
+    assert admitted(policy) == set(ports.values()) == {9002, 9003, 9090, 9092}
     epp = next(
         c
         for c in one(manifests, "Deployment", "-epp")["spec"]["template"]["spec"]["containers"]

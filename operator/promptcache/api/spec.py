@@ -41,6 +41,8 @@ from promptcache.contract.front import (
     DEFAULT_HEADER_TIMEOUT_SECONDS,
     DEFAULT_MAX_BODY_READS,
     DEFAULT_MAX_PROMPT_EMBEDS_REFERENCES,
+    DEFAULT_SEND_BUFFER_BYTES,
+    DEFAULT_WRITE_TIMEOUT_SECONDS,
 )
 
 IsolationModeName = Annotated[IsolationMode, Strict(False)]
@@ -394,6 +396,13 @@ class FrontSpec(ApiModel):
     keep-alive connection stays open."""
     body_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = DEFAULT_BODY_TIMEOUT_SECONDS
     """Time a request has to deliver its whole body; after it, HTTP 408 (`body_timeout`)."""
+    write_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = DEFAULT_WRITE_TIMEOUT_SECONDS
+    """Longest the front waits for a client to read more of its answer (a stream or a large
+    body); then the connection is cut and its concurrency slot freed, so clients that stop
+    reading cannot hold `maxConcurrency`."""
+    send_buffer_bytes: Annotated[int, Field(ge=4096, le=64 * 1024**2)] = DEFAULT_SEND_BUFFER_BYTES
+    """Answer bytes the front queues per connection, beyond the kernel's socket buffer,
+    before it waits for the client to read."""
     max_prompt_embeds_references: Annotated[int, Field(ge=1, le=1_000_000)] = (
         DEFAULT_MAX_PROMPT_EMBEDS_REFERENCES
     )

@@ -76,8 +76,16 @@ class FrontEnv:
     """Time a connection has to deliver a request's headers (also the keep-alive idle time)."""
     BODY_TIMEOUT_SECONDS: Final[str] = "PROMPTCACHE_BODY_TIMEOUT_SECONDS"
     """Time a request has to deliver its whole body (HTTP 408 after)."""
+    WRITE_TIMEOUT_SECONDS: Final[str] = "PROMPTCACHE_WRITE_TIMEOUT_SECONDS"
+    """Longest a write to a client may wait for it to read (then the connection is cut and
+    the request's slot freed)."""
+    SEND_BUFFER_BYTES: Final[str] = "PROMPTCACHE_SEND_BUFFER_BYTES"
+    """Answer bytes the front queues per connection before it waits for the client."""
     MAX_PROMPT_EMBEDS_REFERENCES: Final[str] = "PROMPTCACHE_MAX_PROMPT_EMBEDS_REFERENCES"
     """Prompt-embeds payloads and references one request may carry."""
+    ALLOW_ENGINE_STATE: Final[str] = "PROMPTCACHE_ALLOW_ENGINE_STATE"
+    """Forward the request fields through which a client reaches vLLM's state
+    (`VLLM_ENGINE_STATE_FIELDS`); false: a non-null one is refused."""
     ALLOW_CLIENT_PRIORITY: Final[str] = "PROMPTCACHE_ALLOW_CLIENT_PRIORITY"
     """Let clients set vLLM's scheduling priority (`X-Vllm-Priority`, body `priority`);
     false: the header is removed and a non-zero `priority` is refused."""
@@ -104,6 +112,10 @@ DEFAULT_BODY_TIMEOUT_SECONDS: Final[float] = 60.0
 """A request's body must arrive whole within this (a 256 MiB body at 5 MB/s takes ~50 s)."""
 DEFAULT_MAX_PROMPT_EMBEDS_REFERENCES: Final[int] = 1024
 """Prompt-embeds payloads and references one request may carry."""
+DEFAULT_WRITE_TIMEOUT_SECONDS: Final[float] = 30.0
+"""A client that reads nothing of its answer for this long is cut off (its slot freed)."""
+DEFAULT_SEND_BUFFER_BYTES: Final[int] = 256 * 1024
+"""Answer bytes queued per connection (beyond the kernel's socket buffer) before waiting."""
 DEFAULT_MAX_IN_FLIGHT_BYTES: Final[int] = 1 << 30
 """The renderer never sets less (it raises it to fit one maximal request) and gives the
 container this much memory per process above the cache ceiling."""
@@ -112,6 +124,20 @@ TURBOQUANT_DTYPES: Final[tuple[str, ...]] = ("auto", "float32", "float16", "bflo
 DEFAULT_TURBOQUANT_DTYPE: Final[str] = "auto"
 """auto: decode to the dtype the client compressed from (vLLM casts to the model dtype)."""
 DEFAULT_UPSTREAM_TIMEOUT_SECONDS: Final[float] = 600.0
+DEFAULT_ALLOW_ENGINE_STATE: Final[bool] = False
+VLLM_ENGINE_STATE_FIELDS: Final[tuple[str, ...]] = (
+    "previous_response_id",
+    "kv_transfer_params",
+    "vllm_xargs",
+    "session_id",
+)
+"""Request fields of vLLM 0.33.0's request models through which a client reaches engine
+state beyond its own request: another stored response (`previous_response_id`, the
+Responses API), KV blocks to pull from or push to another engine (`kv_transfer_params`),
+arbitrary arguments to engine plugins (`vllm_xargs`), a session identity shared with
+other requests (`session_id`, new in 0.33.0; what the engine keys by it is not
+documented, so it is treated as shared state). Derived from the request models
+(`tests/front/test_front_vllm_fields.py` fails when vLLM adds another such field)."""
 DEFAULT_ALLOW_CLIENT_PRIORITY: Final[bool] = False
 """With vLLM's `--scheduling-policy priority` a client's priority moves it ahead of other
 tenants in the queue; only a deployment that trusts its clients with that turns it on."""
@@ -192,9 +218,17 @@ FRONT_SETTINGS: Final[tuple[Setting[Any], ...]] = (
     Setting("body_timeout_seconds", "--body-timeout-seconds", FrontEnv.BODY_TIMEOUT_SECONDS,
             as_float, DEFAULT_BODY_TIMEOUT_SECONDS,
             "time to deliver a whole request body (408 after)"),
+    Setting("write_timeout_seconds", "--write-timeout-seconds", FrontEnv.WRITE_TIMEOUT_SECONDS,
+            as_float, DEFAULT_WRITE_TIMEOUT_SECONDS,
+            "longest wait for a client to read its answer (then the connection is cut)"),
+    Setting("send_buffer_bytes", "--send-buffer-bytes", FrontEnv.SEND_BUFFER_BYTES, as_int,
+            DEFAULT_SEND_BUFFER_BYTES, "answer bytes queued per connection before waiting"),
     Setting("max_prompt_embeds_references", "--max-prompt-embeds-references",
             FrontEnv.MAX_PROMPT_EMBEDS_REFERENCES, as_int, DEFAULT_MAX_PROMPT_EMBEDS_REFERENCES,
             "prompt-embeds payloads and references one request may carry (400 above)"),
+    Setting("allow_engine_state", "--allow-engine-state", FrontEnv.ALLOW_ENGINE_STATE,
+            parse_bool, DEFAULT_ALLOW_ENGINE_STATE,
+            "forward previous_response_id, kv_transfer_params, vllm_xargs (false: refused)"),
     Setting("allow_client_priority", "--allow-client-priority",
             FrontEnv.ALLOW_CLIENT_PRIORITY, parse_bool, DEFAULT_ALLOW_CLIENT_PRIORITY,
             "forward X-Vllm-Priority and a body priority to vLLM (false: removed / refused)"),

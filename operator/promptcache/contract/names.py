@@ -66,6 +66,8 @@ EPP_EXT_PROC_PORT: Final[int] = 9002
 """The ext_proc port the gateway dials through the EPP Service (the shim's, when present)."""
 EPP_LOCAL_GRPC_PORT: Final[int] = 9012
 """The EPP's own ext_proc port behind the session shim (`--grpc-port`), inside the pod."""
+GATEWAY_POLICY_METRICS_PORT: Final[int] = 9092
+"""The policy step's Prometheus metrics (refusals, internal errors), beside the EPP's 9090."""
 
 
 # --- the cache front's answers a client program must recognise ----------------

@@ -158,6 +158,11 @@ def parse_host_port(name: str, raw: str) -> str:
     return raw.strip()
 
 
+def parse_optional_host_port(name: str, raw: str) -> str:
+    """A `HOST:PORT` setting, or empty: "do not listen"."""
+    return parse_host_port(name, raw) if raw.strip() else ""
+
+
 # --- reading them -------------------------------------------------------------------------
 
 

@@ -12,11 +12,16 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from promptcache.contract.front import FRONT_SETTINGS, FrontEnv
+from promptcache.contract.front import (
+    DEFAULT_BODY_TIMEOUT_SECONDS,
+    FRONT_SETTINGS,
+    FrontEnv,
+)
 from promptcache.contract.names import (
     DEFAULT_SESSION_HEADER,
     EPP_EXT_PROC_PORT,
     EPP_LOCAL_GRPC_PORT,
+    GATEWAY_POLICY_METRICS_PORT,
     SESSION_USER_FIELD,
 )
 from promptcache.contract.settings import (
@@ -26,6 +31,7 @@ from promptcache.contract.settings import (
     parse_host_port,
     parse_optional_body_field,
     parse_optional_header_name,
+    parse_optional_host_port,
 )
 
 
@@ -49,12 +55,17 @@ class GatewayPolicyEnv:
     """Body bytes all streams together may hold; beyond it requests get HTTP 503."""
     DRAIN_SECONDS: Final[str] = "PROMPTCACHE_GATEWAY_POLICY_DRAIN_SECONDS"
     """How long in-flight streams may finish after SIGTERM."""
+    BODY_TIMEOUT_SECONDS: Final[str] = "PROMPTCACHE_GATEWAY_POLICY_BODY_TIMEOUT_SECONDS"
+    """How long a request's body may take to arrive once its headers have; then HTTP 408."""
+    METRICS_LISTEN: Final[str] = "PROMPTCACHE_GATEWAY_POLICY_METRICS_LISTEN"
+    """HOST:PORT of the step's Prometheus metrics (plain HTTP); empty: none."""
     ISOLATION_MODE: Final[str] = FrontEnv.ISOLATION_MODE
     ISOLATION_HEADER: Final[str] = FrontEnv.ISOLATION_HEADER
     ISOLATION_FIELD: Final[str] = FrontEnv.ISOLATION_FIELD
     SALT_KEY_FILE: Final[str] = FrontEnv.SALT_KEY_FILE
     HONOR_MAX_LEN: Final[str] = FrontEnv.HONOR_MAX_LEN
     ALLOW_CLIENT_PRIORITY: Final[str] = FrontEnv.ALLOW_CLIENT_PRIORITY
+    ALLOW_ENGINE_STATE: Final[str] = FrontEnv.ALLOW_ENGINE_STATE
 
 
 SessionShimEnv = GatewayPolicyEnv
@@ -69,7 +80,16 @@ DEFAULT_SHIM_MAX_BODY_BYTES: Final[int] = 32 * 1024**2
 step refuses with 413 exactly what the front would. Nothing passes unread (that would route
 without the tenant's salt or session)."""
 DEFAULT_SHIM_MAX_BUFFERED_BYTES: Final[int] = 64 * 1024**2
-"""All streams together; with the per-request cap it bounds what the step holds."""
+"""All streams together; with the per-request cap it bounds what the step holds. Charged
+for a body's bytes as they arrive, then for its parse and its re-encoding while it is
+decided (so a dense body is charged for what parsing it costs, not for its length)."""
+SHIM_BUDGET_PER_MAX_BODY: Final[int] = 4
+"""The renderer gives all streams together at least this many largest bodies, so one
+stalled body (it is cut after the body timeout anyway) never holds the whole budget."""
+DEFAULT_SHIM_BODY_TIMEOUT_SECONDS: Final[float] = DEFAULT_BODY_TIMEOUT_SECONDS
+"""The front's: a body arriving slower is refused by both with HTTP 408 `body_timeout`."""
+DEFAULT_SHIM_METRICS_LISTEN: Final[str] = f"0.0.0.0:{GATEWAY_POLICY_METRICS_PORT}"
+"""Where the step serves its Prometheus metrics (refusals by code, internal errors)."""
 DEFAULT_SHIM_DRAIN_SECONDS: Final[float] = 30.0
 """In-flight streams may finish this long after SIGTERM (the EPP pod allows 130 s)."""
 MAX_SHIM_DRAIN_SECONDS: Final[float] = 3600.0
@@ -81,6 +101,7 @@ ISOLATION_FIELDS: Final[tuple[str, ...]] = (
     "salt_key_file",
     "honor_prompt_cache_max_len",
     "allow_client_priority",
+    "allow_engine_state",
 )
 """The front's settings the step shares, declaration and all."""
 
@@ -103,6 +124,12 @@ SHIM_SETTINGS: Final[tuple[Setting[Any], ...]] = (
     Setting("max_buffered_bytes", "--max-buffered-bytes", GatewayPolicyEnv.MAX_BUFFERED_BYTES,
             as_int, DEFAULT_SHIM_MAX_BUFFERED_BYTES,
             "body bytes all requests together may hold; beyond, HTTP 503"),
+    Setting("body_timeout_seconds", "--body-timeout-seconds",
+            GatewayPolicyEnv.BODY_TIMEOUT_SECONDS, as_float, DEFAULT_SHIM_BODY_TIMEOUT_SECONDS,
+            "seconds a body may take to arrive after its headers; then HTTP 408"),
+    Setting("metrics_listen", "--metrics-listen", GatewayPolicyEnv.METRICS_LISTEN,
+            parse_optional_host_port, DEFAULT_SHIM_METRICS_LISTEN,
+            "HOST:PORT to serve Prometheus metrics on; empty: none", empty_is_unset=False),
     Setting("drain_seconds", "--drain-seconds", GatewayPolicyEnv.DRAIN_SECONDS, as_float,
             DEFAULT_SHIM_DRAIN_SECONDS, "how long open streams may finish after SIGTERM"),
     *(s for s in FRONT_SETTINGS if s.field in ISOLATION_FIELDS),

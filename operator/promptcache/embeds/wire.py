@@ -11,11 +11,12 @@ from __future__ import annotations
 import base64
 import binascii
 import io
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 from torch import Tensor
 
+from promptcache.embeds.archive import check_archive
 from promptcache.embeds.errors import (
     PayloadDecodeError,
     PayloadEncodingError,
@@ -51,12 +52,17 @@ def _tensors(obj: object) -> Iterator[Tensor]:
                 yield value
 
 
-def decode_payload(b64: str, *, max_bytes: int) -> PromptEmbedsPayload:
+def decode_payload(
+    b64: str, *, max_bytes: int, reserve: Callable[[int], None] | None = None
+) -> PromptEmbedsPayload:
     """Decode an untrusted base64 `torch.save` payload into a tensor or mapping.
 
     Checks, in order: the text is a str no longer than base64 of `max_bytes`;
     strict base64 (`validate=True`: no whitespace, no foreign characters, correct
-    padding); decoded length within `max_bytes`; `torch.load(weights_only=True,
+    padding); decoded length within `max_bytes`; the archive is what `torch.save`
+    writes (`embeds.archive.check_archive`: stored records, a bounded pickle), and what
+    loading it will materialise is passed to `reserve` (which raises to refuse) before
+    anything is loaded; `torch.load(weights_only=True,
     map_location="cpu")` succeeds; the result is a tensor or a mapping; no tensor
     in it claims more element bytes than the payload carried (expanded, stride-0
     views would otherwise balloon when made contiguous).
@@ -90,6 +96,9 @@ def decode_payload(b64: str, *, max_bytes: int) -> PromptEmbedsPayload:
         raise PayloadTooLargeError(
             f"prompt_embeds payload decodes to {len(raw)} bytes; the limit is {max_bytes}"
         )
+    materialised = check_archive(raw)
+    if reserve is not None:
+        reserve(materialised)
     try:
         obj: object = torch.load(io.BytesIO(raw), weights_only=True, map_location="cpu")
     except Exception as exc:  # any failure of an untrusted load is the client's
@@ -110,7 +119,9 @@ def decode_payload(b64: str, *, max_bytes: int) -> PromptEmbedsPayload:
     return obj  # type: ignore[return-value]  # a Mapping; its fields are checked by the id
 
 
-def identify_payload(b64: str, *, max_bytes: int) -> tuple[PromptEmbedsPayload, str]:
+def identify_payload(
+    b64: str, *, max_bytes: int, reserve: Callable[[int], None] | None = None
+) -> tuple[PromptEmbedsPayload, str]:
     """Decode an untrusted payload and compute its identifier, failing only with
     `PayloadDecodeError`.
 
@@ -118,7 +129,7 @@ def identify_payload(b64: str, *, max_bytes: int) -> tuple[PromptEmbedsPayload, 
     TurboQuant mapping or a sparse tensor (the identifier's TypeError/ValueError)
     becomes a `PayloadFormatError` like every other client mistake.
     """
-    payload = decode_payload(b64, max_bytes=max_bytes)
+    payload = decode_payload(b64, max_bytes=max_bytes, reserve=reserve)
     try:
         return payload, compute_prompt_embeds_id(payload)
     except (TypeError, ValueError) as exc:

@@ -12,7 +12,6 @@ vLLM's answer (status and body) is passed back, streamed when vLLM streams.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 from collections.abc import Awaitable, Callable
@@ -35,9 +34,17 @@ from promptcache.contract import FRONT_HEALTH_PATH, FRONT_READY_PATH
 from promptcache.contract.front import VLLM_PRIORITY_HEADER, VLLM_REQUEST_ID_HEADER
 from promptcache.embeds.cache import PromptEmbedsCache
 from promptcache.front import errors
+from promptcache.front.canonical import (
+    DENSE_TOKENS,
+    POLICY_FIELDS,
+    check_headers,
+    check_json_media_type,
+    json_tokens,
+    parse_body,
+)
 from promptcache.front.errors import FrontError
 from promptcache.front.metrics import CONTENT_TYPE, FrontMetrics, merge_expositions
-from promptcache.front.policy import Isolation, apply_policy, has_lone_surrogate
+from promptcache.front.policy import Isolation, apply_policy
 from promptcache.front.pool import UpstreamError, UpstreamPool
 from promptcache.front.references import VerifiedLike, forward_size, resolve, serialize
 from promptcache.front.routes import (
@@ -64,6 +71,9 @@ LINGER_SECONDS: Final = 2.0
 """aiohttp drains an unread request body this long before closing (its default: 10 s)."""
 SMALL_BODY_BYTES: Final = 1 << 20
 """Bodies up to this size with a Content-Length are read in one call."""
+OFFLOAD_BYTES: Final = 256 * 1024
+"""Bodies this large are parsed and re-encoded on the decode pool, not on the event loop
+(so /healthz answers while they are worked on)."""
 UPLOAD_FACTOR: Final = 2
 """Verifying an uploaded payload holds its decoded bytes and the loaded tensor."""
 
@@ -80,49 +90,8 @@ def _json_error(exc: FrontError) -> web.Response:
     )
 
 
-def _check_headers(request: web.BaseRequest, settings: FrontSettings) -> None:
-    """Refuse header sets vLLM or the front would read differently from what was checked."""
-    for name, value in request.headers.items():
-        if not value.isascii() and has_lone_surrogate(value):
-            raise FrontError(
-                400,
-                errors.INVALID_HEADER,
-                f"the {name} header is not valid UTF-8; send header values as ASCII",
-                param=name,
-            )
-    for name in ("Content-Type", "Content-Encoding", "Content-Length", "Transfer-Encoding"):
-        if len(request.headers.getall(name, ())) > 1:
-            raise FrontError(
-                400, errors.DUPLICATE_HEADER, f"send one {name} header, not several", param=name
-            )
-    encoding = request.headers.get("Content-Encoding", "").strip().lower()
-    if encoding not in ("", "identity"):
-        raise FrontError(
-            415,
-            errors.UNSUPPORTED_CONTENT_ENCODING,
-            f"Content-Encoding {encoding!r} is not accepted: send the body uncompressed "
-            "(vLLM does not decode request bodies either)",
-            param="Content-Encoding",
-        )
-
-
 def _has_body(request: web.BaseRequest) -> bool:
     return bool(request.content_length) or request.headers.get("Transfer-Encoding") is not None
-
-
-def _check_json_media_type(request: web.BaseRequest) -> None:
-    # vLLM: lower-case, cut at ';', must be application/json (validate_json_request)
-    media = request.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
-    if media != "application/json":
-        shown = request.headers.get("Content-Type")
-        raise FrontError(
-            415,
-            errors.UNSUPPORTED_MEDIA_TYPE,
-            f"this endpoint takes a JSON body: send Content-Type: application/json (got {shown!r})"
-            if shown
-            else "this endpoint takes a JSON body: send Content-Type: application/json",
-            param="Content-Type",
-        )
 
 
 async def _read_body(request: web.BaseRequest, state: FrontState, charge: Charge) -> bytearray:
@@ -214,25 +183,22 @@ def _too_large(size: int, limit: int) -> FrontError:
     )
 
 
-def _parse_json(raw: bytearray, charge: Charge) -> dict[str, Any]:
+async def _off_loop(state: FrontState, size: int, job: Callable[[], Any]) -> Any:
+    """Run CPU-heavy JSON work of a large body on the decode pool, off the event loop."""
+    if size < OFFLOAD_BYTES:
+        return job()
+    return await asyncio.get_running_loop().run_in_executor(state.executor, job)
+
+
+async def _parse_json(
+    raw: bytearray, charge: Charge, state: FrontState
+) -> tuple[dict[str, Any], bool]:
+    """The body parsed (off the loop when large), and whether it is dense in values (its
+    re-encoding then uses the interruptible encoder too)."""
     charge.take(json_charge(raw))
-    try:
-        body = json.loads(raw)
-    except RecursionError:
-        raise FrontError(
-            400, errors.JSON_TOO_DEEP, "the request body nests JSON too deeply"
-        ) from None
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise FrontError(
-            400, errors.INVALID_JSON, f"the request body is not valid JSON: {exc}"
-        ) from None
-    if not isinstance(body, dict):
-        raise FrontError(
-            400,
-            errors.BODY_NOT_OBJECT,
-            f"the request body must be a JSON object, got a JSON {type(body).__name__}",
-        )
-    return body
+    fields = (*POLICY_FIELDS, state.settings.isolation_field)
+    body = await _off_loop(state, len(raw), partial(parse_body, raw, acted_on=fields))
+    return body, json_tokens(raw) > DENSE_TOKENS
 
 
 async def _verify(state: FrontState, charge: Charge, payload: str) -> VerifiedLike:
@@ -291,7 +257,7 @@ async def _proxy(
     request: web.BaseRequest, state: FrontState, route: Route, target: Target
 ) -> web.StreamResponse:
     settings = state.settings
-    _check_headers(request, settings)
+    check_headers(request.headers)
     charge = Charge(state)
     try:
         if route.kind is RouteClass.READ_ONLY:
@@ -304,9 +270,10 @@ async def _proxy(
             )
             _count_controls(state, request.headers)
             return await _admitted(
-                request, state, route, target, data=b"", headers=headers, strip_usage=False
-            )
-        _check_json_media_type(request)
+                request, state, route, target, data=b"", headers=headers, strip_usage=False,
+                charge=charge,
+            )  # fmt: skip
+        check_json_media_type(request.headers)
         raw = await _read_body(request, state, charge)
         return await _salted(request, state, route, target, raw=raw, charge=charge)
     finally:
@@ -322,8 +289,10 @@ async def _admitted(
     data: bytes,
     headers: CIMultiDict[str],
     strip_usage: bool,
+    charge: Charge,
 ) -> web.StreamResponse:
-    """Forward under the concurrency cap (bodies are read before a slot is taken)."""
+    """Forward under the concurrency cap (bodies are read before a slot is taken); the
+    answer is sent inside the slot, under the write deadline."""
     cap = state.settings.max_in_flight
     if state.in_flight >= cap:
         raise FrontError(
@@ -334,13 +303,35 @@ async def _admitted(
     state.in_flight += 1
     try:
         return await forward(
-            request, state, route, target, data=data, headers=headers, strip_usage=strip_usage
-        )
+            request, state, route, target, data=data, headers=headers, strip_usage=strip_usage,
+            charge=charge,
+        )  # fmt: skip
     except asyncio.CancelledError:
         state.metrics.client_disconnects.inc()
         raise
     finally:
         state.in_flight -= 1
+
+
+async def _encode(
+    state: FrontState, body: dict[str, Any], placed: list[Any], *, size: int, dense: bool
+) -> bytes:
+    """The body vLLM receives, encoded off the loop when large."""
+    try:
+        job = partial(serialize, body, placed, interruptible=dense)
+        data = await _off_loop(state, size, job)
+    except UnicodeEncodeError:
+        raise FrontError(
+            400,
+            errors.INVALID_UNICODE,
+            "the request body holds a string that is not valid Unicode (a lone surrogate "
+            "such as \\ud800)",
+        ) from None
+    except RecursionError:
+        raise FrontError(
+            400, errors.JSON_TOO_DEEP, "the request body nests JSON too deeply"
+        ) from None
+    return data  # type: ignore[no-any-return]
 
 
 async def _salted(
@@ -353,7 +344,7 @@ async def _salted(
     charge: Charge,
 ) -> web.StreamResponse:
     settings = state.settings
-    body = _parse_json(raw, charge)
+    body, dense = await _parse_json(raw, charge, state)
     size = len(raw)
     raw.clear()  # parsed: the raw bytes are no longer needed
     charge.give_back(size)
@@ -401,19 +392,7 @@ async def _salted(
             f"request would have about {expected} bytes; this server forwards at most {limit}",
         )
     charge.take(2 * expected)  # the encoded pieces, then the joined body
-    try:
-        data = serialize(body, outcome.placed)
-    except UnicodeEncodeError:
-        raise FrontError(
-            400,
-            errors.INVALID_UNICODE,
-            "the request body holds a string that is not valid Unicode (a lone surrogate "
-            "such as \\ud800)",
-        ) from None
-    except RecursionError:
-        raise FrontError(
-            400, errors.JSON_TOO_DEEP, "the request body nests JSON too deeply"
-        ) from None
+    data = await _encode(state, body, outcome.placed, size=expected, dense=dense)
     headers = forward_headers(
         request.headers, settings, json_body=True, request_id=new_request_id()
     )
@@ -424,8 +403,9 @@ async def _salted(
         headers[settings.session_header] = plan.session_header_value
     strip = plan.strip_usage_chunk
     return await _admitted(
-        request, state, route, target, data=data, headers=headers, strip_usage=strip
-    )
+        request, state, route, target, data=data, headers=headers, strip_usage=strip,
+        charge=charge,
+    )  # fmt: skip
 
 
 async def _probe(state: FrontState, path: str) -> tuple[int, bytes]:
@@ -565,12 +545,7 @@ def parse_refusal(status: int, exc: BaseException | None) -> FrontError:
     detail (the traceback goes to the log).
     """
     if status >= 500 or not isinstance(exc, HttpProcessingError):
-        return FrontError(
-            500,
-            errors.INTERNAL_ERROR,
-            "the cache front failed on this request; it was not forwarded. Retry, and report "
-            "it if it persists",
-        )
+        return errors.internal_error()
     if isinstance(exc, LineTooLong) or "Too many headers" in exc.message:
         return FrontError(
             431,

@@ -58,6 +58,9 @@ MALFORMED_REQUEST: Final = "malformed_request"
 INTERNAL_ERROR: Final = "internal_error"
 EXPECTATION_FAILED: Final = "expectation_failed"
 PRIORITY_NOT_ALLOWED: Final = "priority_not_allowed"
+DUPLICATE_FIELD: Final = "duplicate_field"
+AMBIGUOUS_FIELD: Final = "ambiguous_field"
+FIELD_NOT_ALLOWED: Final = "field_not_allowed"
 
 _TYPES: Final[dict[int, str]] = {
     400: "invalid_request_error",
@@ -98,6 +101,11 @@ class FrontError(Exception):
         self.extra = dict(extra or {})
         self.headers = dict(headers or {})
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # picklable with its fields (the policy step decides large bodies in a worker process)
+        options = {"param": self.param, "extra": self.extra, "headers": self.headers}
+        return (_rebuild, (self.status, self.code, self.message, options))
+
     def body(self) -> dict[str, Any]:
         """The JSON object the client receives."""
         error: dict[str, Any] = {
@@ -112,6 +120,21 @@ class FrontError(Exception):
     def body_bytes(self) -> bytes:
         """The response body, encoded."""
         return json.dumps(self.body()).encode("utf-8")
+
+
+def _rebuild(status: int, code: str, message: str, options: dict[str, Any]) -> FrontError:
+    return FrontError(status, code, message, **options)
+
+
+def internal_error() -> FrontError:
+    """A failure inside the front (or the gateway's policy step): the request is refused,
+    never forwarded; the traceback goes to the log, not to the client."""
+    return FrontError(
+        500,
+        INTERNAL_ERROR,
+        "the cache front failed on this request; it was not forwarded. Retry, and report "
+        "it if it persists",
+    )
 
 
 def not_cached(missing: list[str], param: str) -> FrontError:

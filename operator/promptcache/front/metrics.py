@@ -116,6 +116,11 @@ class FrontMetrics:
             ["kind"],
             registry=r,
         )
+        self.write_timeouts = Counter(
+            f"{PREFIX}_write_timeouts",
+            "Answers cut off because the client stopped reading for the write timeout.",
+            registry=r,
+        )
         self.client_disconnects = Counter(
             f"{PREFIX}_client_disconnects",
             "Requests the client abandoned; the upstream request was cancelled.",

@@ -20,8 +20,13 @@ from promptcache.contract import (
     SESSION_USER_FIELD,
     IsolationMode,
 )
-from promptcache.contract.front import VLLM_PRIORITY_FIELD, VLLM_REQUEST_ID_FIELD
+from promptcache.contract.front import (
+    VLLM_ENGINE_STATE_FIELDS,
+    VLLM_PRIORITY_FIELD,
+    VLLM_REQUEST_ID_FIELD,
+)
 from promptcache.front.errors import (
+    FIELD_NOT_ALLOWED,
     INVALID_FIELD,
     INVALID_ISOLATION_KEY,
     INVALID_PROMPT_CACHE_MAX_LEN,
@@ -205,6 +210,23 @@ def _check_priority(body: dict[str, Any], settings: FrontSettings) -> None:
         )
 
 
+def _check_engine_state(body: dict[str, Any], settings: FrontSettings) -> None:
+    """Refuse the fields through which a tenant reaches engine state beyond its request
+    (another stored response, remote KV blocks, plugin arguments) unless the deployment
+    allows them; a null one is removed."""
+    if settings.allow_engine_state:
+        return
+    for name in VLLM_ENGINE_STATE_FIELDS:
+        if name in body and body.pop(name) is not None:
+            raise FrontError(
+                400,
+                FIELD_NOT_ALLOWED,
+                f"this deployment does not let clients set {name} (it reaches the model "
+                "server's state beyond this request); remove it",
+                param=name,
+            )
+
+
 def _max_len(body: dict[str, Any], settings: FrontSettings) -> int | None:
     """The client's prompt_cache_max_len, validated and removed from the body."""
     if PROMPT_CACHE_MAX_LEN_FIELD not in body:
@@ -240,6 +262,7 @@ def apply_policy(
     # one; the front sends its own in X-Request-Id, which wins where vLLM reads both
     request_id_removed = body.pop(VLLM_REQUEST_ID_FIELD, None) is not None
     _check_priority(body, settings)
+    _check_engine_state(body, settings)
     key = _isolation_key(headers, body, settings)
     max_len = _max_len(body, settings)
     mode = settings.isolation_mode

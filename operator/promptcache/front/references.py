@@ -18,7 +18,6 @@ from a client that inlined every payload.
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -26,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 from promptcache.embeds.idsyntax import is_prompt_embeds_id
+from promptcache.front.canonical import dumps
 from promptcache.front.errors import (
     INVALID_PROMPT_EMBEDS,
     INVALID_PROMPT_EMBEDS_ID,
@@ -423,7 +423,9 @@ def _as_plain_json_text(value: object) -> bytes | None:
     return raw if not raw.translate(None, _BASE64_ALPHABET) else None
 
 
-def serialize(body: dict[str, Any], placed: list[tuple[Any, Any]]) -> bytes:
+def serialize(
+    body: dict[str, Any], placed: list[tuple[Any, Any]], *, interruptible: bool = False
+) -> bytes:
     """`json.dumps(body)` compactly, without running the encoder over the payloads.
 
     Payloads are most of a request's bytes and are base64, which JSON encodes
@@ -431,7 +433,8 @@ def serialize(body: dict[str, Any], placed: list[tuple[Any, Any]]) -> bytes:
     encoded, and the payloads are spliced back in. The result is byte for byte
     what `json.dumps(body, ensure_ascii=False, separators=(",", ":"))` gives, at
     a fraction of the cost on large bodies; anything not base64 is left to the
-    encoder.
+    encoder. `interruptible`: the pure-Python encoder (`front.canonical.dumps`), for bodies
+    dense in values worked on off the event loop.
     """
     payloads: list[bytes] = []
     originals: list[str] = []
@@ -449,7 +452,7 @@ def serialize(body: dict[str, Any], placed: list[tuple[Any, Any]]) -> bytes:
         originals.append(value)
         container[key] = f"{marker}{n}:{len(originals) - 1}"
     try:
-        text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+        text = dumps(body, interruptible=interruptible)
     finally:
         for container, key in placed:
             value = container[key]

@@ -33,6 +33,7 @@ from promptcache.contract import (
 from promptcache.contract.cache_size import check_cache_gib
 from promptcache.contract.front import (
     DEFAULT_ALLOW_CLIENT_PRIORITY,
+    DEFAULT_ALLOW_ENGINE_STATE,
     DEFAULT_BODY_TIMEOUT_SECONDS,
     DEFAULT_CACHE_GIB,
     DEFAULT_DECODE_WORKERS,
@@ -45,11 +46,13 @@ from promptcache.contract.front import (
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_MAX_IN_FLIGHT_BYTES,
     DEFAULT_MAX_PROMPT_EMBEDS_REFERENCES,
+    DEFAULT_SEND_BUFFER_BYTES,
     DEFAULT_SESSION_FROM_USER,
     DEFAULT_TURBOQUANT_DTYPE,
     DEFAULT_UPSTREAM,
     DEFAULT_UPSTREAM_TIMEOUT_SECONDS,
     DEFAULT_WORKERS,
+    DEFAULT_WRITE_TIMEOUT_SECONDS,
     TURBOQUANT_DTYPES,
 )
 from promptcache.contract.settings import split_host_port
@@ -99,7 +102,12 @@ class FrontSettings:
     header_timeout_seconds: float = DEFAULT_HEADER_TIMEOUT_SECONDS
     body_timeout_seconds: float = DEFAULT_BODY_TIMEOUT_SECONDS
     max_prompt_embeds_references: int = DEFAULT_MAX_PROMPT_EMBEDS_REFERENCES
+    write_timeout_seconds: float = DEFAULT_WRITE_TIMEOUT_SECONDS
+    """A write to a client waiting longer than this cuts the connection."""
+    send_buffer_bytes: int = DEFAULT_SEND_BUFFER_BYTES
     allow_client_priority: bool = DEFAULT_ALLOW_CLIENT_PRIORITY
+    allow_engine_state: bool = DEFAULT_ALLOW_ENGINE_STATE
+    """False: a non-null `VLLM_ENGINE_STATE_FIELDS` field is refused (null ones removed)."""
     """False: `X-Vllm-Priority` is removed and a non-zero body `priority` refused."""
 
     def __post_init__(self) -> None:
@@ -153,6 +161,10 @@ class FrontSettings:
             raise SettingsError(f"max body reads {self.max_body_reads} must be at least 1")
         if not self.header_timeout_seconds > 0 or not self.body_timeout_seconds > 0:
             raise SettingsError("header and body timeouts must be positive numbers of seconds")
+        if not self.write_timeout_seconds > 0:
+            raise SettingsError("write timeout must be a positive number of seconds")
+        if self.send_buffer_bytes < 4096:
+            raise SettingsError(f"send buffer bytes {self.send_buffer_bytes} is below 4096")
         if self.max_prompt_embeds_references < 1:
             raise SettingsError(
                 f"max prompt-embeds references {self.max_prompt_embeds_references} must be "

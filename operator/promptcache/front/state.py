@@ -12,30 +12,14 @@ from dataclasses import dataclass, field
 
 from promptcache.embeds.cache import PromptEmbedsCache
 from promptcache.front import errors
+from promptcache.front.canonical import json_charge
 from promptcache.front.errors import FrontError
 from promptcache.front.metrics import FrontMetrics
 from promptcache.front.pool import UpstreamPool
 from promptcache.front.references import KindIndex
 from promptcache.front.settings import FrontSettings
 
-
-def json_charge(raw: bytes | bytearray) -> int:
-    """Bytes `json.loads(raw)` may take, from a linear scan of the raw text.
-
-    Parsed JSON is far larger than its text where the text is dense with
-    small values (`[{},{},...]` is about 25x, measured): the charge adds, per
-    structural character, the size of the object it can open. Measured
-    (tracemalloc, CPython 3.11) to stay above the real peak for lists of ints,
-    floats, strings, objects, arrays, large objects and plain text.
-    """
-    return (
-        2 * len(raw)
-        + 40 * raw.count(b'"')
-        + 48 * raw.count(b",")
-        + 160 * raw.count(b"{")
-        + 64 * raw.count(b"[")
-        + 24 * raw.count(b":")
-    )
+__all__ = ["Charge", "FrontState", "json_charge"]
 
 
 @dataclass

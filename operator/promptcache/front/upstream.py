@@ -6,9 +6,12 @@ copied as they arrive (SSE through the usage relay), never held whole.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import os
+import socket
 from collections.abc import AsyncIterator
 from typing import Final
 
@@ -17,6 +20,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from promptcache.contract.front import VLLM_PRIORITY_HEADER, VLLM_REQUEST_ID_HEADER
 from promptcache.front import errors
+from promptcache.front.canonical import json_charge
 from promptcache.front.errors import FrontError
 from promptcache.front.pool import (
     UpstreamAnswer,
@@ -26,14 +30,19 @@ from promptcache.front.pool import (
 )
 from promptcache.front.routes import Route, Target
 from promptcache.front.settings import FrontSettings
-from promptcache.front.state import FrontState
-from promptcache.front.usage import SseRelay, relay, usage_from, usage_headers
+from promptcache.front.state import Charge, FrontState
+from promptcache.front.usage import SseRelay, Usage, relay, usage_from, usage_headers
 
 log = logging.getLogger("promptcache.front")
 
 MAX_BUFFERED_RESPONSE_BYTES: Final = 16 * 1024 * 1024
-"""Non-streamed JSON answers up to this size are read whole to find their usage;
-larger ones stream through without usage headers."""
+"""Non-streamed JSON answers up to this size are read whole (charged to the memory
+budget) to find their usage; larger ones stream through without usage headers."""
+SMALL_ANSWER_BYTES: Final = 64 * 1024
+"""Other answers up to this size are read in one piece; larger ones (pooling,
+embeddings) are streamed to the client as they arrive, never held whole."""
+OFFLOAD_ANSWER_BYTES: Final = 256 * 1024
+"""Buffered answers this large have their usage parsed off the event loop."""
 _HOP_BY_HOP: Final[frozenset[str]] = frozenset(
     {
         "connection",
@@ -107,6 +116,7 @@ async def forward(
     data: bytes,
     headers: CIMultiDict[str],
     strip_usage: bool,
+    charge: Charge,
 ) -> web.StreamResponse:
     assert state.pool is not None
     # exactly the target that was checked, byte for byte
@@ -117,8 +127,9 @@ async def forward(
     try:
         request_id = headers.get("X-Request-Id", "")
         return await _relay(
-            request, state, route, answer, strip_usage=strip_usage, request_id=request_id
-        )
+            request, state, route, answer, strip_usage=strip_usage, request_id=request_id,
+            charge=charge,
+        )  # fmt: skip
     except UpstreamError as exc:
         raise _upstream_refusal(state, route, exc) from None
     finally:
@@ -160,8 +171,10 @@ async def _relay(
     *,
     strip_usage: bool,
     request_id: str,
+    charge: Charge,
 ) -> web.StreamResponse:
     settings = state.settings
+    _bound_send_buffer(request, settings.send_buffer_bytes)
     headers = _response_headers(answer)
     headers["X-Request-Id"] = request_id  # the id vLLM knows this request by
     content_type = answer.header("content-type") or ""
@@ -193,37 +206,102 @@ async def _relay(
         and content_type.startswith("application/json")
         and (length is None or length <= MAX_BUFFERED_RESPONSE_BYTES)
     ):
-        body = await answer.read(MAX_BUFFERED_RESPONSE_BYTES)
-        if len(body) <= MAX_BUFFERED_RESPONSE_BYTES:
-            if 200 <= answer.status < 300:
-                try:
-                    usage = usage_from(json.loads(body))
-                except ValueError:
-                    usage = None
-                if usage is not None:
-                    state.metrics.observe_usage(usage.prompt_tokens, usage.cached_tokens)
-                    headers.update(
-                        usage_headers(
-                            usage,
-                            settings.prompt_tokens_header,
-                            settings.cached_prompt_tokens_header,
+        held = length if length is not None else MAX_BUFFERED_RESPONSE_BYTES
+        charge.take(held)  # the answer, held to read its usage
+        try:
+            body = await answer.read(MAX_BUFFERED_RESPONSE_BYTES)
+            if len(body) <= MAX_BUFFERED_RESPONSE_BYTES:
+                if 200 <= answer.status < 300:
+                    usage = await _usage_of(state, charge, body)
+                    if usage is not None:
+                        state.metrics.observe_usage(usage.prompt_tokens, usage.cached_tokens)
+                        headers.update(
+                            usage_headers(
+                                usage,
+                                settings.prompt_tokens_header,
+                                settings.cached_prompt_tokens_header,
+                            )
                         )
-                    )
-            return web.Response(
-                status=answer.status, reason=answer.reason, body=body, headers=headers
-            )
-        prefix = body
-    elif length is not None and length <= MAX_BUFFERED_RESPONSE_BYTES:
-        # a small answer (an error, a model list): one piece, no stream
+                return await _send_whole(request, state, answer, headers, body)
+            prefix = body
+        finally:
+            charge.give_back(held)
+    elif length is not None and length <= SMALL_ANSWER_BYTES:
+        # a small answer (an error, a model list): one piece
         body = await answer.read(length)
-        return web.Response(status=answer.status, reason=answer.reason, body=body, headers=headers)
+        return await _send_whole(request, state, answer, headers, body)
     else:
-        prefix = b""
+        prefix = b""  # large (pooling, embeddings) or of unknown length: streamed
     response = web.StreamResponse(status=answer.status, reason=answer.reason, headers=headers)
     await response.prepare(request)
-    if prefix:
-        await response.write(prefix)
+    if prefix and not await _write(request, state, response, prefix):
+        return response
     await _pump(request, state, response, answer.chunks(), sse=False)
+    return response
+
+
+async def _usage_of(state: FrontState, charge: Charge, body: bytes) -> Usage | None:
+    """The usage of a buffered JSON answer; a large one is parsed off the event loop."""
+
+    def parse() -> Usage | None:
+        try:
+            return usage_from(json.loads(body))
+        except (ValueError, RecursionError):
+            return None
+
+    if len(body) < OFFLOAD_ANSWER_BYTES:
+        return parse()
+    cost = json_charge(body)
+    charge.take(cost)
+    try:
+        return await asyncio.get_running_loop().run_in_executor(state.executor, parse)
+    finally:
+        charge.give_back(cost)
+
+
+def _bound_send_buffer(request: web.BaseRequest, limit: int) -> None:
+    """At most `limit` answer bytes queued for this client (in the transport and in the
+    kernel's socket buffer each) before writes wait for it to read."""
+    transport = request.transport
+    if transport is None:
+        return
+    transport.set_write_buffer_limits(high=limit)
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, limit)
+
+
+async def _write(
+    request: web.BaseRequest, state: FrontState, response: web.StreamResponse, data: bytes
+) -> bool:
+    """Write under the write deadline; a client that does not read in time is cut off
+    (False), which ends the handler and frees its concurrency slot."""
+    try:
+        async with asyncio.timeout(state.settings.write_timeout_seconds):
+            await response.write(data)
+    except TimeoutError:
+        state.metrics.write_timeouts.inc()
+        if request.transport is not None:
+            request.transport.abort()
+        return False
+    return True
+
+
+async def _send_whole(
+    request: web.BaseRequest,
+    state: FrontState,
+    answer: UpstreamAnswer,
+    headers: CIMultiDict[str],
+    body: bytes,
+) -> web.StreamResponse:
+    """A body read whole, sent inside the handler (under the write deadline and the
+    concurrency slot) rather than by aiohttp after it returns."""
+    response = web.StreamResponse(status=answer.status, reason=answer.reason, headers=headers)
+    response.content_length = len(body)
+    await response.prepare(request)
+    if await _write(request, state, response, body):
+        await _finish(request, state, response)
     return response
 
 
@@ -251,7 +329,8 @@ async def _pump(
     """
     try:
         async for chunk in chunks:
-            await response.write(chunk)
+            if not await _write(request, state, response, chunk):
+                return
     except UpstreamError as exc:
         state.metrics.upstream_errors.labels(kind="interrupted").inc()
         if sse:
@@ -259,8 +338,8 @@ async def _pump(
                 502, errors.UPSTREAM_FAILED, f"the model server failed while streaming: {exc}"
             )
             try:
-                await response.write(stream_error_event(error))
-                await response.write_eof()
+                if await _write(request, state, response, stream_error_event(error)):
+                    await _finish(request, state, response)
             except ConnectionResetError:
                 state.metrics.client_disconnects.inc()
             return
@@ -270,4 +349,17 @@ async def _pump(
     except ConnectionResetError:
         state.metrics.client_disconnects.inc()
         return
-    await response.write_eof()
+    await _finish(request, state, response)
+
+
+async def _finish(
+    request: web.BaseRequest, state: FrontState, response: web.StreamResponse
+) -> None:
+    """End the answer, under the write deadline too (ending flushes what is queued)."""
+    try:
+        async with asyncio.timeout(state.settings.write_timeout_seconds):
+            await response.write_eof()
+    except TimeoutError:
+        state.metrics.write_timeouts.inc()
+        if request.transport is not None:
+            request.transport.abort()

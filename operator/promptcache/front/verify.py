@@ -64,16 +64,18 @@ def verify_payload(
 ) -> Verified:
     """Load, identify and (for TurboQuant) densify one base64 payload.
 
-    `reserve(n)` is called before densifying with the bytes the dense form will
-    take (computed from the payload's header, not by decoding); it raises to
-    refuse. The dense tensor is also capped at `max_bytes * 3` (its base64 must
-    fit the forwarded body) and at vLLM's own 2 GiB densify cap.
+    `reserve(n)` is called before loading with the bytes loading will materialise
+    (from the archive's records and pickle, `embeds.archive`), and before densifying
+    with the bytes the dense form will take (computed from the payload's header, not
+    by decoding); it raises to refuse. The dense tensor is also capped at
+    `max_bytes * 3` (its base64 must fit the forwarded body) and at vLLM's own 2 GiB
+    densify cap.
 
     Raises:
         PayloadError: or the library's `PayloadDecodeError` (both `ValueError`),
             with a message fit for the client.
     """
-    obj, identifier = identify_payload(b64, max_bytes=max_bytes)
+    obj, identifier = identify_payload(b64, max_bytes=max_bytes, reserve=reserve)
     if isinstance(obj, torch.Tensor):
         _check_dense(obj)
         return Verified(identifier=identifier, turboquant=False, forward=b64)

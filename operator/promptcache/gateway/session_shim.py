@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import functools
-import json
 import logging
+import multiprocessing
 import signal
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -47,10 +48,23 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from envoy.type.v3 import http_status_pb2
-from multidict import CIMultiDict
+from multidict import CIMultiDict, MultiMapping
+from prometheus_client import CollectorRegistry, Counter, start_http_server
 
 from promptcache.contract import CACHE_SALT_FIELD, PROMPT_CACHE_KEY_FIELD
+from promptcache.contract.settings import split_host_port
 from promptcache.front import errors as front_errors
+from promptcache.front.canonical import (
+    DENSE_TOKENS,
+    POLICY_FIELDS,
+    check_headers,
+    check_json_media_type,
+    encode_body,
+    header_multidict,
+    json_charge,
+    json_tokens,
+    parse_body,
+)
 from promptcache.front.errors import FrontError
 from promptcache.front.policy import apply_policy
 from promptcache.front.routes import RouteClass, canonical_target, check_route
@@ -65,6 +79,8 @@ _OFFLOAD_BYTES: Final[int] = 256 * 1024
 """Bodies at least this big are parsed on a worker thread, off the event loop."""
 _CHUNK_BYTES: Final[int] = 1024 * 1024
 """Largest body message sent to the picker (gRPC servers refuse messages over 4 MiB)."""
+_DECIDE_WORKERS: Final[int] = 2
+"""Worker processes deciding large bodies: bounded, so a burst cannot take every core."""
 _QUEUE_DEPTH: Final[int] = 16
 """Messages waiting for the EPP per stream: back-pressure instead of an unbounded queue."""
 _NOT_FORWARDED_METADATA: Final[frozenset[str]] = frozenset(
@@ -95,20 +111,13 @@ def session_of(body: dict[str, Any], user_field: str) -> str | None:
     return None
 
 
-def _json_object(raw: bytes) -> dict[str, Any] | None:
-    if raw.lstrip()[:1] != b"{":
-        return None  # not a JSON object: not worth parsing (multipart, binary, ...)
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
-        return None
-    return body if isinstance(body, dict) else None
-
-
 def session_from_body(raw: bytes, field: str = "user") -> str | None:
     """The body's session (`prompt_cache_key`, else `field`), or None."""
-    body = _json_object(raw)
-    return None if body is None else session_of(body, field)
+    try:
+        body = parse_body(raw, acted_on=())
+    except FrontError:
+        return None
+    return session_of(body, field)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,51 +125,74 @@ class Decision:
     """What the step does with one complete request."""
 
     body: bytes | None = None
-    """The body to forward when it changed (salt added or a client salt dropped)."""
+    """The canonical body to forward instead of the client's (every salted JSON request)."""
     session: str | None = None
     """The session header value to add, when the body names one."""
     refusal: FrontError | None = None
     """The front's answer, sent to the client instead of asking the picker."""
 
 
+def _policy_copy(body: dict[str, Any]) -> dict[str, Any]:
+    """A copy `apply_policy` may rewrite without touching `body`: it changes top-level
+    members and `stream_options`' members only (no deep copy of a large body)."""
+    work = dict(body)
+    options = work.get("stream_options")
+    if isinstance(options, dict):
+        work["stream_options"] = dict(options)
+    return work
+
+
 def decide(
     method: str,
     target: str,
-    headers: dict[str, str],
-    raw: bytes,
+    headers: Mapping[str, str] | MultiMapping[str],
+    raw: bytes | bytearray,
     *,
     front: FrontSettings,
     secret: bytes | None,
     session_header: str,
     user_field: str,
 ) -> Decision:
-    """Pure: the salt the front would derive, in the body the picker hashes; the session.
+    """Pure: the salt the front would derive, in the canonical body the picker hashes.
 
-    Classifies the request target with the front's own functions and runs the front's own
-    `apply_policy` on a copy of the body, so every decision (salt, refusal, error body) is
-    the front's; the body forwarded is the client's own minus any `cache_salt` it sent, plus
-    the derived one. Only routes the front salts are rewritten."""
+    Classifies the request target, checks the headers and parses the body with the front's
+    own functions (`front.canonical`), and runs the front's own `apply_policy` on a copy,
+    so every decision (salt, refusal, error body) is the front's. What is forwarded on a
+    salted route is always the canonical encoding of the client's body minus any
+    `cache_salt` it sent, plus the derived one: one spelling of every field, UTF-8, which
+    Go's `encoding/json` (the picker) reads as this step did. `headers`: every entry, as
+    aiohttp would present them (`front.canonical.header_multidict`)."""
+    lowered = headers if isinstance(headers, CIMultiDict) else CIMultiDict(headers)
     try:
         route = check_route(method, canonical_target(target).path)
+        if route.kind is RouteClass.FRONT:
+            return Decision()  # the front answers its own paths; nothing to salt
+        check_headers(lowered)
+        if route.kind is not RouteClass.SALTED:
+            if raw:
+                raise FrontError(
+                    400, front_errors.BODY_NOT_ALLOWED, f"{route.path} takes no request body"
+                )
+            return Decision()
+        check_json_media_type(lowered)
+        body = parse_body(raw, acted_on=(*POLICY_FIELDS, front.isolation_field, user_field))
+        plan = apply_policy(route, lowered, _policy_copy(body), front, secret)
+        body.pop(CACHE_SALT_FIELD, None)
+        if plan.salt is not None:
+            body[CACHE_SALT_FIELD] = plan.salt
+        session = None
+        if session_header and not (lowered.get(session_header) or "").strip():
+            session = session_of(body, user_field)
+        dense = json_tokens(raw) > DENSE_TOKENS  # then encoded without holding the GIL long
+        return Decision(body=encode_body(body, interruptible=dense), session=session)
     except FrontError as error:
         return Decision(refusal=error)
-    body = _json_object(raw)
-    if body is None or route.kind is not RouteClass.SALTED:
-        return Decision()  # the front answers it; nothing to salt or name
-    lowered = CIMultiDict(headers)
-    try:
-        plan = apply_policy(route, lowered, copy.deepcopy(body), front, secret)
-    except FrontError as error:
-        return Decision(refusal=error)
-    changed = body.pop(CACHE_SALT_FIELD, None) is not None
-    if plan.salt is not None:
-        body[CACHE_SALT_FIELD] = plan.salt
-        changed = True
-    session = None
-    if session_header and not (lowered.get(session_header) or "").strip():
-        session = session_of(body, user_field)
-    encoded = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
-    return Decision(body=encoded if changed else None, session=session)
+
+
+def decide_cost(raw: bytes | bytearray) -> int:
+    """Working memory deciding on `raw` takes beyond the raw bytes: the parse (the front's
+    own estimate, `front.state.json_charge`) and the canonical re-encoding."""
+    return json_charge(raw) + len(raw)
 
 
 class _Budget:
@@ -184,7 +216,10 @@ class _Inspector:
     """Per-stream state: hold the request headers until the whole body has arrived.
 
     `feed` returns the messages to forward now, or a `FrontError` to answer with; when it
-    returns None the body is complete and the caller decides (`body()`, then `apply()`)."""
+    returns None the request is complete (its body ended, or trailers or a headers-only
+    request ended it) and the caller decides (`body()`, then `apply()`). Nothing leaves
+    undecided: a message the protocol does not allow while a request is held is a
+    refusal, never a reason to let the held request through."""
 
     def __init__(self, max_body_bytes: int, budget: _Budget) -> None:
         self.max_body_bytes = max_body_bytes
@@ -192,39 +227,58 @@ class _Inspector:
         self.active = True
         self.held: Any = None
         self.chunks: list[Any] = []
+        self.tail: list[Any] = []
+        """Trailers that ended the request: forwarded after the decided body."""
         self.size = 0
+        self.charged = 0
+        self.deadline = 0.0
+        """Loop time by which a held request's body must have ended."""
+
+    @property
+    def holding(self) -> bool:
+        return self.active and self.held is not None
 
     def feed(self, msg: Any) -> list[Any] | FrontError | None:
         if not self.active:
             return [msg]
         kind = msg.WhichOneof("request")
-        if kind == "request_headers" and self.held is None:
-            if msg.request_headers.end_of_stream:
-                self.active = False
-                return [msg]  # no body: nothing to salt or name (GET /v1/models, ...)
+        if self.held is None:
+            if kind != "request_headers":
+                return [msg]  # nothing held (a stream the gateway opened oddly): pass on
             self.held = msg
-            return []
-        if kind == "request_body" and self.held is not None:
+            return None if msg.request_headers.end_of_stream else []
+        if kind == "request_body":
             n = len(msg.request_body.body)
             if self.size + n > self.max_body_bytes:
                 size, limit = self.size + n, self.max_body_bytes
                 self.release()
                 return too_large(size, limit)
-            if not self.budget.take(n):
+            if not self.take(n):
                 self.release()
                 return busy()
             self.size += n
             self.chunks.append(msg)
             return None if msg.request_body.end_of_stream else []
-        return [*self.release(), msg]  # trailers, responses, anything else: stop holding
+        if kind == "request_trailers":
+            self.tail.append(msg)
+            return None  # trailers end the request: decide on the body so far
+        self.release()
+        return protocol_error(kind)
 
-    def headers(self) -> dict[str, str]:
+    def take(self, n: int) -> bool:
+        if not self.budget.take(n):
+            return False
+        self.charged += n
+        return True
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        """Every header entry, in order, keys lower-cased, values as bytes."""
         if self.held is None:
-            return {}
-        return {
-            h.key.lower(): (h.raw_value.decode(errors="replace") if h.raw_value else h.value)
+            return []
+        return [
+            (h.key.lower(), h.raw_value if h.raw_value else h.value.encode())
             for h in self.held.request_headers.headers.headers
-        }
+        ]
 
     def body(self) -> bytes:
         return b"".join(c.request_body.body for c in self.chunks)
@@ -246,8 +300,9 @@ class _Inspector:
                 if entry.key.lower() == "content-length":
                     entry.raw_value, entry.value = str(len(decision.body)).encode(), ""
             # The rewritten body, in chunks no bigger than gRPC's default message limit
-            # allows (the picker's server keeps it), the last one ending the stream.
-            end = self.chunks[-1].request_body.end_of_stream
+            # allows (the picker's server keeps it); the last one ends the stream unless
+            # trailers follow.
+            end = not self.tail
             pieces = [
                 decision.body[i : i + _CHUNK_BYTES]
                 for i in range(0, len(decision.body), _CHUNK_BYTES)
@@ -262,9 +317,10 @@ class _Inspector:
 
     def release(self) -> list[Any]:
         """Stop inspecting; return what was held, in order, and free its budget."""
-        out = ([self.held] if self.held is not None else []) + self.chunks
-        self.budget.give(self.size)
-        self.held, self.chunks, self.size, self.active = None, [], 0, False
+        out = ([self.held] if self.held is not None else []) + self.chunks + self.tail
+        self.budget.give(self.charged)
+        self.held, self.chunks, self.tail, self.size, self.charged = None, [], [], 0, 0
+        self.active = False
         return out
 
 
@@ -286,24 +342,91 @@ def busy() -> FrontError:
     )
 
 
+def parse_too_large(need: int, limit: int) -> FrontError:
+    return FrontError(
+        413,
+        front_errors.REQUEST_TOO_LARGE,
+        f"the request needs about {need} bytes of working memory to be checked at the "
+        f"gateway (its body, parsed and re-encoded); the gateway gives all requests "
+        f"together at most {limit}",
+    )
+
+
+def body_timeout(seconds: float) -> FrontError:
+    """The front's 408 for a body that arrives too slowly."""
+    return FrontError(
+        408,
+        front_errors.BODY_TIMEOUT,
+        f"the request body did not arrive within {seconds:g} seconds",
+    )
+
+
+def ended_early() -> FrontError:
+    return FrontError(
+        400,
+        front_errors.INVALID_JSON,
+        "the request ended before its body did (the stream closed mid-body)",
+    )
+
+
+def protocol_error(kind: str | None) -> FrontError:
+    log.error("refused a request: the gateway sent %s while its body was incomplete", kind)
+    return internal_error()
+
+
+def internal_error() -> FrontError:
+    """The front's 500 (its very message): the step failed, so it refuses (fails closed)."""
+    return front_errors.internal_error()
+
+
 def immediate(error: FrontError) -> Any:
     """The ext_proc answer that sends the front's error to the client directly."""
+    headers = [("content-type", b"application/json")]
+    if error.status == 503:
+        headers.append(("retry-after", b"1"))
+    headers.extend((k.lower(), v.encode()) for k, v in error.headers.items())
     return pb.ProcessingResponse(
         immediate_response=pb.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=error.status),
             headers=pb.HeaderMutation(
                 set_headers=[
-                    base_pb2.HeaderValueOption(
-                        header=base_pb2.HeaderValue(
-                            key="content-type", raw_value=b"application/json"
-                        )
-                    )
+                    base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(key=k, raw_value=v))
+                    for k, v in headers
                 ]
             ),
             body=error.body_bytes(),
             details=error.code,
         )
     )
+
+
+class PolicyMetrics:
+    """The step's own counters (served by `serve` on `--metrics-listen`)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.refusals = Counter(
+            "promptcache_gateway_policy_refusals",
+            "Requests the policy step answered itself, by error code",
+            ["code"],
+            registry=self.registry,
+        )
+        self.internal_errors = Counter(
+            "promptcache_gateway_policy_internal_errors",
+            "Failures inside the step, each answered with a refusal (it fails closed)",
+            registry=self.registry,
+        )
+        self.decided = Counter(
+            "promptcache_gateway_policy_decided",
+            "Requests decided and forwarded to the picker",
+            registry=self.registry,
+        )
+
+    def refused(self, error: FrontError) -> None:
+        self.refusals.labels(code=error.code).inc()
+
+    def value(self, name: str, **labels: str) -> float:
+        return self.registry.get_sample_value(name, labels) or 0.0
 
 
 def _forwarded_metadata(context: grpc.aio.ServicerContext[Any, Any]) -> list[tuple[str, Any]]:
@@ -327,41 +450,104 @@ class SessionShim(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self.secret = secret
         self._stub = pb_grpc.ExternalProcessorStub(channel)
         self.budget = _Budget(settings.max_buffered_bytes)
+        self.metrics = PolicyMetrics()
+        self._processes: ProcessPoolExecutor | None = None
+
+    def _pool(self) -> ProcessPoolExecutor:
+        """Worker processes for large bodies, started on first use (spawned: no fork of a
+        process running gRPC). Parsing in a thread would hold this process's GIL for
+        seconds; in a worker it costs only CPU, and other tenants keep being routed."""
+        if self._processes is None:
+            self._processes = ProcessPoolExecutor(
+                max_workers=_DECIDE_WORKERS, mp_context=multiprocessing.get_context("spawn")
+            )
+        return self._processes
+
+    def close(self) -> None:
+        if self._processes is not None:
+            self._processes.shutdown(wait=False, cancel_futures=True)
+            self._processes = None
 
     async def _decide(self, inspector: _Inspector) -> Decision:
-        held = inspector.headers()
-        method, target = held.get(":method", "POST"), held.get(":path", "")
+        entries = inspector.headers()
+        pseudo = {k: v.decode("utf-8", "surrogateescape") for k, v in entries if k[:1] == ":"}
+        method, target = pseudo.get(":method", "POST"), pseudo.get(":path", "")
+        headers = header_multidict((k, v) for k, v in entries if k[:1] != ":")
         raw = inspector.body()
-        headers = {k: v for k, v in held.items() if not k.startswith(":")}
+        cost = decide_cost(raw)
+        if cost > self.budget.limit:
+            return Decision(refusal=parse_too_large(cost + len(raw), self.budget.limit))
+        if not inspector.take(cost):
+            return Decision(refusal=busy())
         run = functools.partial(
             decide, method, target, headers, raw, front=self.front, secret=self.secret,
             session_header=self.settings.session_header, user_field=self.settings.user_field,
         )  # fmt: skip
         if len(raw) >= _OFFLOAD_BYTES:
-            return await asyncio.to_thread(run)
+            # In a worker process, on a bounded pool: other streams keep being routed.
+            try:
+                return await asyncio.get_running_loop().run_in_executor(self._pool(), run)
+            except BrokenProcessPool:
+                self._processes = None  # a worker died (killed, out of memory): a new pool
+                raise
         return run()
+
+    def _failed(self, error: BaseException) -> FrontError:
+        """Fail closed: an exception inside the step is a refusal, logged and counted."""
+        log.error("the gateway policy step failed on a request; refused it", exc_info=error)
+        self.metrics.internal_errors.inc()
+        return internal_error()
+
+    async def _next(self, incoming: AsyncIterator[Any], inspector: _Inspector) -> Any:
+        """The gateway's next message; a held body must end within the body timeout."""
+        if not inspector.holding:
+            return await anext(incoming)
+        remaining = inspector.deadline - asyncio.get_running_loop().time()
+        async with asyncio.timeout(max(remaining, 0)):
+            return await anext(incoming)
 
     async def _pump(self, incoming: AsyncIterator[Any], out: asyncio.Queue[Any]) -> None:
         """Gateway → picker: forward in order, holding headers while the body is read; a
-        refusal goes on the queue as the `FrontError` to answer with."""
+        refusal goes on the queue as the `FrontError` to answer with. Every request is
+        decided before anything of it is forwarded; a failure is a refusal."""
         inspector = _Inspector(self.settings.max_body_bytes, self.budget)
+        loop = asyncio.get_running_loop()
+        refusal: FrontError | None = None
         try:
-            async for msg in incoming:
-                forward = inspector.feed(msg)
-                if forward is None:
-                    decision = await self._decide(inspector)
-                    if decision.refusal is not None:
-                        inspector.release()
-                        forward = decision.refusal
-                    else:
-                        forward = inspector.apply(decision, self.settings.session_header)
+            iterator = aiter(incoming)
+            while refusal is None:
+                try:
+                    msg = await self._next(iterator, inspector)
+                except StopAsyncIteration:
+                    if inspector.holding:
+                        refusal = ended_early()  # half-closed mid-body: never undecided
+                    break
+                except TimeoutError:
+                    refusal = body_timeout(self.settings.body_timeout_seconds)
+                    break
+                try:
+                    was_holding = inspector.holding
+                    forward = inspector.feed(msg)
+                    if inspector.holding and not was_holding:
+                        inspector.deadline = loop.time() + self.settings.body_timeout_seconds
+                    if forward is None:
+                        decision = await self._decide(inspector)
+                        if decision.refusal is not None:
+                            forward = decision.refusal
+                        else:
+                            forward = inspector.apply(decision, self.settings.session_header)
+                            self.metrics.decided.inc()
+                except Exception as error:
+                    forward = self._failed(error)
                 if isinstance(forward, FrontError):
-                    await out.put(forward)
-                    return
+                    refusal = forward
+                    break
                 for item in forward:
                     await out.put(item)
-            for item in inspector.release():  # the gateway half-closed mid-body
-                await out.put(item)
+            if refusal is not None:
+                inspector.release()
+                self.metrics.refused(refusal)
+                await out.put(refusal)
         finally:
             inspector.release()
             await out.put(None)  # half-close toward the picker
@@ -450,6 +636,7 @@ class RunningShim:
         grace = self.shim.settings.drain_seconds if grace_s is None else grace_s
         await self.server.stop(grace)
         await self.channel.close()
+        self.shim.close()
 
 
 async def start(settings: ShimSettings, secret: bytes | None = None) -> RunningShim:
@@ -479,6 +666,9 @@ async def _serve(
     settings: ShimSettings, secret: bytes | None, signals: Sequence[signal.Signals]
 ) -> None:
     running = await start(settings, secret)
+    if settings.metrics_listen:
+        host, port = split_host_port("--metrics-listen", settings.metrics_listen)
+        start_http_server(port, addr=host, registry=running.shim.metrics.registry)
     log.info(
         "gateway policy step listening on %s (port %d), relaying ext_proc to the Endpoint "
         "Picker at %s; isolation %s (header %r, field %r); session header %r from "

@@ -24,15 +24,18 @@ from promptcache.contract import (
 )
 from promptcache.contract.front import (
     DEFAULT_ALLOW_CLIENT_PRIORITY,
+    DEFAULT_ALLOW_ENGINE_STATE,
     DEFAULT_HONOR_MAX_LEN,
     DEFAULT_ISOLATION_MODE,
 )
 from promptcache.contract.settings import split_host_port
 from promptcache.contract.shim import (
+    DEFAULT_SHIM_BODY_TIMEOUT_SECONDS,
     DEFAULT_SHIM_DRAIN_SECONDS,
     DEFAULT_SHIM_LISTEN,
     DEFAULT_SHIM_MAX_BODY_BYTES,
     DEFAULT_SHIM_MAX_BUFFERED_BYTES,
+    DEFAULT_SHIM_METRICS_LISTEN,
     DEFAULT_SHIM_UPSTREAM,
     MAX_SHIM_DRAIN_SECONDS,
 )
@@ -57,18 +60,26 @@ class ShimSettings:
     max_body_bytes: int = DEFAULT_SHIM_MAX_BODY_BYTES
     max_buffered_bytes: int = DEFAULT_SHIM_MAX_BUFFERED_BYTES
     drain_seconds: float = DEFAULT_SHIM_DRAIN_SECONDS
+    body_timeout_seconds: float = DEFAULT_SHIM_BODY_TIMEOUT_SECONDS
+    """A body still arriving this long after its headers is refused with HTTP 408."""
+    metrics_listen: str = DEFAULT_SHIM_METRICS_LISTEN
+    """Empty: serve no metrics."""
     isolation_mode: IsolationMode = DEFAULT_ISOLATION_MODE
     isolation_header: str = DEFAULT_ISOLATION_HEADER
     isolation_field: str = DEFAULT_ISOLATION_FIELD
     salt_key_file: str = SALT_KEY_FILE
     honor_prompt_cache_max_len: bool = DEFAULT_HONOR_MAX_LEN
     allow_client_priority: bool = DEFAULT_ALLOW_CLIENT_PRIORITY
+    allow_engine_state: bool = DEFAULT_ALLOW_ENGINE_STATE
+    """The front's: a state field the front refuses is refused here, before routing."""
     """The front's: a priority the front refuses is refused here, before routing."""
 
     def __post_init__(self) -> None:
         try:
             split_host_port("--listen", self.listen)
             split_host_port("--upstream", self.upstream)
+            if self.metrics_listen:
+                split_host_port("--metrics-listen", self.metrics_listen)
             check_header_name("--session-header", self.session_header, optional=True)
             check_body_field("--user-field", self.user_field, optional=True)
         except (SettingInputError, GrammarError) as exc:
@@ -79,6 +90,11 @@ class ShimSettings:
             raise ShimSettingsError(
                 f"--max-buffered-bytes={self.max_buffered_bytes} must be at least "
                 f"--max-body-bytes={self.max_body_bytes}"
+            )
+        if not 0 < self.body_timeout_seconds <= MAX_SHIM_DRAIN_SECONDS:
+            raise ShimSettingsError(
+                f"--body-timeout-seconds={self.body_timeout_seconds} must be in "
+                f"(0, {MAX_SHIM_DRAIN_SECONDS:g}]"
             )
         if not 0 <= self.drain_seconds <= MAX_SHIM_DRAIN_SECONDS:
             raise ShimSettingsError(
@@ -96,6 +112,7 @@ class ShimSettings:
                 salt_key_file=self.salt_key_file,
                 honor_prompt_cache_max_len=self.honor_prompt_cache_max_len,
                 allow_client_priority=self.allow_client_priority,
+                allow_engine_state=self.allow_engine_state,
                 session_header="",
                 session_from_user=False,
                 prompt_tokens_header="",

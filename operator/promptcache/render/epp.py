@@ -11,16 +11,20 @@ from promptcache.api.constants import DEFAULT_EPP_IMAGE, DEFAULT_GIE_EPP_IMAGE
 from promptcache.contract import (
     EPP_EXT_PROC_PORT,
     EPP_LOCAL_GRPC_PORT,
+    GATEWAY_POLICY_METRICS_PORT,
     SALT_KEY_MOUNT_DIR,
     SESSION_USER_FIELD,
     GatewayPolicyEnv,
     PickerTarget,
 )
+from promptcache.contract.settings import format_float
 from promptcache.contract.shim import (
     DEFAULT_SHIM_LISTEN,
     DEFAULT_SHIM_MAX_BUFFERED_BYTES,
+    DEFAULT_SHIM_METRICS_LISTEN,
     DEFAULT_SHIM_UPSTREAM,
     ISOLATION_FIELDS,
+    SHIM_BUDGET_PER_MAX_BODY,
     SHIM_SETTINGS,
 )
 from promptcache.render.epp_config import (
@@ -127,9 +131,10 @@ _ISOLATION_ENV: Final[frozenset[str]] = frozenset(
 
 def _policy_body_limits(pcd: PromptCacheDeployment) -> tuple[int, int]:
     """(per request, all requests): the front's own limit, so the step refuses with 413
-    only what the front would; all requests together hold at least the default budget."""
+    only what the front would; all requests together hold at least the default budget and
+    `SHIM_BUDGET_PER_MAX_BODY` largest bodies (one stalled body never holds all of it)."""
     per_request = pcd.spec.front.max_request_bytes
-    return per_request, max(DEFAULT_SHIM_MAX_BUFFERED_BYTES, per_request)
+    return per_request, max(DEFAULT_SHIM_MAX_BUFFERED_BYTES, SHIM_BUDGET_PER_MAX_BODY * per_request)
 
 
 def session_shim_container(
@@ -152,6 +157,9 @@ def session_shim_container(
         GatewayPolicyEnv.MAX_BODY_BYTES: str(per_request),
         GatewayPolicyEnv.MAX_BUFFERED_BYTES: str(budget),
         GatewayPolicyEnv.DRAIN_SECONDS: str(SHIM_DRAIN_SECONDS),
+        # the front's own body timeout: a body too slow for the front is refused here first
+        GatewayPolicyEnv.BODY_TIMEOUT_SECONDS: format_float(pcd.spec.front.body_timeout_seconds),
+        GatewayPolicyEnv.METRICS_LISTEN: DEFAULT_SHIM_METRICS_LISTEN,
         # The front's own isolation variables, with the very values the front gets.
         **{k: v for k, v in front_env(pcd, names).items() if k in _ISOLATION_ENV},
     }
@@ -165,12 +173,20 @@ def session_shim_container(
         "imagePullPolicy": "IfNotPresent",
         "args": [POLICY_COMMAND],
         "env": [{"name": k, "value": v} for k, v in env.items()],
-        "ports": [{"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"}],
+        "ports": [
+            {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
+            {
+                "name": "policy-metrics",
+                "containerPort": GATEWAY_POLICY_METRICS_PORT,
+                "protocol": "TCP",
+            },
+        ],
         "livenessProbe": {**tcp, "initialDelaySeconds": 5, "periodSeconds": 10},
         "readinessProbe": {**tcp, "periodSeconds": 2},
         "resources": {
             "requests": {"cpu": "100m", "memory": "128Mi"},
-            "limits": {"memory": mebibytes(3 * budget + 128 * 1024**2)},
+            # the budget charges bodies, their parse and re-encoding; the rest is runtime
+            "limits": {"memory": mebibytes(2 * budget + 128 * 1024**2)},
         },
         "securityContext": container_security_context(),
     }
@@ -287,7 +303,7 @@ def epp_network_policy(pcd: PromptCacheDeployment, names: Names) -> dict[str, An
     loopback and from its node (kubelet probes) is not subject to NetworkPolicy."""
     if not (uses_session_shim(pcd) and pcd.spec.gateway.network_policy):
         return None
-    ports = (GRPC_PORT, GRPC_HEALTH_PORT, METRICS_PORT)
+    ports = (GRPC_PORT, GRPC_HEALTH_PORT, METRICS_PORT, GATEWAY_POLICY_METRICS_PORT)
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",

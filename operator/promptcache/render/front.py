@@ -23,6 +23,7 @@ from promptcache.contract import (
     format_float,
 )
 from promptcache.contract.front import (
+    DEFAULT_ALLOW_ENGINE_STATE,
     DEFAULT_LISTEN,
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_MAX_IN_FLIGHT_BYTES,
@@ -85,8 +86,12 @@ def _env(pcd: PromptCacheDeployment, has_salt: bool) -> list[dict[str, str]]:
         (FrontEnv.MAX_BODY_READS, str(spec.front.max_concurrent_body_reads)),
         (FrontEnv.HEADER_TIMEOUT_SECONDS, format_float(spec.front.header_timeout_seconds)),
         (FrontEnv.BODY_TIMEOUT_SECONDS, format_float(spec.front.body_timeout_seconds)),
+        (FrontEnv.WRITE_TIMEOUT_SECONDS, format_float(spec.front.write_timeout_seconds)),
+        (FrontEnv.SEND_BUFFER_BYTES, str(spec.front.send_buffer_bytes)),
         (FrontEnv.MAX_PROMPT_EMBEDS_REFERENCES, str(spec.front.max_prompt_embeds_references)),
         (FrontEnv.ALLOW_CLIENT_PRIORITY, format_bool(spec.front.allow_client_priority)),
+        # no resource field yet: the process default, written so the step reads the same
+        (FrontEnv.ALLOW_ENGINE_STATE, format_bool(DEFAULT_ALLOW_ENGINE_STATE)),
         (FrontEnv.PROMPT_TOKENS_HEADER, usage.prompt_tokens_header if usage.enabled else ""),
         (
             FrontEnv.CACHED_PROMPT_TOKENS_HEADER,

@@ -48,8 +48,13 @@ def epp(manifests: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
     return container, cm["data"]["config.yaml"]
 
 
-def test_api_names_every_picker_target() -> None:
-    assert set(get_args(PickerName)) == {t.value for t in PickerTarget}
+def test_the_api_field_is_the_contracts_enum() -> None:
+    """Typed like the isolation mode: the resource, the defaults and render share one enum."""
+    assert get_args(PickerName)[0] is PickerTarget
+    assert parse_resource(doc_with(gateway={"picker": "gie-v1.5"})).spec.gateway.picker is (
+        PickerTarget.GIE
+    )
+    assert OperatorDefaults(picker="gie-v1.5").picker is PickerTarget.GIE
 
 
 def test_gie_gets_its_config_dialect_image_and_flags() -> None:

@@ -67,6 +67,7 @@ from promptcache.render import (
     RenderError,
     names_of,
     render,
+    resolved,
 )
 from promptcache.render.model_server import gpu_resource, node_selector
 from promptcache.render.monitoring import MONITORING_API, monitoring_enabled
@@ -189,7 +190,10 @@ class Reconciler:
         obs = Observation(generation=meta.get("generation"))
         outcome = Outcome()
         try:
-            pcd = parse_resource({k: raw[k] for k in ("apiVersion", "kind", "metadata", "spec")})
+            parsed = parse_resource({k: raw[k] for k in ("apiVersion", "kind", "metadata", "spec")})
+            # Everything below (render, checks, status) reads the resolved resource: the
+            # status must describe what render deployed, operator-wide defaults included.
+            pcd = resolved(parsed, self.settings.defaults)
             names = names_of(pcd)
         except InvalidResourceError as error:
             obs.blocked = Problem(Reason.INVALID_SPEC, "; ".join(str(p) for p in error.problems))

@@ -40,8 +40,9 @@ from promptcache.controller.children import controller_uid, owned
 from promptcache.controller.compare import needs_apply
 from promptcache.controller.conditions import Desired, now_rfc3339, transitions
 from promptcache.controller.diagnose import diagnose
+from promptcache.controller.errors import ApiError, NotFoundError
 from promptcache.controller.gateway_status import gateway_view, route_parents
-from promptcache.controller.kube import ApiError, Kind, Kube, by_kind, kind_of
+from promptcache.controller.kube import Kind, Kube, by_kind, kind_of
 from promptcache.controller.metrics import OperatorMetrics
 from promptcache.controller.options import DEFAULT_SCRAPE_PORT, DEFAULT_SCRAPE_TIMEOUT_SECONDS
 from promptcache.controller.salt import ensure_salt_secret
@@ -85,6 +86,8 @@ GATEWAY = by_kind("Gateway")
 POD_MONITOR = by_kind("PodMonitor")
 HPA = by_kind("HorizontalPodAutoscaler")
 NETWORK_POLICY = by_kind("NetworkPolicy")
+OPTIONAL_KINDS = GATEWAY_KINDS | MONITORING_KINDS
+"""Kinds whose CRDs a cluster may lack: applied only while discovery says they are served."""
 STATUS_ECHO_S = 10.0
 """How long a just-written status is trusted over a body that may not show it yet."""
 
@@ -264,8 +267,7 @@ class Reconciler:
             served["PodMonitor"] = await self.gateway_apis.served(
                 self.kube, MONITORING_API, POD_MONITOR.plural
             )
-        optional = GATEWAY_KINDS | MONITORING_KINDS
-        to_sync = [m for m in desired if m["kind"] not in optional or served.get(m["kind"])]
+        to_sync = [m for m in desired if m["kind"] not in OPTIONAL_KINDS or served.get(m["kind"])]
         lives: list[dict[str, Any] | ApiError | None] = (
             [None] * len(to_sync)
             if fresh
@@ -340,7 +342,7 @@ class Reconciler:
         results = await apply_in_order(self.kube, [m for _, m in pending])
         for (label, manifest), result in zip(pending, results, strict=True):
             if isinstance(result, ApiError) and not result.transient:
-                if result.code == 404 and manifest["kind"] in GATEWAY_KINDS | MONITORING_KINDS:
+                if isinstance(result, NotFoundError) and manifest["kind"] in OPTIONAL_KINDS:
                     self.gateway_apis.invalidate()
                     served[manifest["kind"]] = False
                     continue
@@ -509,10 +511,8 @@ class Reconciler:
         }
         try:
             await self.kube.apply_status(manifest)
-        except ApiError as error:
-            if error.code == 404:
-                return  # deleted meanwhile
-            raise
+        except NotFoundError:
+            return  # deleted meanwhile
         self.metrics.status_writes.inc()
         self._written[uid] = (new, time.monotonic())
         outcome.status_written = True

@@ -17,7 +17,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from promptcache.controller.kube import ApiError, by_kind
+from promptcache.controller.errors import ApiError
+from promptcache.controller.kube import by_kind
 from promptcache.controller.reconcile import Outcome, Reconciler
 
 log = logging.getLogger(__name__)

@@ -29,9 +29,10 @@ import yaml
 
 from e2e.localcluster.crds import wait_established as crd_wait
 from e2e.localcluster.state import free_port
+from promptcache.api.constants import API_VERSION, CRD_NAME, GROUP, KIND, PLURAL
 
 ROOT = Path(__file__).resolve().parents[1]
-CRD_FILE = ROOT / "crds" / "serving.promptcache.io_promptcachedeployments.yaml"
+CRD_FILE = ROOT / "crds" / f"{GROUP}_{PLURAL}.yaml"
 RULES_FILE = ROOT / "charts" / "promptcache-operator" / "files" / "clusterrole-rules.yaml"
 WRITE_VERBS = ("POST", "PUT", "PATCH", "APPLY")
 
@@ -89,7 +90,7 @@ def wait_established(kubectl: Callable[..., Any], *crds: str, timeout: float = 6
 
 def install_crd(kubectl: Callable[..., Any]) -> None:
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
-    wait_established(kubectl, "promptcachedeployments.serving.promptcache.io")
+    wait_established(kubectl, CRD_NAME)
 
 
 def resource(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
@@ -102,8 +103,8 @@ def resource(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
         **spec.pop("model", {}),
     }
     return {
-        "apiVersion": "serving.promptcache.io/v1alpha1",
-        "kind": "PromptCacheDeployment",
+        "apiVersion": API_VERSION,
+        "kind": KIND,
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"model": model, **spec},
     }

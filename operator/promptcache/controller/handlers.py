@@ -37,7 +37,7 @@ from promptcache.render.names import MANAGED_BY
 
 log = logging.getLogger(__name__)
 
-ANNOTATION_PREFIX = "serving.promptcache.io"
+ANNOTATION_PREFIX = GROUP
 DEBOUNCE_S = 1.0
 """A burst of child events (a rollout) becomes one reconcile."""
 

@@ -23,6 +23,7 @@ from lightkube.config.client_adapter import AsyncClient as AdapterClient
 from lightkube.config.client_adapter import ConnectionParams
 from lightkube.config.kubeconfig import KubeConfig, SingleConfig
 
+from promptcache.api.constants import API_VERSION, KIND, PLURAL
 from promptcache.controller.errors import ApiError, ConflictError, NotFoundError, api_error
 
 FIELD_MANAGER: Final[str] = "promptcache"
@@ -75,7 +76,7 @@ _KNOWN: Final[tuple[Kind, ...]] = (
     Kind("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes"),
     Kind("gateway.networking.k8s.io/v1", "Gateway", "gateways"),
     Kind("monitoring.coreos.com/v1", "PodMonitor", "podmonitors"),
-    Kind("serving.promptcache.io/v1alpha1", "PromptCacheDeployment", "promptcachedeployments"),
+    Kind(API_VERSION, KIND, PLURAL),
 )
 KINDS: Final[Mapping[tuple[str, str], Kind]] = {(k.api_version, k.kind): k for k in _KNOWN}
 

@@ -11,6 +11,7 @@ from promptcache.api.constants import DEFAULT_EPP_IMAGE, DEFAULT_GIE_EPP_IMAGE
 from promptcache.contract import (
     EPP_EXT_PROC_PORT,
     EPP_LOCAL_GRPC_PORT,
+    OPERATOR_ANNOTATION_PREFIX,
     SALT_KEY_MOUNT_DIR,
     SESSION_USER_FIELD,
     GatewayPolicyEnv,
@@ -56,7 +57,7 @@ DEFAULT_IMAGES: Final[dict[PickerTarget, str]] = {
 }
 
 
-CONFIG_HASH_ANNOTATION: Final[str] = "serving.promptcache.io/epp-config-sha256"
+CONFIG_HASH_ANNOTATION: Final[str] = f"{OPERATOR_ANNOTATION_PREFIX}epp-config-sha256"
 
 
 def config_hash(pcd: PromptCacheDeployment) -> str:

@@ -1,4 +1,4 @@
-"""The ClusterRole in charts/promptcache-operator/files/clusterrole-rules.yaml is enough, and
+"""The ClusterRole of controller/rbac_rules/clusterrole-rules.yaml is enough, and
 every rule counts: the operator runs as a ServiceAccount bound to exactly those rules (a
 token from `kubectl create token` in a kubeconfig of its own), plus the Role for its leader
 Lease in its namespace and the Endpoint Picker's static ClusterRole it binds per namespace,

@@ -365,7 +365,14 @@ def test_deleting_the_resource_leaves_nothing(cluster: Cluster, env: dict[str, A
     ns, op = env["ns"], env["op"]
     apply_yaml(cluster.kubectl, resource("doomed", ns))
     wait_ready(cluster, ns, "doomed", op)
+
+    def managed_is(count: int) -> bool:
+        return op.counter("promptcache_resources") == count
+
+    served = len(get_json(cluster.kubectl, "pcd", "-n", ns)["items"])
+    wait_for(lambda: managed_is(served), f"promptcache_resources == {served}", timeout=30)
     cluster.kubectl("-n", ns, "delete", "pcd", "doomed", "--wait=true", "--timeout=60s")
+    wait_for(lambda: managed_is(served - 1), "promptcache_resources to drop", timeout=30)
 
     def gone() -> bool:
         for kind in (*CHILD_KINDS, "secrets", "pods", "replicasets"):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.localcluster.crds import wait_established as crd_wait
 from e2e.localcluster.state import free_port
@@ -122,22 +122,13 @@ def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
 
 
 def parse_prometheus(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    """Minimal exposition parser: {(name, labels): value} (no TYPE/HELP needed)."""
-    out: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
-    line_re = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)")
-    label_re = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = line_re.match(line)
-        if not m:
-            continue
-        labels = frozenset(label_re.findall(m.group(3) or ""))
-        try:
-            out[(m.group(1), labels)] = float(m.group(4))
-        except ValueError:
-            continue
-    return out
+    """The exposition text as {(sample name, labels): value}, by prometheus-client's parser
+    (counters' samples keep their `_total` name)."""
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
 
 
 def metric_sum(

@@ -38,23 +38,6 @@ pytestmark = pytest.mark.cluster
 TIMEOUT_S = 180
 
 
-def token_kubeconfig(cluster: Cluster, ns: str, sa: str, path: Path) -> Path:
-    """A kubeconfig that authenticates as the ServiceAccount, nothing else."""
-    admin = yaml.safe_load(cluster.kubeconfig.read_text())
-    current = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])
-    cluster_entry = next(c for c in admin["clusters"] if c["name"] == current["context"]["cluster"])
-    token = cluster.kubectl("create", "token", sa, "-n", ns, "--duration", "2h").stdout.strip()
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
-        "clusters": [cluster_entry],
-        "users": [{"name": "sa", "user": {"token": token}}],
-        "contexts": [{"name": "sa", "context": {"cluster": cluster_entry["name"], "user": "sa",
-                                                "namespace": ns}}],
-    }))  # fmt: skip
-    path.chmod(0o600)
-    return path
-
-
 def operator_rules(name: str) -> list[dict[str, Any]]:
     """The rules file as the chart gives it: `bind` on this operator's picker role."""
     return load_rules(RULES_FILE, picker_role=f"{name}-endpoint-picker")
@@ -99,7 +82,7 @@ def _run(
     cluster: Cluster, ns: str, name: str, rules: list[dict[str, Any]], tmp: Path
 ) -> OperatorProcess:
     bind(cluster, name, ns, rules)
-    kubeconfig = token_kubeconfig(cluster, ns, name, tmp / f"{name}.kubeconfig")
+    kubeconfig = cluster.service_account_kubeconfig(ns, name, tmp / f"{name}.kubeconfig")
     return OperatorProcess(
         kubeconfig=kubeconfig, log_path=tmp / f"{name}.log",
         args=["-n", ns, "--lease-namespace", ns, "--resync-seconds", "2",
@@ -207,7 +190,9 @@ def test_a_rolebinding_is_applied_after_its_role(
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
     ]  # fmt: skip
     bind(cluster, sa, rbac_ns, operator_rules(sa) + role_creator)
-    config = KubeConfig.from_file(token_kubeconfig(cluster, rbac_ns, sa, tmp_path / "kc")).get()
+    config = KubeConfig.from_file(
+        cluster.service_account_kubeconfig(rbac_ns, sa, tmp_path / "kc")
+    ).get()
 
     async def run() -> None:
         kube = Kube(config)

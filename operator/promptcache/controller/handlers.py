@@ -73,7 +73,7 @@ async def _post_events(
         )
 
 
-def build_registry(  # noqa: PLR0915 - one closure per handler, kept together
+def build_registry(  # noqa: PLR0915, C901 - one small closure per handler, kept together
     reconciler: Reconciler, options: HandlerSettings
 ) -> kopf.OperatorRegistry:
     """Every handler, bound to one reconciler; kopf.operator(registry=...) runs them."""

@@ -17,26 +17,26 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
 from promptcache.api.status import ConditionType, Reason
 from promptcache.controller.diagnose import NOT_READY_WARNINGS
+from promptcache.controller.observation import Desired, Observation, Status
 
-if TYPE_CHECKING:
-    from promptcache.controller.status import Observation
-
-Status = Literal["True", "False", "Unknown"]
-
-
-@dataclass(frozen=True)
-class Desired:
-    """What one condition should say now."""
-
-    type: str
-    status: Status
-    reason: str
-    message: str = ""
+__all__ = [
+    "Desired",
+    "Status",
+    "degraded",
+    "find",
+    "gateway",
+    "gateway_precondition",
+    "monitoring",
+    "now_rfc3339",
+    "progressing",
+    "ready",
+    "set_condition",
+    "transitions",
+]
 
 
 def now_rfc3339() -> str:

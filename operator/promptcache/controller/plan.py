@@ -25,7 +25,7 @@ from promptcache.api import (
 )
 from promptcache.api.status import Reason
 from promptcache.controller.children import owned
-from promptcache.controller.status import Problem
+from promptcache.controller.observation import Problem
 from promptcache.render import Names, RenderError, names_of, render, resolved
 
 __all__ = ["Plan", "plan"]

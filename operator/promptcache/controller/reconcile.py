@@ -53,6 +53,7 @@ from promptcache.controller.errors import ApiError, NotFoundError
 from promptcache.controller.gateway_status import gateway_view, route_parents
 from promptcache.controller.kube import Kube, by_kind, kind_of
 from promptcache.controller.metrics import OperatorMetrics
+from promptcache.controller.observation import Observation, Problem
 from promptcache.controller.options import DEFAULT_SCRAPE_PORT, DEFAULT_SCRAPE_TIMEOUT_SECONDS
 from promptcache.controller.plan import Plan, plan
 from promptcache.controller.salt import ensure_salt_secret
@@ -63,8 +64,6 @@ from promptcache.controller.scrape import (
     scrape_by_ip,
 )
 from promptcache.controller.status import (
-    Observation,
-    Problem,
     compute_status,
     prefix_cache_status,
     selector_string,

@@ -8,10 +8,9 @@ compares the result with the live status and writes only when they differ.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
-from promptcache.api import PromptCacheDeployment, PromptEmbedsCeiling
+from promptcache.api import PromptCacheDeployment
 from promptcache.api.status import (
     Condition,
     ConditionType,
@@ -21,10 +20,20 @@ from promptcache.api.status import (
     PromptEmbedsStatus,
 )
 from promptcache.controller import conditions as conditions_of
-from promptcache.controller.conditions import Desired, set_condition
-from promptcache.controller.diagnose import Diagnosis
+from promptcache.controller.conditions import set_condition
+from promptcache.controller.observation import Observation, Problem
 from promptcache.controller.scrape import ScrapedPrefixCache
 from promptcache.render.picker import picker_target
+
+__all__ = [
+    "Observation",
+    "Problem",
+    "compute_status",
+    "format_bytes",
+    "prefix_cache_status",
+    "selector_string",
+    "status_differs",
+]
 
 _UNITS = (("Ei", 2**60), ("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10))
 
@@ -35,37 +44,6 @@ def format_bytes(n: int) -> str:
         if n and n % size == 0:
             return f"{n // size}{suffix}"
     return str(n)
-
-
-@dataclass(frozen=True)
-class Problem:
-    """Why the resource is degraded: a condition reason and a message a user can act on."""
-
-    reason: str
-    message: str
-
-
-@dataclass
-class Observation:
-    """Everything one reconcile learned, as inputs to the status."""
-
-    generation: int | None
-    desired_replicas: int = 0
-    blocked: Problem | None = None
-    """The resource cannot be rendered at all (invalid spec, name too long)."""
-    degraded: Problem | None = None
-    """Rendered and applied, but something the user must fix stands in the way."""
-    model_server: Mapping[str, Any] | None = None
-    endpoint_picker: Mapping[str, Any] | None = None
-    gateway: Desired | None = None
-    selector: str = ""
-    ceiling: PromptEmbedsCeiling | None = None
-    prefix_cache: PrefixCacheStatus = field(default_factory=PrefixCacheStatus)
-    pods: Diagnosis | None = None
-    """Why model-server pods are not ready, from the pods (None: all ready, or none yet)."""
-    gateway_addresses: list[str] = field(default_factory=list)
-    monitoring: Desired | None = None
-    """MonitoringReady while monitoring is enabled; None removes the condition."""
 
 
 def prefix_cache_status(

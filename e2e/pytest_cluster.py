@@ -171,7 +171,9 @@ class Cluster:
     @cached_property
     def api_client(self) -> Any:
         """A ``kubernetes.client.ApiClient`` for this cluster (official Python client)."""
-        return config.new_client_from_config(config_file=str(self.kubeconfig))
+        return config.new_client_from_config(  # type: ignore[no-untyped-call]
+            config_file=str(self.kubeconfig)
+        )
 
     @property
     def core(self) -> Any:

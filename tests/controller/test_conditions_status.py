@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from promptcache.api import OperatorDefaults, PromptCacheDeployment, prompt_embeds_ceiling
 from promptcache.api.status import PromptCacheDeploymentStatus
+from promptcache.contract import PickerTarget as Picker
 from promptcache.controller.conditions import Desired, set_condition, transitions
 from promptcache.controller.scrape import ScrapedPrefixCache
 from promptcache.controller.status import (
@@ -133,7 +134,8 @@ def _pcd(**prefix: object) -> PromptCacheDeployment:
 
 def _producer(pcd: PromptCacheDeployment) -> dict[str, object]:
     config = endpoint_picker_config(pcd)
-    return next(p for p in config["plugins"] if p["type"] == PREFIX_PRODUCER)["parameters"]
+    producer = next(p for p in config["plugins"] if p["type"] == PREFIX_PRODUCER)
+    return dict(producer["parameters"])
 
 
 SCRAPED = ScrapedPrefixCache(scraped_pods=2, block_size=16, num_gpu_blocks=2048, hit_ratio=0.5)
@@ -174,7 +176,7 @@ def test_the_floor_is_the_picker_targets() -> None:
 def test_the_status_of_the_resolved_resource_uses_the_operator_default_picker() -> None:
     """`--picker gie-v1.5` and no `spec.gateway.picker`: render targets GIE, so the status
     of the resolved resource says what GIE uses (no 64-token floor), as the config does."""
-    gie = OperatorDefaults(picker="gie-v1.5")
+    gie = OperatorDefaults(picker=Picker.GIE)
     pcd = resolved(_pcd(autoTune=False, blockSizeTokens=16), gie)
     (cm,) = [m for m in render(pcd, gie) if m["kind"] == "ConfigMap"]
     assert "Endpoint Picker: gie-v1.5" in next(iter(cm["data"].values()))

@@ -31,7 +31,7 @@ def body(**spec: Any) -> dict[str, Any]:
 def test_the_plan_carries_the_resource_render_used() -> None:
     """`--picker gie-v1.5`: the plan's resource names GIE, its config is GIE's, and the
     status computed from it has no 64-token floor (the bug of issue 25)."""
-    planned = plan(body(), OperatorDefaults(picker="gie-v1.5"))
+    planned = plan(body(), OperatorDefaults(picker=PickerTarget.GIE))
     assert isinstance(planned, Plan)
     assert planned.pcd.spec.gateway.picker is PickerTarget.GIE
     (cm,) = [m for m in planned.desired if m["kind"] == "ConfigMap"]
@@ -63,7 +63,9 @@ def test_what_cannot_be_rendered_is_a_problem_not_an_exception() -> None:
     assert isinstance(too_long, Problem)
     assert too_long.reason == "NameTooLong"
     # Sessions cannot be honoured by GIE: refused when GIE is only the operator's default.
-    refused = plan(body(sessionAffinity={"enabled": True}), OperatorDefaults(picker="gie-v1.5"))
+    refused = plan(
+        body(sessionAffinity={"enabled": True}), OperatorDefaults(picker=PickerTarget.GIE)
+    )
     assert isinstance(refused, Problem)
     assert refused.reason == "PickerCannotHonour"
 

@@ -54,7 +54,7 @@ def test_the_api_field_is_the_contracts_enum() -> None:
     assert parse_resource(doc_with(gateway={"picker": "gie-v1.5"})).spec.gateway.picker is (
         PickerTarget.GIE
     )
-    assert OperatorDefaults(picker="gie-v1.5").picker is PickerTarget.GIE
+    assert OperatorDefaults(picker=PickerTarget.GIE).picker is PickerTarget.GIE
 
 
 def test_gie_gets_its_config_dialect_image_and_flags() -> None:
@@ -106,7 +106,7 @@ def test_gie_refuses_what_it_cannot_honour(spec: dict[str, Any], message: str) -
     render(pcd)
     # ...and refused with the same message when the operator's default is GIE.
     with pytest.raises(RenderError) as failed:
-        render(pcd, OperatorDefaults(picker="gie-v1.5"))
+        render(pcd, OperatorDefaults(picker=PickerTarget.GIE))
     assert message in str(failed.value)
 
 

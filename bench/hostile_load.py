@@ -1,6 +1,6 @@
 """Mixed hostile load against one cache front and one gateway policy step (issue 23).
 
-Processes as a pod runs them: the stand-in vLLM (`promptcache.front.standin`), the front
+Processes as a pod runs them: the stand-in vLLM (`harness.standin`), the front
 (`python -m promptcache.front`, PerKey) in front of it, and the policy step
 (`python -m promptcache.cli gateway-policy`, PerKey) in front of a recording stand-in
 picker (the tests' `FakeEpp`, in this process). Two phases of equal length, in one run:
@@ -383,9 +383,7 @@ async def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         salt = Path(tmp) / "salt-key"
         salt.write_bytes(os.urandom(32))
-        standin = await start(
-            "-m", "promptcache.front.standin", str(standin_port), "--usage-from-engine"
-        )
+        standin = await start("-m", "harness.standin", str(standin_port), "--usage-from-engine")
         front = await start(
             "-m", "promptcache.front", "--upstream", f"http://127.0.0.1:{standin_port}",
             "--listen", f"127.0.0.1:{front_port}", "--isolation-mode", "PerKey",

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -26,12 +25,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.localcluster.crds import wait_established as crd_wait
 from e2e.localcluster.state import free_port
+from promptcache.api.constants import API_VERSION, CRD_NAME, GROUP, KIND, PLURAL
 
 ROOT = Path(__file__).resolve().parents[1]
-CRD_FILE = ROOT / "crds" / "serving.promptcache.io_promptcachedeployments.yaml"
+CRD_FILE = ROOT / "crds" / f"{GROUP}_{PLURAL}.yaml"
 RULES_FILE = ROOT / "charts" / "promptcache-operator" / "files" / "clusterrole-rules.yaml"
 WRITE_VERBS = ("POST", "PUT", "PATCH", "APPLY")
 
@@ -89,7 +90,7 @@ def wait_established(kubectl: Callable[..., Any], *crds: str, timeout: float = 6
 
 def install_crd(kubectl: Callable[..., Any]) -> None:
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
-    wait_established(kubectl, "promptcachedeployments.serving.promptcache.io")
+    wait_established(kubectl, CRD_NAME)
 
 
 def resource(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
@@ -102,8 +103,8 @@ def resource(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
         **spec.pop("model", {}),
     }
     return {
-        "apiVersion": "serving.promptcache.io/v1alpha1",
-        "kind": "PromptCacheDeployment",
+        "apiVersion": API_VERSION,
+        "kind": KIND,
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"model": model, **spec},
     }
@@ -121,22 +122,13 @@ def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
 
 
 def parse_prometheus(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    """Minimal exposition parser: {(name, labels): value} (no TYPE/HELP needed)."""
-    out: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
-    line_re = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)")
-    label_re = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = line_re.match(line)
-        if not m:
-            continue
-        labels = frozenset(label_re.findall(m.group(3) or ""))
-        try:
-            out[(m.group(1), labels)] = float(m.group(4))
-        except ValueError:
-            continue
-    return out
+    """The exposition text as {(sample name, labels): value}, by prometheus-client's parser
+    (counters' samples keep their `_total` name)."""
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
 
 
 def metric_sum(

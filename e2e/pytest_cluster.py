@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client, config
 
 from e2e.localcluster.paths import CACHE, CLI
@@ -116,6 +117,34 @@ class Cluster:
             )
         return proc
 
+    def service_account_kubeconfig(
+        self, namespace: str, sa: str, path: Path, *, duration: str = "2h"
+    ) -> Path:
+        """A kubeconfig (mode 0600) that authenticates as ServiceAccount `namespace/sa` with a
+        token from `kubectl create token`, like its pod's mounted token, and nothing else:
+        the admin kubeconfig's server and CA, no client certificate."""
+        token = self.kubectl("create", "token", sa, "-n", namespace, "--duration", duration)
+        admin = yaml.safe_load(self.kubeconfig.read_text())
+        context = admin.get("current-context") or admin["contexts"][0]["name"]
+        current = next(c for c in admin["contexts"] if c["name"] == context)["context"]
+        server = next(c for c in admin["clusters"] if c["name"] == current["cluster"])["cluster"]
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "cluster", "cluster": server}],
+            "users": [{"name": sa, "user": {"token": token.stdout.strip()}}],
+            "contexts": [
+                {
+                    "name": "sa",
+                    "context": {"cluster": "cluster", "user": sa, "namespace": namespace},
+                }
+            ],
+            "current-context": "sa",
+        }
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)
+        return path
+
     def helm(
         self, *args: str, check: bool = True, timeout: float = 180
     ) -> subprocess.CompletedProcess[str]:
@@ -142,7 +171,9 @@ class Cluster:
     @cached_property
     def api_client(self) -> Any:
         """A ``kubernetes.client.ApiClient`` for this cluster (official Python client)."""
-        return config.new_client_from_config(config_file=str(self.kubeconfig))
+        return config.new_client_from_config(  # type: ignore[no-untyped-call]
+            config_file=str(self.kubeconfig)
+        )
 
     @property
     def core(self) -> Any:

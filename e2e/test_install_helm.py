@@ -101,26 +101,6 @@ def can_i(cluster: Cluster, sa: str, verb: str, resource: str, namespace: str) -
     return proc.stdout.strip() == "yes"
 
 
-def service_account_kubeconfig(cluster: Cluster, namespace: str, sa: str, path: Path) -> Path:
-    """A kubeconfig that authenticates as the ServiceAccount, like its pod's mounted token."""
-    token = cluster.kubectl("create", "token", sa, "-n", namespace, "--duration=1h").stdout.strip()
-    admin = json.loads(cluster.kubectl("config", "view", "--raw", "--minify", "-o", "json").stdout)
-    server = admin["clusters"][0]["cluster"]
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "c", "cluster": server}],
-        "users": [{"name": sa, "user": {"token": token}}],
-        "contexts": [
-            {"name": "sa", "context": {"cluster": "c", "user": sa, "namespace": namespace}}
-        ],
-        "current-context": "sa",
-    }
-    path.write_text(yaml.safe_dump(config))
-    path.chmod(0o600)
-    return path
-
-
 def run_as_chart_pod(
     cluster: Cluster, namespace: str, deployment: str, workdir: Path, replica: int = 0
 ) -> OperatorProcess:
@@ -132,8 +112,8 @@ def run_as_chart_pod(
     dep = cluster.get_json("deployment", deployment, "-n", namespace)
     pod = dep["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    kubeconfig = service_account_kubeconfig(
-        cluster, namespace, pod["serviceAccountName"], workdir / "sa-kubeconfig"
+    kubeconfig = cluster.service_account_kubeconfig(
+        namespace, pod["serviceAccountName"], workdir / "sa-kubeconfig", duration="1h"
     )
     fields = {"metadata.name": f"{deployment}-local-{replica}", "metadata.namespace": namespace}
     env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}

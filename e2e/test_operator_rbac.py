@@ -1,4 +1,4 @@
-"""The ClusterRole in charts/promptcache-operator/files/clusterrole-rules.yaml is enough, and
+"""The ClusterRole of controller/rbac_rules/clusterrole-rules.yaml is enough, and
 every rule counts: the operator runs as a ServiceAccount bound to exactly those rules (a
 token from `kubectl create token` in a kubeconfig of its own), plus the Role for its leader
 Lease in its namespace and the Endpoint Picker's static ClusterRole it binds per namespace,
@@ -29,29 +29,13 @@ from e2e.operator_harness import (
     wait_for,
 )
 from e2e.pytest_cluster import Cluster
-from promptcache.controller.kube import ApiError, Kube
+from promptcache.controller.errors import NotFoundError
+from promptcache.controller.kube import Kube
 from promptcache.controller.rbac import leader_election_role, load_rules, picker_cluster_role
 from promptcache.controller.reconcile import apply_in_order
 
 pytestmark = pytest.mark.cluster
 TIMEOUT_S = 180
-
-
-def token_kubeconfig(cluster: Cluster, ns: str, sa: str, path: Path) -> Path:
-    """A kubeconfig that authenticates as the ServiceAccount, nothing else."""
-    admin = yaml.safe_load(cluster.kubeconfig.read_text())
-    current = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])
-    cluster_entry = next(c for c in admin["clusters"] if c["name"] == current["context"]["cluster"])
-    token = cluster.kubectl("create", "token", sa, "-n", ns, "--duration", "2h").stdout.strip()
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
-        "clusters": [cluster_entry],
-        "users": [{"name": "sa", "user": {"token": token}}],
-        "contexts": [{"name": "sa", "context": {"cluster": cluster_entry["name"], "user": "sa",
-                                                "namespace": ns}}],
-    }))  # fmt: skip
-    path.chmod(0o600)
-    return path
 
 
 def operator_rules(name: str) -> list[dict[str, Any]]:
@@ -98,7 +82,7 @@ def _run(
     cluster: Cluster, ns: str, name: str, rules: list[dict[str, Any]], tmp: Path
 ) -> OperatorProcess:
     bind(cluster, name, ns, rules)
-    kubeconfig = token_kubeconfig(cluster, ns, name, tmp / f"{name}.kubeconfig")
+    kubeconfig = cluster.service_account_kubeconfig(ns, name, tmp / f"{name}.kubeconfig")
     return OperatorProcess(
         kubeconfig=kubeconfig, log_path=tmp / f"{name}.log",
         args=["-n", ns, "--lease-namespace", ns, "--resync-seconds", "2",
@@ -206,15 +190,16 @@ def test_a_rolebinding_is_applied_after_its_role(
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
     ]  # fmt: skip
     bind(cluster, sa, rbac_ns, operator_rules(sa) + role_creator)
-    config = KubeConfig.from_file(token_kubeconfig(cluster, rbac_ns, sa, tmp_path / "kc")).get()
+    config = KubeConfig.from_file(
+        cluster.service_account_kubeconfig(rbac_ns, sa, tmp_path / "kc")
+    ).get()
 
     async def run() -> None:
         kube = Kube(config)
         try:
             role, binding = _role_and_binding(rbac_ns, "early", sa)
-            with pytest.raises(ApiError) as refused:
+            with pytest.raises(NotFoundError):
                 await kube.apply(binding)
-            assert refused.value.code == 404, refused.value
             role, binding = _role_and_binding(rbac_ns, "ordered", sa)
             results = await apply_in_order(kube, [binding, role])
             assert [r["kind"] for r in results if isinstance(r, dict)] == ["RoleBinding", "Role"]

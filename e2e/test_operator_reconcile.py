@@ -285,6 +285,64 @@ def test_prefix_cache_settings_come_from_the_pods_metrics(
             server.server_close()
 
 
+@pytest.fixture
+def gie_env(cluster: Cluster, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """A second operator whose operator-wide default picker is GIE v1.5 (`--picker`)."""
+    ns = cluster.create_namespace("gie")
+    scrape_port = free_port()
+    op = OperatorProcess(
+        kubeconfig=cluster.kubeconfig,
+        log_path=tmp_path / "operator.log",
+        args=["-n", ns, "--no-leader-election", "--resync-seconds", str(RESYNC_S),
+              "--scrape-port", str(scrape_port), "--scrape-timeout", "1",
+              "--picker", "gie-v1.5"],
+    ).start()  # fmt: skip
+    try:
+        yield {"ns": ns, "op": op, "scrape_port": scrape_port}
+    finally:
+        op.stop()
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def test_status_describes_the_operator_default_picker(
+    cluster: Cluster, gie_env: dict[str, Any]
+) -> None:
+    """With `--picker gie-v1.5` and no `spec.gateway.picker`, the status reports what the GIE
+    picker uses (the pods' 16-token blocks, no 64-token floor), as the rendered config does."""
+    if not cluster.loopback_pod_ips:
+        pytest.skip("pod IPs are not loopback addresses on this cluster")
+    ns, op = gie_env["ns"], gie_env["op"]
+    apply_yaml(cluster.kubectl, resource("gie", ns))
+    wait_ready(cluster, ns, "gie", op)
+    config = get_json(cluster.kubectl, "configmap", "gie-epp", "-n", ns)
+    assert "Endpoint Picker: gie-v1.5" in next(iter(config["data"].values()))
+    pods = get_json(
+        cluster.kubectl,
+        "pods",
+        "-n",
+        ns,
+        "-l",
+        "app.kubernetes.io/instance=gie,app.kubernetes.io/component=model-server",
+    )
+    handler = type("Gie", (_Metrics,), {"blocks": 1000})
+    ip = pods["items"][0]["status"]["podIP"]
+    server = ThreadingHTTPServer((ip, gie_env["scrape_port"]), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+
+        def scraped() -> Any:
+            st = pcd(cluster, ns, "gie")["status"].get("prefixCache") or {}
+            return st if st.get("scrapedPods") == 1 else None
+
+        st = wait_for(scraped, f"prefixCache scraped\n{op.log_tail()}", timeout=TIMEOUT_S)
+        assert st["blockSize"] == 16
+        assert st["effectiveBlockSizeTokens"] == 16, "GIE v1.5 has no 64-token floor"
+        assert st["indexCapacityPerPod"] == 1000
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_salt_secret_survives_an_operator_restart(
     cluster: Cluster, env: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -307,7 +365,14 @@ def test_deleting_the_resource_leaves_nothing(cluster: Cluster, env: dict[str, A
     ns, op = env["ns"], env["op"]
     apply_yaml(cluster.kubectl, resource("doomed", ns))
     wait_ready(cluster, ns, "doomed", op)
+
+    def managed_is(count: int) -> bool:
+        return op.counter("promptcache_resources") == count
+
+    served = len(get_json(cluster.kubectl, "pcd", "-n", ns)["items"])
+    wait_for(lambda: managed_is(served), f"promptcache_resources == {served}", timeout=30)
     cluster.kubectl("-n", ns, "delete", "pcd", "doomed", "--wait=true", "--timeout=60s")
+    wait_for(lambda: managed_is(served - 1), "promptcache_resources to drop", timeout=30)
 
     def gone() -> bool:
         for kind in (*CHILD_KINDS, "secrets", "pods", "replicasets"):

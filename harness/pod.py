@@ -41,6 +41,7 @@ from typing import IO, Any
 
 from harness.vllm.cpu import cpu_engine_args, engine_env
 from harness.vllm.layer import engine_dir
+from harness.vllm.server import START_TIMEOUT_S
 from harness.vllm.slots import engine_slot
 
 VLLM_CONTAINER = "vllm"
@@ -258,7 +259,7 @@ class ProcessPod:
         self._thread.start()
         return self
 
-    def wait_ready(self, timeout_s: float = 600.0) -> ProcessPod:
+    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> ProcessPod:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.ready:
@@ -313,26 +314,35 @@ class ProcessPod:
 
     def _tick(self, c: Container, now: float) -> None:
         if not c.running():
-            # restartPolicy: Always, without the kubelet's back-off beyond a second.
-            if c.proc is None:
-                return
-            if c.exited_at is None:
-                c.exited_at = now
-            elif now - c.exited_at > 1.0:
-                c.stop(grace_s=0)
-                c.restarts += 1
-                c.start(self.workdir)
+            self._restart_exited(c, now)
+        elif not c.started:
+            self._startup(c, now)
+        else:
+            self._liveness_and_readiness(c, now)
+
+    def _restart_exited(self, c: Container, now: float) -> None:
+        """restartPolicy Always, with a one-second back-off and no more."""
+        if c.proc is None:
             return
-        if not c.started:
-            assert c.startup is not None
-            if self._due(c.startup, now):
-                ok = self._run(c.startup, c)
-                c.startup.failures = 0 if ok else c.startup.failures + 1
-                if ok:
-                    c.started = True
-                elif c.startup.failures >= c.startup.threshold:
-                    self._restart(c)
+        if c.exited_at is None:
+            c.exited_at = now
+        elif now - c.exited_at > 1.0:
+            c.stop(grace_s=0)
+            c.restarts += 1
+            c.start(self.workdir)
+
+    def _startup(self, c: Container, now: float) -> None:
+        assert c.startup is not None
+        if not self._due(c.startup, now):
             return
+        ok = self._run(c.startup, c)
+        c.startup.failures = 0 if ok else c.startup.failures + 1
+        if ok:
+            c.started = True
+        elif c.startup.failures >= c.startup.threshold:
+            self._restart(c)
+
+    def _liveness_and_readiness(self, c: Container, now: float) -> None:
         if c.liveness is not None and self._due(c.liveness, now):
             ok = self._run(c.liveness, c)
             c.liveness.failures = 0 if ok else c.liveness.failures + 1

@@ -63,3 +63,15 @@ def test_a_deliberate_violation_breaks_its_contract(
     assert result.returncode != 0, result.stdout
     broken = [line for line in result.stdout.splitlines() if line.endswith("BROKEN")]
     assert any(line.startswith(contract) for line in broken), result.stdout
+
+
+def test_the_cli_imports_each_plane_where_the_contracts_see_it() -> None:
+    """Plain (lazy) import statements, not `importlib`: every arrow is in the graph."""
+    import grimp
+
+    graph = grimp.build_graph("promptcache")
+    for plane in ("front", "controller", "gateway"):
+        assert graph.direct_import_exists(
+            importer="promptcache.cli", imported=f"promptcache.{plane}.command"
+        ), plane
+    assert "importlib" not in (ROOT / "operator" / "promptcache" / "cli.py").read_text()

@@ -10,6 +10,9 @@ can drift by hand:
   ``helm upgrade`` upgrades it (Helm never upgrades a chart's ``crds/`` folder).
 - ``charts/promptcache-operator/files/endpoint-picker-rules.yaml`` -- the Endpoint
   Picker's rules from ``operator/promptcache/render/epp.py``.
+- ``charts/promptcache-operator/files/{clusterrole,leader-election}-rules.yaml`` -- the
+  operator's rules, shipped as package data in ``operator/promptcache/controller/rbac_rules/``
+  (so ``promptcache rbac`` works from a wheel and in the image), copied for ``.Files.Get``.
 - ``config/`` -- a kustomize base: ``helm template`` with default values, Helm's own labels
   removed, one file per object, the CRDs copied from ``crds/``.
 - ``tests/chart/golden/<set>.yaml`` -- ``helm template`` for each value set in
@@ -169,6 +172,15 @@ def picker_rules_file() -> dict[Path, str]:
         picker_rules(), sort_keys=False, default_flow_style=None, width=100
     )
     return {CHART / "files" / "endpoint-picker-rules.yaml": text}
+
+
+RBAC_RULES = ROOT / "operator" / "promptcache" / "controller" / "rbac_rules"
+
+
+def operator_rules_files() -> dict[Path, str]:
+    """The operator's rules files, from the package data, for the chart's `.Files.Get`:
+    byte for byte (their own header says where they come from; the chart renders it)."""
+    return {CHART / "files" / p.name: p.read_text() for p in sorted(RBAC_RULES.glob("*.yaml"))}
 
 
 # --------------------------------------------------------------------------- golden
@@ -353,6 +365,7 @@ def expected_files() -> dict[Path, str]:
     """Every generated file and the bytes its sources give today."""
     return {
         **picker_rules_file(),
+        **operator_rules_files(),
         **chart_crds(),
         **kustomize_files(),
         **golden_files(),

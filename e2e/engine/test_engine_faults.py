@@ -31,6 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from e2e.engine.client import chat_body, long_text, post
 from e2e.engine.pods import SERVED_NAME, SaltSecrets, engine_resource, process_pod
 from harness.pod import ProcessPod
+from harness.vllm.server import START_TIMEOUT_S
 
 torch = pytest.importorskip("torch")
 
@@ -154,7 +155,7 @@ async def test_kill_9_under_load_then_restart(
     assert await _in_flight(http, url) == 0, "the front still holds dead requests"
 
     # The kubelet restarts the engine; Ready again once it is healthy.
-    fault_pod.wait_until(True, timeout_s=600)
+    fault_pod.wait_until(True, timeout_s=START_TIMEOUT_S)
     assert engine.restarts >= 1
     assert await _readyz(http, url) == 200
     by_ref = {**upload, "prompt_embeds": reference}
@@ -168,7 +169,7 @@ async def test_kill_9_under_load_then_restart(
 async def test_a_stalled_engine_makes_the_pod_unready(
     fault_pod: ProcessPod, http: aiohttp.ClientSession
 ) -> None:
-    fault_pod.wait_until(True, timeout_s=600)
+    fault_pod.wait_until(True, timeout_s=START_TIMEOUT_S)
     engine = fault_pod.container("vllm")
     engine.signal(signal.SIGSTOP)
     try:

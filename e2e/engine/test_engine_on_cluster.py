@@ -31,6 +31,7 @@ from e2e.engine.pods import engine_resource
 from e2e.operator_harness import condition, get_json, namespaced_operator, wait_for
 from e2e.pytest_cluster import Cluster
 from harness.pod import ProcessPod
+from harness.vllm.server import START_TIMEOUT_S
 
 pytestmark = pytest.mark.cluster
 NAME = "real"
@@ -101,7 +102,7 @@ def test_status_and_readiness_come_from_the_real_engine(
             assert _pod_ready(cluster, ns, name) == "False"
             ready = condition(get_json(cluster.kubectl, "pcd", NAME, "-n", ns), "Ready")
             assert ready is None or ready["status"] != "True"
-        pod.wait_ready(timeout_s=600)
+        pod.wait_ready(timeout_s=START_TIMEOUT_S)
         wait_for(
             lambda: _status(cluster, ns).get("readyReplicas") == 1,
             f"readyReplicas 1\n{op.log_tail()}",
@@ -140,7 +141,7 @@ def test_status_and_readiness_come_from_the_real_engine(
         assert ready is not None
         assert ready["status"] == "False"
         assert name in ready["message"], ready
-        pod.wait_until(True, timeout_s=600)
+        pod.wait_until(True, timeout_s=START_TIMEOUT_S)
         wait_for(
             lambda: _status(cluster, ns).get("readyReplicas") == 1,
             f"readyReplicas 1 after the restart\n{op.log_tail()}",

@@ -89,7 +89,7 @@ class ExtProcClient:
                 raise
             raise ConnectionError(f"{error.details()} ({reason})") from error
 
-    def pick(
+    def pick(  # noqa: C901 - one ext_proc exchange, step by step
         self,
         body: Mapping[str, Any] | bytes,
         headers: Mapping[str, str] | None = None,

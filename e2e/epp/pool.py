@@ -20,8 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import yaml
-
 from promptcache.contract import VLLM_LOCAL_PORT, GatewayPolicyEnv
 
 from .binary import find_epp_binary, missing_reason
@@ -43,6 +41,10 @@ class ClusterLike(Protocol):
     ) -> Any: ...
 
     def get_json(self, *args: str) -> Any: ...
+
+    def service_account_kubeconfig(
+        self, namespace: str, sa: str, path: Path, *, duration: str = "2h"
+    ) -> Path: ...
 
 
 @dataclass
@@ -205,28 +207,11 @@ class PoolOnCluster:
     # --- the Endpoint Picker ----------------------------------------------------------
     def service_account_kubeconfig(self) -> Path:
         """A kubeconfig that authenticates as the rendered EPP ServiceAccount."""
-        ns, sa = self.rendered.namespace, self.rendered.service_account
-        token = self.cluster.kubectl(
-            "create", "token", sa, "-n", ns, "--duration=2h"
-        ).stdout.strip()
-        admin = yaml.safe_load(Path(self.cluster.kubeconfig).read_text())
-        ctx_name = admin.get("current-context") or admin["contexts"][0]["name"]
-        ctx = next(c for c in admin["contexts"] if c["name"] == ctx_name)["context"]
-        cl = next(c for c in admin["clusters"] if c["name"] == ctx["cluster"])["cluster"]
-        cfg = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": "local", "cluster": cl}],
-            "users": [{"name": sa, "user": {"token": token}}],
-            "contexts": [
-                {"name": "epp", "context": {"cluster": "local", "user": sa, "namespace": ns}}
-            ],
-            "current-context": "epp",
-        }
-        path = self.workdir / "epp-kubeconfig.yaml"
-        path.write_text(yaml.safe_dump(cfg))
-        path.chmod(0o600)
-        return path
+        return self.cluster.service_account_kubeconfig(
+            self.rendered.namespace,
+            self.rendered.service_account,
+            self.workdir / "epp-kubeconfig.yaml",
+        )
 
     def start_epp(
         self,

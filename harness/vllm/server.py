@@ -25,7 +25,7 @@ from harness.vllm.cpu import cpu_engine_args, engine_env
 from harness.vllm.layer import engine_dir
 from harness.vllm.slots import engine_slot
 
-START_TIMEOUT_S = 600.0
+START_TIMEOUT_S = 900.0
 """A cold start (model load, CPU kernels, first warm-up) takes 30-70 s on a quiet 2-core
 machine and several times that while other engines or builds run beside it."""
 

@@ -77,7 +77,7 @@ def merged(defaults: Any, user: Any) -> Any:
 
 def schema_accepts(values: dict[str, Any]) -> bool:
     """What a standard validator says of the values helm validates (defaults + user)."""
-    return jsonschema.Draft7Validator(SCHEMA).is_valid(merged(DEFAULTS, values))
+    return bool(jsonschema.Draft7Validator(SCHEMA).is_valid(merged(DEFAULTS, values)))
 
 
 @HELM_SETTINGS

@@ -33,11 +33,13 @@ OPERATOR_IMAGE = "ghcr.io/promptcache/promptcache-operator"
 
 
 def schema() -> dict[str, Any]:
-    return json.loads((CHART / "values.schema.json").read_text())
+    loaded: dict[str, Any] = json.loads((CHART / "values.schema.json").read_text())
+    return loaded
 
 
 def values() -> dict[str, Any]:
-    return yaml.safe_load((CHART / "values.yaml").read_text())
+    loaded: dict[str, Any] = yaml.safe_load((CHART / "values.yaml").read_text())
+    return loaded
 
 
 def test_chart_crd_template_is_the_generated_crd() -> None:

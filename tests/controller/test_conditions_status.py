@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from promptcache.api import PromptCacheDeployment, prompt_embeds_ceiling
+from promptcache.api import OperatorDefaults, PromptCacheDeployment, prompt_embeds_ceiling
 from promptcache.api.status import PromptCacheDeploymentStatus
+from promptcache.contract import PickerTarget as Picker
 from promptcache.controller.conditions import Desired, set_condition, transitions
 from promptcache.controller.scrape import ScrapedPrefixCache
 from promptcache.controller.status import (
@@ -14,6 +15,7 @@ from promptcache.controller.status import (
     prefix_cache_status,
     status_differs,
 )
+from promptcache.render import render, resolved
 from promptcache.render.epp_config import PREFIX_PRODUCER, endpoint_picker_config
 from promptcache.render.picker import LLM_D_ROUTER, PickerTarget
 
@@ -132,7 +134,8 @@ def _pcd(**prefix: object) -> PromptCacheDeployment:
 
 def _producer(pcd: PromptCacheDeployment) -> dict[str, object]:
     config = endpoint_picker_config(pcd)
-    return next(p for p in config["plugins"] if p["type"] == PREFIX_PRODUCER)["parameters"]
+    producer = next(p for p in config["plugins"] if p["type"] == PREFIX_PRODUCER)
+    return dict(producer["parameters"])
 
 
 SCRAPED = ScrapedPrefixCache(scraped_pods=2, block_size=16, num_gpu_blocks=2048, hit_ratio=0.5)
@@ -168,6 +171,19 @@ def test_the_floor_is_the_picker_targets() -> None:
     assert no_floor.block_size(auto_tune=True, configured=64, scraped=16) == 16
     assert no_floor.index_capacity(auto_tune=False, configured=5000, gpu_blocks=None) == 31250
     assert LLM_D_ROUTER.block_size(auto_tune=True, configured=64, scraped=16) == 64
+
+
+def test_the_status_of_the_resolved_resource_uses_the_operator_default_picker() -> None:
+    """`--picker gie-v1.5` and no `spec.gateway.picker`: render targets GIE, so the status
+    of the resolved resource says what GIE uses (no 64-token floor), as the config does."""
+    gie = OperatorDefaults(picker=Picker.GIE)
+    pcd = resolved(_pcd(autoTune=False, blockSizeTokens=16), gie)
+    (cm,) = [m for m in render(pcd, gie) if m["kind"] == "ConfigMap"]
+    assert "Endpoint Picker: gie-v1.5" in next(iter(cm["data"].values()))
+    assert prefix_cache_status(pcd, ScrapedPrefixCache()).effective_block_size_tokens == 16
+    auto = resolved(_pcd(autoTune=True, blockSizeTokens=64), gie)
+    assert prefix_cache_status(auto, SCRAPED).effective_block_size_tokens == 16
+    assert resolved(pcd, gie) == pcd  # idempotent: render resolves again, to the same
 
 
 def test_status_is_written_through_the_typed_model() -> None:

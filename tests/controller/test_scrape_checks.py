@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from promptcache.controller.checks import gpu_shortfall
 from promptcache.controller.kube import RequestCounter, by_kind
 from promptcache.controller.scrape import (
@@ -46,7 +48,7 @@ def test_no_queries_means_no_ratio() -> None:
 
 
 def test_only_ready_running_pods_are_scraped() -> None:
-    pods = [
+    pods: list[dict[str, Any]] = [
         {"status": {"podIP": "127.0.0.5", "conditions": [{"type": "Ready", "status": "True"}]}},
         {"status": {"podIP": "127.0.0.6", "conditions": [{"type": "Ready", "status": "False"}]}},
         {

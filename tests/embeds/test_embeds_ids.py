@@ -146,6 +146,7 @@ def test_checked_in_vectors(vector: dict[str, object]) -> None:
     assert compute_prompt_embeds_id(obj) == vector["id"]  # type: ignore[arg-type]
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch, ~9 s
 def test_vectors_are_stable_in_a_fresh_process() -> None:
     """Same id in another interpreter (fresh hash seeds, fresh thread pools)."""
     code = (

@@ -43,6 +43,7 @@ def peak_rss(pid: int) -> int:
     raise AssertionError("no VmHWM")
 
 
+pytestmark = pytest.mark.slow  # about a minute: scripts/check leaves it to scripts/test
 MODES = [IsolationMode.SHARED, IsolationMode.PER_KEY, IsolationMode.REQUIRED]
 KEYED = {"x-prompt-cache-isolation-key": "tenant-a"}
 

@@ -65,6 +65,7 @@ json_values = st.recursive(
 SECRET = b"s" * 32
 
 
+@pytest.mark.slow  # 300 examples, ~15 s: scripts/test runs it
 @settings(max_examples=300)
 @given(
     mode=st.sampled_from(list(IsolationMode)),

@@ -17,8 +17,8 @@ from urllib.parse import urlsplit
 import aiohttp
 import pytest
 
+from harness.standin import StandinUpstream
 from promptcache.contract import IsolationMode
-from promptcache.front.standin import StandinUpstream
 
 from .conftest import MakeFront
 

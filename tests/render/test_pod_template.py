@@ -27,7 +27,7 @@ PODS = {
 }
 VOLUME = {"name": "extra", "configMap": {"name": "my-config"}}
 MOUNT = {"name": "extra", "mountPath": "/etc/extra", "readOnly": True}
-AFFINITY = {
+AFFINITY: dict[str, Any] = {
     "nodeAffinity": {
         "requiredDuringSchedulingIgnoredDuringExecution": {
             "nodeSelectorTerms": [

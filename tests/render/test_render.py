@@ -86,6 +86,7 @@ def test_examples_render_to_schema_valid_manifests(path: Path) -> None:
             validate_manifest(manifest)
 
 
+@pytest.mark.slow  # 40 resources schema-validated, ~30 s: scripts/test runs it
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(resources())
 def test_any_valid_resource_renders_deterministically_and_validly(doc: dict[str, Any]) -> None:

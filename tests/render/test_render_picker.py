@@ -48,8 +48,13 @@ def epp(manifests: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
     return container, cm["data"]["config.yaml"]
 
 
-def test_api_names_every_picker_target() -> None:
-    assert set(get_args(PickerName)) == {t.value for t in PickerTarget}
+def test_the_api_field_is_the_contracts_enum() -> None:
+    """Typed like the isolation mode: the resource, the defaults and render share one enum."""
+    assert get_args(PickerName)[0] is PickerTarget
+    assert parse_resource(doc_with(gateway={"picker": "gie-v1.5"})).spec.gateway.picker is (
+        PickerTarget.GIE
+    )
+    assert OperatorDefaults(picker=PickerTarget.GIE).picker is PickerTarget.GIE
 
 
 def test_gie_gets_its_config_dialect_image_and_flags() -> None:
@@ -101,7 +106,7 @@ def test_gie_refuses_what_it_cannot_honour(spec: dict[str, Any], message: str) -
     render(pcd)
     # ...and refused with the same message when the operator's default is GIE.
     with pytest.raises(RenderError) as failed:
-        render(pcd, OperatorDefaults(picker="gie-v1.5"))
+        render(pcd, OperatorDefaults(picker=PickerTarget.GIE))
     assert message in str(failed.value)
 
 

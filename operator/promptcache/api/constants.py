@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Final
 
 from promptcache._version import __version__
+from promptcache.contract.names import API_GROUP
 
-GROUP: Final[str] = "serving.promptcache.io"
+GROUP: Final[str] = API_GROUP
 VERSION: Final[str] = "v1alpha1"
 API_VERSION: Final[str] = f"{GROUP}/{VERSION}"
 KIND: Final[str] = "PromptCacheDeployment"

@@ -88,7 +88,7 @@ def _resolve(ref: str, defs: dict[str, Any]) -> dict[str, Any]:
     return copy.deepcopy(defs[name])
 
 
-def _structural(node: Any, defs: dict[str, Any]) -> Any:
+def _structural(node: Any, defs: dict[str, Any]) -> Any:  # noqa: C901 - one case per keyword
     """Rewrite one JSON-schema node into the API server's structural dialect."""
     if isinstance(node, list):
         return [_structural(item, defs) for item in node]

@@ -25,6 +25,7 @@ from promptcache.api.constants import (
     DEFAULT_SESSION_SHIM_IMAGE,
 )
 from promptcache.api.spec import PickerName
+from promptcache.contract import DEFAULT_PICKER
 
 
 class OperatorDefaults(BaseModel):
@@ -42,7 +43,7 @@ class OperatorDefaults(BaseModel):
     """The Endpoint Picker's static ClusterRole (the chart installs it); each picker gets a
     RoleBinding to it in its namespace. Empty: each picker gets a Role of its own (what
     `promptcache render` gives, for installs without the chart)."""
-    picker: PickerName = "llm-d-router"
+    picker: PickerName = DEFAULT_PICKER
     """Endpoint Picker for resources without `spec.gateway.picker`: `llm-d-router` (v0.10.0)
     or `gie-v1.5` (the upstream GIE EPP v1.5.0); see docs/endpoint-picker.md."""
     model_server_user: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = DEFAULT_MODEL_SERVER_USER

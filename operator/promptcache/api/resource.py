@@ -27,6 +27,7 @@ class ObjectMeta(BaseModel):
 class PromptCacheDeployment(ApiModel):
     """A `PromptCacheDeployment`: one resource, a complete prompt-cache-aware serving stack."""
 
+    # A type must spell its literal: tests/api keep these two equal to api.constants.
     api_version: Literal["serving.promptcache.io/v1alpha1"] = Field(alias="apiVersion")
     kind: Literal["PromptCacheDeployment"]
     metadata: ObjectMeta

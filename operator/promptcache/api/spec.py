@@ -32,6 +32,7 @@ from promptcache.contract import (
     MAX_CACHE_GIB,
     SALT_KEY_SECRET_KEY,
     IsolationMode,
+    PickerTarget,
     needs_salt_key,
 )
 from promptcache.contract.engine import VLLM_DEFAULT_BLOCK_SIZE
@@ -48,8 +49,8 @@ from promptcache.contract.front import (
 IsolationModeName = Annotated[IsolationMode, Strict(False)]
 """The contract's enum; lax so YAML's plain string `PerKey` is accepted."""
 FailureMode = Literal["FailOpen", "FailClose"]
-PickerName = Literal["llm-d-router", "gie-v1.5"]
-"""`contract.PickerTarget`'s values (a test keeps the two equal)."""
+PickerName = Annotated[PickerTarget, Strict(False)]
+"""The contract's enum, like the isolation mode; lax so YAML's plain string is accepted."""
 PullPolicy = Literal["Always", "IfNotPresent", "Never"]
 
 

@@ -49,6 +49,7 @@ from promptcache.contract.grammar import (
     is_header_name,
 )
 from promptcache.contract.names import (
+    API_GROUP,
     CACHE_SALT_FIELD,
     DEFAULT_CACHED_PROMPT_TOKENS_HEADER,
     DEFAULT_ISOLATION_FIELD,
@@ -86,6 +87,7 @@ from promptcache.contract.settings import Setting, SettingInputError, format_boo
 from promptcache.contract.shim import SHIM_SETTINGS, GatewayPolicyEnv, SessionShimEnv
 
 __all__ = [
+    "API_GROUP",
     "BODY_FIELD_PATTERN",
     "CACHE_SALT_FIELD",
     "DEFAULT_CACHED_PROMPT_TOKENS_HEADER",

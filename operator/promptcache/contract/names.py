@@ -10,6 +10,11 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Final
 
+# --- the resource's API group: its apiVersion, CRD name and annotation prefix --
+API_GROUP: Final[str] = "serving.promptcache.io"
+"""The one spelling of the group; `api.GROUP`, the annotation prefixes and the operator's
+kopf storage derive from it."""
+
 # --- spec/000: the prompt-embeds cache size, per API-server process -----------
 SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR: Final[str] = "SG_PROMPT_EMBEDS_CACHE_GIB"
 

@@ -5,7 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from promptcache.contract.names import SALT_KEY_MOUNT_DIR, SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR
+from promptcache.contract.names import (
+    API_GROUP,
+    SALT_KEY_MOUNT_DIR,
+    SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR,
+)
 
 
 @dataclass(frozen=True)
@@ -33,7 +37,7 @@ OPERATOR_POD_LABELS: Final[tuple[str, ...]] = (
 )
 """Pod labels the operator sets: the Deployment's selector and the InferencePool match them."""
 
-OPERATOR_ANNOTATION_PREFIX: Final[str] = "serving.promptcache.io/"
+OPERATOR_ANNOTATION_PREFIX: Final[str] = f"{API_GROUP}/"
 """Pod annotations under this prefix are the operator's (e.g. the Endpoint Picker's config
 hash, which rolls its pods out when the config changes)."""
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from promptcache.api import PromptCacheDeployment
-from promptcache.controller.kube import ApiError, Kube, by_kind
+from promptcache.controller.errors import ApiError, ForbiddenError
+from promptcache.controller.kube import Kube, by_kind
 from promptcache.render.model_server import GPU_RESOURCE
 
 log = logging.getLogger(__name__)
@@ -50,10 +51,8 @@ async def missing_secret(kube: Kube, pcd: PromptCacheDeployment) -> str | None:
     for path, name, key in referenced_secrets(pcd):
         try:
             secret = await kube.get(SECRET, namespace, name)
-        except ApiError as error:
-            if error.code == 403:
-                return None
-            raise
+        except ForbiddenError:
+            return None
         if secret is None:
             return (
                 f"{path}: Secret {name!r} not found in namespace {namespace!r}; create it "
@@ -163,7 +162,7 @@ class GatewayApis:
         try:
             doc = await kube.get_path(f"/apis/{api_version}")
         except ApiError as error:
-            if not error.transient and error.code != 503:
+            if not error.transient:  # 503: an aggregated API that is down is not served
                 raise
             doc = None
         present = bool(doc) and any(

@@ -10,11 +10,14 @@ resync skip unchanged children. Names always come from render: never
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from promptcache.api.constants import API_VERSION, KIND
 from promptcache.controller.compare import HASH_ANNOTATION, rendered_hash
+from promptcache.controller.kube import Kind, by_kind
+from promptcache.render import Names
 
 
 def owner_reference(owner: Mapping[str, Any]) -> dict[str, Any]:
@@ -59,3 +62,28 @@ def owning_resource(live: Mapping[str, Any]) -> str | None:
         ):
             return str(ref["name"])
     return None
+
+
+@dataclass(frozen=True)
+class Prunable:
+    """A kind of child that some specs render and others do not: when the spec stops
+    rendering one of `names`, the prune phase deletes it if this resource controls it."""
+
+    kind: Kind
+    names: Callable[[Names], tuple[str, ...]]
+    discovered: bool = False
+    """Its CRD may be missing: pruned only while discovery says it is served."""
+
+
+PRUNABLE: tuple[Prunable, ...] = (
+    # parentRefs removed
+    Prunable(by_kind("HTTPRoute"), lambda n: (n.route,), discovered=True),
+    # monitoring turned off
+    Prunable(by_kind("PodMonitor"), lambda n: (n.model_server, n.epp), discovered=True),
+    # autoscaling turned off
+    Prunable(by_kind("HorizontalPodAutoscaler"), lambda n: (n.instance,)),
+    # no policy step in front of the picker any more, or gateway.networkPolicy off
+    Prunable(by_kind("NetworkPolicy"), lambda n: (n.epp,)),
+)
+"""Every owned kind that can disappear from a render; every other child stays while its
+resource does (the garbage collector removes all of them with it)."""

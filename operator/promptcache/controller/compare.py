@@ -26,7 +26,9 @@ from collections.abc import Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any, Final
 
-HASH_ANNOTATION: Final[str] = "serving.promptcache.io/rendered-hash"
+from promptcache.api.constants import GROUP
+
+HASH_ANNOTATION: Final[str] = f"{GROUP}/rendered-hash"
 
 _QUANTITY = re.compile(
     r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|"

@@ -13,7 +13,8 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
-from promptcache.controller.kube import ApiError, Kube, by_kind
+from promptcache.controller.errors import ApiError
+from promptcache.controller.kube import Kube, by_kind
 
 log = logging.getLogger(__name__)
 EVENT = by_kind("Event")

@@ -27,8 +27,9 @@ from promptcache.api import GROUP, PLURAL, VERSION
 from promptcache.api.status import ConditionType
 from promptcache.controller.children import owning_resource
 from promptcache.controller.diagnose import NOT_READY_WARNINGS
+from promptcache.controller.errors import ApiError, TooManyRequestsError
 from promptcache.controller.events import post_event
-from promptcache.controller.kube import ApiError, Kube
+from promptcache.controller.kube import Kube
 from promptcache.controller.options import DEFAULT_RESYNC_SECONDS
 from promptcache.controller.reconcile import Outcome, Reconciler
 from promptcache.controller.resync import Resyncer
@@ -36,7 +37,7 @@ from promptcache.render.names import MANAGED_BY
 
 log = logging.getLogger(__name__)
 
-ANNOTATION_PREFIX = "serving.promptcache.io"
+ANNOTATION_PREFIX = GROUP
 DEBOUNCE_S = 1.0
 """A burst of child events (a rollout) becomes one reconcile."""
 
@@ -72,7 +73,7 @@ async def _post_events(
         )
 
 
-def build_registry(  # noqa: PLR0915 - one closure per handler, kept together
+def build_registry(  # noqa: PLR0915, C901 - one small closure per handler, kept together
     reconciler: Reconciler, options: HandlerSettings
 ) -> kopf.OperatorRegistry:
     """Every handler, bound to one reconciler; kopf.operator(registry=...) runs them."""
@@ -139,6 +140,8 @@ def build_registry(  # noqa: PLR0915 - one closure per handler, kept together
     async def _reconcile(body: kopf.Body, trigger: str) -> None:
         try:
             outcome = await reconciler.reconcile(body, trigger=trigger)
+        except TooManyRequestsError as error:
+            raise kopf.TemporaryError(str(error), delay=error.retry_after_s or 10) from error
         except ApiError as error:
             if error.transient:
                 raise kopf.TemporaryError(str(error), delay=10) from error

@@ -11,6 +11,7 @@ can prove that an idle resync writes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import Counter
 from collections.abc import Mapping
@@ -22,26 +23,14 @@ from lightkube.config.client_adapter import AsyncClient as AdapterClient
 from lightkube.config.client_adapter import ConnectionParams
 from lightkube.config.kubeconfig import KubeConfig, SingleConfig
 
+from promptcache.api.constants import API_VERSION, KIND, PLURAL
+from promptcache.controller.errors import ApiError, ConflictError, NotFoundError, api_error
+
 FIELD_MANAGER: Final[str] = "promptcache"
 """The one field manager every server-side apply of the operator uses."""
 WRITE_VERBS: Final[frozenset[str]] = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 APPLY_CONTENT_TYPE: Final[str] = "application/apply-patch+yaml"  # JSON is valid YAML
 MERGE_CONTENT_TYPE: Final[str] = "application/merge-patch+json"
-
-
-class ApiError(Exception):
-    """The API server answered with an error status; `code` and `reason` say which."""
-
-    def __init__(self, code: int, reason: str, message: str) -> None:
-        self.code = code
-        self.reason = reason
-        self.message = message
-        super().__init__(f"{code} {reason}: {message}")
-
-    @property
-    def transient(self) -> bool:
-        """Worth retrying unchanged: throttling, timeouts and server-side failures."""
-        return self.code in (408, 429) or self.code >= 500
 
 
 @dataclass(frozen=True)
@@ -87,7 +76,7 @@ _KNOWN: Final[tuple[Kind, ...]] = (
     Kind("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes"),
     Kind("gateway.networking.k8s.io/v1", "Gateway", "gateways"),
     Kind("monitoring.coreos.com/v1", "PodMonitor", "podmonitors"),
-    Kind("serving.promptcache.io/v1alpha1", "PromptCacheDeployment", "promptcachedeployments"),
+    Kind(API_VERSION, KIND, PLURAL),
 )
 KINDS: Final[Mapping[tuple[str, str], Kind]] = {(k.api_version, k.kind): k for k in _KNOWN}
 
@@ -135,6 +124,9 @@ def load_config() -> SingleConfig:
     if config is None:
         raise RuntimeError("no Kubernetes configuration found (KUBECONFIG or in-cluster)")
     return config
+
+
+__all__ = ["FIELD_MANAGER", "KINDS", "ApiError", "Kind", "Kube", "RequestCounter", "by_kind"]
 
 
 class Kube:
@@ -185,10 +177,11 @@ class Kube:
         except ValueError:
             data = {"message": response.text[:500]}
         if response.status_code >= 400:
-            raise ApiError(
+            raise api_error(
                 response.status_code,
                 str(data.get("reason", "")) if isinstance(data, dict) else "",
                 str(data.get("message", response.text[:500])) if isinstance(data, dict) else "",
+                retry_after=response.headers.get("Retry-After"),
             )
         return data if isinstance(data, dict) else {}
 
@@ -196,19 +189,15 @@ class Kube:
         """The object, or None when it does not exist."""
         try:
             return await self._send("GET", kind.path(namespace, name))
-        except ApiError as error:
-            if error.code == 404:
-                return None
-            raise
+        except NotFoundError:
+            return None
 
     async def get_path(self, path: str) -> dict[str, Any] | None:
         """A raw GET (discovery documents); None on 404."""
         try:
             return await self._send("GET", path)
-        except ApiError as error:
-            if error.code == 404:
-                return None
-            raise
+        except NotFoundError:
+            return None
 
     async def list(
         self, kind: Kind, namespace: str | None = None, *, label_selector: str | None = None
@@ -251,10 +240,8 @@ class Kube:
             return await self._send(
                 "POST", kind.path(manifest["metadata"].get("namespace")), body=manifest
             )
-        except ApiError as error:
-            if error.code == 409:
-                return None
-            raise
+        except ConflictError:
+            return None
 
     async def replace(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
         """PUT with the manifest's resourceVersion: optimistic concurrency (409 on a race)."""
@@ -265,10 +252,8 @@ class Kube:
         )
 
     async def delete(self, kind: Kind, namespace: str | None, name: str) -> None:
-        try:
+        """Delete in the background; an object already gone is fine."""
+        with contextlib.suppress(NotFoundError):
             await self._send(
                 "DELETE", kind.path(namespace, name), body={"propagationPolicy": "Background"}
             )
-        except ApiError as error:
-            if error.code != 404:
-                raise

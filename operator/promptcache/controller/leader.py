@@ -18,7 +18,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from promptcache.controller.kube import ApiError, Kube, by_kind
+from promptcache.controller.errors import ApiError, ConflictError
+from promptcache.controller.kube import Kube, by_kind
 from promptcache.controller.options import DEFAULT_LEASE_SECONDS
 
 log = logging.getLogger(__name__)
@@ -91,10 +92,8 @@ class LeaderElector:
     async def _put(self, current: dict[str, Any], *, acquire: bool) -> bool:
         try:
             await self.kube.replace(self._manifest(current, acquire=acquire))
-        except ApiError as error:
-            if error.code == 409:
-                return False
-            raise
+        except ConflictError:
+            return False
         self._last_renew = time.monotonic()
         return True
 

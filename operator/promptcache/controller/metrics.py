@@ -63,7 +63,9 @@ class OperatorMetrics:
             "promptcache_leader", "1 while this replica holds the leader Lease.", registry=r
         )
         self.managed = Gauge(
-            "promptcache_resources", "PromptCacheDeployments this operator manages.", registry=r
+            "promptcache_resources",
+            "PromptCacheDeployments this operator manages (as of its last full resync).",
+            registry=r,
         )
         # Per resource, for alerting (docs/monitoring.md); labels name the resource, so the
         # operator's ServiceMonitor honours them (honorLabels).

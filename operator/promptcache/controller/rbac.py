@@ -1,28 +1,31 @@
-"""The operator's RBAC, built from the rules files the Helm chart also includes.
+"""The operator's RBAC, built from the rules files shipped inside this package.
 
-`charts/promptcache-operator/files/` holds the single source of every rule:
-`clusterrole-rules.yaml` (the operator's ClusterRole), `leader-election-rules.yaml`
-(its Role for the leader Lease in its own namespace) and `endpoint-picker-rules.yaml`
-(the pickers' static ClusterRole, generated from `render/epp.py` by
-`tools/install_assets.py`). The chart reads them with `.Files.Get`, `promptcache rbac`
-prints them, and the RBAC tests run the operator under exactly them.
+`promptcache/controller/rbac_rules/` (package data, so it is there in a wheel and in the
+image) holds the single source of the operator's rules: `clusterrole-rules.yaml` (its
+ClusterRole) and `leader-election-rules.yaml` (its Role for the leader Lease in its own
+namespace). The pickers' static ClusterRole comes from `render/epp.py` (`picker_rules`).
+`tools/install_assets.py` copies all three into the Helm chart's `files/`, which reads
+them with `.Files.Get`; `promptcache rbac` prints them, and the RBAC tests run the
+operator under exactly them.
 """
 
 from __future__ import annotations
 
+from importlib.resources import files
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any, Final
 
 import yaml
 
 CLUSTER_ROLE_NAME: Final[str] = "promptcache-operator"
-FILES_RELATIVE: Final[str] = "charts/promptcache-operator/files"
+RULES_DIR: Final[str] = "rbac_rules"
+"""The package-data folder beside this module."""
 RULES_FILE: Final[str] = "clusterrole-rules.yaml"
 LEADER_RULES_FILE: Final[str] = "leader-election-rules.yaml"
 PICKER_RULES_FILE: Final[str] = "endpoint-picker-rules.yaml"
 PICKER_ROLE_PLACEHOLDER: Final[str] = "ENDPOINT_PICKER_CLUSTER_ROLE"
 """Stands for the picker ClusterRole's name in the rules file (the chart names it)."""
-RULES_RELATIVE: Final[str] = f"{FILES_RELATIVE}/{RULES_FILE}"
 
 
 def picker_role_name(operator_role: str = CLUSTER_ROLE_NAME) -> str:
@@ -30,23 +33,17 @@ def picker_role_name(operator_role: str = CLUSTER_ROLE_NAME) -> str:
     return f"{operator_role}-endpoint-picker"
 
 
-def files_dir() -> Path:
-    """The chart's files/ of the source tree this package was installed from (editable)."""
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        candidate = parent / FILES_RELATIVE
-        if (candidate / RULES_FILE).is_file():
-            return candidate
-    raise FileNotFoundError(f"{RULES_RELATIVE} not found above {here}")
+def rules_file(name: str = RULES_FILE) -> Traversable:
+    """A rules file of the package (works from a wheel, a zip or the source tree)."""
+    return files("promptcache.controller").joinpath(RULES_DIR, name)
 
 
-def rules_path() -> Path:
-    return files_dir() / RULES_FILE
-
-
-def load_rules(path: Path | None = None, *, picker_role: str | None = None) -> list[dict[str, Any]]:
-    """A rules file as PolicyRules; `picker_role` replaces the picker ClusterRole placeholder."""
-    text = (path or rules_path()).read_text(encoding="utf-8")
+def load_rules(
+    path: Path | Traversable | None = None, *, picker_role: str | None = None
+) -> list[dict[str, Any]]:
+    """A rules file as PolicyRules (the package's ClusterRole rules unless `path` is given);
+    `picker_role` replaces the picker ClusterRole placeholder."""
+    text = (path or rules_file()).read_text(encoding="utf-8")
     text = text.replace(PICKER_ROLE_PLACEHOLDER, picker_role or picker_role_name())
     data = yaml.safe_load(text)
     if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
@@ -70,7 +67,7 @@ def cluster_role(name: str = CLUSTER_ROLE_NAME, path: Path | None = None) -> dic
 
 def leader_election_role(name: str = CLUSTER_ROLE_NAME) -> dict[str, Any]:
     """The Role for the leader Lease (put it in the operator's own namespace)."""
-    return _role("Role", f"{name}-leader-election", load_rules(files_dir() / LEADER_RULES_FILE))
+    return _role("Role", f"{name}-leader-election", load_rules(rules_file(LEADER_RULES_FILE)))
 
 
 def picker_cluster_role(name: str = CLUSTER_ROLE_NAME) -> dict[str, Any]:

@@ -1,4 +1,14 @@
-"""One reconcile of one PromptCacheDeployment: render, apply what changed, observe, report.
+"""One reconcile of one PromptCacheDeployment, as a sequence of named phases.
+
+    render → ensure secrets → check → discover → apply → prune → observe → status
+
+`plan` (render, `controller/plan.py`) is pure: the resource parsed, resolved against
+the operator-wide defaults (`render.resolved`), named and rendered into owned
+children. Every later phase reads that one resolved resource through the `Scope`, so
+what the status says is what render deployed. A resource that cannot be rendered
+skips to the status (`Degraded`), with nothing applied. Prune follows one table of
+the kinds a render can drop (`children.PRUNABLE`); the conditions are built in
+`conditions.py`; API refusals are the types of `errors.py`.
 
 The same function serves every trigger (create, update, resume, the periodic
 resync, a watched child changing), so behaviour cannot drift between them.
@@ -12,7 +22,7 @@ import asyncio
 import copy
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,13 +32,12 @@ from promptcache.api import (
     API_VERSION,
     BUILT_IN_DEFAULTS,
     KIND,
-    InvalidResourceError,
     OperatorDefaults,
     PromptCacheDeployment,
     ceiling_of,
-    parse_resource,
 )
 from promptcache.api.status import ConditionType, Reason
+from promptcache.controller import conditions
 from promptcache.controller.checks import (
     GatewayApis,
     NodeCache,
@@ -36,14 +45,17 @@ from promptcache.controller.checks import (
     gpu_shortfall,
     missing_secret,
 )
-from promptcache.controller.children import controller_uid, owned
+from promptcache.controller.children import PRUNABLE, controller_uid
 from promptcache.controller.compare import needs_apply
 from promptcache.controller.conditions import Desired, now_rfc3339, transitions
 from promptcache.controller.diagnose import diagnose
+from promptcache.controller.errors import ApiError, NotFoundError
 from promptcache.controller.gateway_status import gateway_view, route_parents
-from promptcache.controller.kube import ApiError, Kind, Kube, by_kind, kind_of
+from promptcache.controller.kube import Kube, by_kind, kind_of
 from promptcache.controller.metrics import OperatorMetrics
+from promptcache.controller.observation import Observation, Problem
 from promptcache.controller.options import DEFAULT_SCRAPE_PORT, DEFAULT_SCRAPE_TIMEOUT_SECONDS
+from promptcache.controller.plan import Plan, plan
 from promptcache.controller.salt import ensure_salt_secret
 from promptcache.controller.scrape import (
     ScrapedPrefixCache,
@@ -52,8 +64,6 @@ from promptcache.controller.scrape import (
     scrape_by_ip,
 )
 from promptcache.controller.status import (
-    Observation,
-    Problem,
     compute_status,
     prefix_cache_status,
     selector_string,
@@ -64,9 +74,6 @@ from promptcache.render import (
     GATEWAY_KINDS,
     MONITORING_KINDS,
     Names,
-    RenderError,
-    names_of,
-    render,
 )
 from promptcache.render.model_server import gpu_resource, node_selector
 from promptcache.render.monitoring import MONITORING_API, monitoring_enabled
@@ -82,8 +89,8 @@ POOL = by_kind("InferencePool")
 ROUTE = by_kind("HTTPRoute")
 GATEWAY = by_kind("Gateway")
 POD_MONITOR = by_kind("PodMonitor")
-HPA = by_kind("HorizontalPodAutoscaler")
-NETWORK_POLICY = by_kind("NetworkPolicy")
+OPTIONAL_KINDS = GATEWAY_KINDS | MONITORING_KINDS
+"""Kinds whose CRDs a cluster may lack: applied only while discovery says they are served."""
 STATUS_ECHO_S = 10.0
 """How long a just-written status is trusted over a body that may not show it yet."""
 
@@ -106,6 +113,37 @@ class Outcome:
     problem: Problem | None = None
 
 
+@dataclass
+class Scope:
+    """One reconcile of a renderable resource: its plan, what the phases learned so far,
+    and what they did. Each phase reads and fills it in turn."""
+
+    raw: dict[str, Any]
+    plan: Plan
+    fresh: bool
+    """Just created: its children cannot exist yet (their names derive from it and their
+    owner is this very object), so they are applied without reading them first and nothing
+    is pruned. Every other trigger reads first, so an unchanged resource costs no writes."""
+    obs: Observation
+    outcome: Outcome
+    served: dict[str, bool] = field(default_factory=dict)
+    """Optional kinds by name: whether discovery says the cluster serves them."""
+    live: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    """The children as the API server holds them after apply, by `Kind/name`."""
+
+    @property
+    def uid(self) -> str:
+        return str(self.raw["metadata"]["uid"])
+
+    @property
+    def pcd(self) -> PromptCacheDeployment:
+        return self.plan.pcd
+
+    @property
+    def names(self) -> Names:
+        return self.plan.names
+
+
 async def apply_in_order(
     kube: Kube, manifests: list[dict[str, Any]]
 ) -> list[dict[str, Any] | BaseException]:
@@ -124,6 +162,15 @@ async def apply_in_order(
         )
         results.update(zip(indices, done, strict=True))
     return [results[i] for i in range(len(manifests))]
+
+
+def _label(manifest: Mapping[str, Any]) -> str:
+    return f"{manifest['kind']}/{manifest['metadata']['name']}"
+
+
+def _degrade(obs: Observation, reason: str, message: str) -> None:
+    """Keep the first problem of a reconcile: it is the one to fix first."""
+    obs.degraded = obs.degraded or Problem(reason, message[:1000])
 
 
 class Reconciler:
@@ -149,6 +196,15 @@ class Reconciler:
         """Salt Secrets known to exist (created, or a create answered 409)."""
         self._windows: dict[str, HitWindow] = {}
         self._identity: dict[str, tuple[str, str]] = {}
+        self._phases: tuple[Callable[[Scope], Awaitable[None]], ...] = (
+            self._ensure_secrets,
+            self._check,
+            self._discover,
+            self._apply,
+            self._prune,
+            self._observe,
+        )
+        """The phases between render and status, in order."""
 
     def forget(self, uid: str) -> None:
         """Drop per-resource state once a resource is gone."""
@@ -181,119 +237,153 @@ class Reconciler:
             self.metrics.duration.observe(time.monotonic() - started)
 
     async def _reconcile(self, raw: dict[str, Any], *, fresh: bool) -> Outcome:
-        """`fresh`: the resource was just created, so its children cannot exist yet (their
-        names derive from it and their owner is this very object): apply without reading
-        them first, which halves a new resource's requests. Every other trigger reads first,
-        so an unchanged resource costs no writes."""
-        meta = raw["metadata"]
-        obs = Observation(generation=meta.get("generation"))
+        obs = Observation(generation=raw["metadata"].get("generation"))
         outcome = Outcome()
-        try:
-            pcd = parse_resource({k: raw[k] for k in ("apiVersion", "kind", "metadata", "spec")})
-            names = names_of(pcd)
-        except InvalidResourceError as error:
-            obs.blocked = Problem(Reason.INVALID_SPEC, "; ".join(str(p) for p in error.problems))
-        except RenderError as error:
-            obs.blocked = Problem(error.reason, str(error))
-        except KeyError as error:
-            obs.blocked = Problem(Reason.INVALID_SPEC, f"missing {error.args[0]}")
-        if obs.blocked is None:
-            await self._realise(raw, pcd, names, obs, outcome, fresh=fresh)
+        planned = plan(raw, self.settings.defaults)
+        if isinstance(planned, Problem):
+            obs.blocked = planned
+        else:
+            scope = Scope(raw=raw, plan=planned, fresh=fresh, obs=obs, outcome=outcome)
+            for phase in self._phases:
+                await phase(scope)
         outcome.problem = obs.blocked or obs.degraded
-        if obs.blocked is None:
-            self._identity[str(meta["uid"])] = (meta["namespace"], meta["name"])
-            ready = int(((obs.model_server or {}).get("status") or {}).get("readyReplicas") or 0)
-            self.metrics.set_replicas(meta["namespace"], meta["name"], obs.desired_replicas, ready)
         await self._write_status(raw, obs, outcome)
         return outcome
 
-    async def _realise(
-        self,
-        raw: dict[str, Any],
-        pcd: PromptCacheDeployment,
-        names: Names,
-        obs: Observation,
-        outcome: Outcome,
-        *,
-        fresh: bool,
-    ) -> None:
-        uid = str(raw["metadata"]["uid"])
+    # ------------------------------------------------------------------ phases
+
+    async def _ensure_secrets(self, scope: Scope) -> None:
+        """Create the generated salt-key Secret when the spec needs one (create-only)."""
+        pcd, names = scope.pcd, scope.names
+        if await ensure_salt_secret(self.kube, pcd, names, scope.raw, self._salts):
+            log.info("created salt-key Secret for %s/%s", names.namespace, names.instance)
+
+    async def _check(self, scope: Scope) -> None:
+        """What a schema cannot check: referenced Secrets exist, a node offers the GPUs."""
+        pcd, obs = scope.pcd, scope.obs
         spec = pcd.spec
         obs.desired_replicas = spec.model.replicas
-        obs.selector = selector_string(selector_labels(names, Component.MODEL_SERVER))
+        obs.selector = selector_string(selector_labels(scope.names, Component.MODEL_SERVER))
         obs.ceiling = ceiling_of(pcd)
-        desired = [owned(m, raw) for m in render(pcd, self.settings.defaults)]
-
-        if await ensure_salt_secret(self.kube, pcd, names, raw, self._salts):
-            log.info("created salt-key Secret for %s/%s", names.namespace, names.instance)
         message = await missing_secret(self.kube, pcd)
         if message:
             obs.degraded = Problem(Reason.SECRET_NOT_FOUND, message)
-        else:
-            nodes = await self.nodes.get(self.kube)
-            short = gpu_shortfall(
-                nodes, spec.model.resources.gpus, node_selector(pcd), gpu_resource(pcd)
-            )
-            # No eligible GPU node at all looks like a GPU node pool scaled to zero: its
-            # autoscaler adds a node for the pending pods, so the pods' own state says so (a
-            # warning), not a failure. GPU nodes all too small for the pod are a failure.
-            if short and gpu_nodes_present(nodes, node_selector(pcd), gpu_resource(pcd)):
-                obs.degraded = Problem(Reason.INSUFFICIENT_GPUS, short)
+            return
+        nodes = await self.nodes.get(self.kube)
+        short = gpu_shortfall(
+            nodes, spec.model.resources.gpus, node_selector(pcd), gpu_resource(pcd)
+        )
+        # No eligible GPU node at all looks like a GPU node pool scaled to zero: its
+        # autoscaler adds a node for the pending pods, so the pods' own state says so (a
+        # warning), not a failure. GPU nodes all too small for the pod are a failure.
+        if short and gpu_nodes_present(nodes, node_selector(pcd), gpu_resource(pcd)):
+            obs.degraded = Problem(Reason.INSUFFICIENT_GPUS, short)
 
-        served = {
-            "InferencePool": await self.gateway_apis.served(
-                self.kube, POOL.api_version, POOL.plural
-            )
-        }
-        if any(m["kind"] == "HTTPRoute" for m in desired) or served["InferencePool"]:
-            served["HTTPRoute"] = await self.gateway_apis.served(
-                self.kube, ROUTE.api_version, ROUTE.plural
-            )
-        monitoring = monitoring_enabled(pcd, self.settings.defaults)
+    async def _discover(self, scope: Scope) -> None:
+        """Which optional kinds the cluster serves (cached, with back-off when absent)."""
+        served, apis = scope.served, self.gateway_apis
+        served["InferencePool"] = await apis.served(self.kube, POOL.api_version, POOL.plural)
+        if scope.plan.renders("HTTPRoute") or served["InferencePool"]:
+            served["HTTPRoute"] = await apis.served(self.kube, ROUTE.api_version, ROUTE.plural)
         # Ask discovery only for resources that monitor, or did (their PodMonitors may need
         # removing): a cluster without the Prometheus Operator hears nothing of it otherwise.
         was_monitored = any(
             c.get("type") == ConditionType.MONITORING_READY
-            for c in (raw.get("status") or {}).get("conditions") or []
+            for c in (scope.raw.get("status") or {}).get("conditions") or []
         )
-        if monitoring or (was_monitored and not fresh):
-            served["PodMonitor"] = await self.gateway_apis.served(
-                self.kube, MONITORING_API, POD_MONITOR.plural
-            )
-        optional = GATEWAY_KINDS | MONITORING_KINDS
-        to_sync = [m for m in desired if m["kind"] not in optional or served.get(m["kind"])]
+        if self._monitoring(scope) or (was_monitored and not scope.fresh):
+            served["PodMonitor"] = await apis.served(self.kube, MONITORING_API, POD_MONITOR.plural)
+
+    async def _apply(self, scope: Scope) -> None:
+        """Server-side apply each child whose rendered form is not contained in the live one."""
+        to_sync = [
+            m
+            for m in scope.plan.desired
+            if m["kind"] not in OPTIONAL_KINDS or scope.served.get(m["kind"])
+        ]
         lives: list[dict[str, Any] | ApiError | None] = (
             [None] * len(to_sync)
-            if fresh
+            if scope.fresh
             else list(await asyncio.gather(*(self._read(m) for m in to_sync)))
         )
-        by_kind_name = await self._apply(
-            to_sync, lives, uid=uid, served=served, obs=obs, outcome=outcome
-        )
-        if outcome.applied:
+        pending: list[dict[str, Any]] = []
+        for manifest, live in zip(to_sync, lives, strict=True):
+            label = _label(manifest)
+            if isinstance(live, ApiError):
+                _degrade(scope.obs, Reason.APPLY_FAILED, f"{label}: {live.message}")
+            elif live is not None and controller_uid(live) not in (None, scope.uid):
+                _degrade(
+                    scope.obs,
+                    Reason.APPLY_FAILED,
+                    f"{label} already exists and is controlled by another owner; "
+                    "delete it or rename this resource",
+                )
+            elif needs_apply(manifest, live):
+                pending.append(manifest)
+            elif live is not None:
+                scope.live[label] = live
+        results = await apply_in_order(self.kube, pending)
+        for manifest, result in zip(pending, results, strict=True):
+            self._applied(scope, manifest, result)
+        if scope.outcome.applied:
+            names = scope.names
             log.info(
-                "%s/%s: applied %s", names.namespace, names.instance, ", ".join(outcome.applied)
+                "%s/%s: applied %s",
+                names.namespace,
+                names.instance,
+                ", ".join(scope.outcome.applied),
             )
-        route_desired = any(m["kind"] == "HTTPRoute" for m in desired)
-        if served.get("HTTPRoute") and not route_desired and not fresh:
-            await self._prune_route(names, uid)
-        if served.get("PodMonitor") and not monitoring and not fresh:
-            await self._prune_pod_monitors(names, uid)
-        if monitoring:
-            obs.monitoring = self._monitoring_condition(names, served, by_kind_name)
-        if not spec.autoscaling.enabled and not fresh:
-            await self._prune(HPA, names.namespace, names.instance, uid)
-        if not fresh and not any(m["kind"] == NETWORK_POLICY.kind for m in desired):
-            # no policy step in front of the picker any more, or gateway.networkPolicy off
-            await self._prune(NETWORK_POLICY, names.namespace, names.epp, uid)
 
-        obs.model_server = by_kind_name.get(f"Deployment/{names.model_server}")
-        obs.endpoint_picker = by_kind_name.get(f"Deployment/{names.epp}")
-        obs.gateway = await self._gateway_condition(
-            pcd, names, desired, served, obs, live=by_kind_name
-        )
-        scraped, recent = await self._observe_pods(names, uid, obs)
-        obs.prefix_cache = prefix_cache_status(pcd, scraped)
+    def _applied(
+        self, scope: Scope, manifest: dict[str, Any], result: dict[str, Any] | BaseException
+    ) -> None:
+        """Record one apply's result; an optional kind whose CRD went away is not served."""
+        label = _label(manifest)
+        if isinstance(result, ApiError) and not result.transient:
+            if isinstance(result, NotFoundError) and manifest["kind"] in OPTIONAL_KINDS:
+                self.gateway_apis.invalidate()
+                scope.served[manifest["kind"]] = False
+            else:
+                _degrade(scope.obs, Reason.APPLY_FAILED, f"{label}: {result.message}")
+            return
+        if isinstance(result, BaseException):
+            raise result
+        scope.outcome.applied.append(label)
+        self.metrics.children_applied.labels(manifest["kind"]).inc()
+        scope.live[label] = result
+
+    async def _prune(self, scope: Scope) -> None:
+        """Delete the children of `PRUNABLE` the spec no longer renders, if they are ours."""
+        if scope.fresh:
+            return
+        names = scope.names
+        for prunable in PRUNABLE:
+            if prunable.discovered and not scope.served.get(prunable.kind.kind):
+                continue
+            for name in prunable.names(names):
+                if scope.plan.renders(prunable.kind.kind, name):
+                    continue
+                live = await self.kube.get(prunable.kind, names.namespace, name)
+                if live is not None and controller_uid(live) == scope.uid:
+                    await self.kube.delete(prunable.kind, names.namespace, name)
+
+    async def _observe(self, scope: Scope) -> None:
+        """What the cluster shows: the Deployments, the Gateway's verdict, the pods."""
+        obs, names = scope.obs, scope.names
+        obs.model_server = scope.live.get(f"Deployment/{names.model_server}")
+        obs.endpoint_picker = scope.live.get(f"Deployment/{names.epp}")
+        if self._monitoring(scope):
+            obs.monitoring = conditions.monitoring(
+                served=bool(scope.served.get("PodMonitor")),
+                api=MONITORING_API,
+                pod_monitors=(names.model_server, names.epp),
+                applied=[
+                    n for n in (names.model_server, names.epp) if f"PodMonitor/{n}" in scope.live
+                ],
+            )
+        obs.gateway = await self._gateway_condition(scope)
+        scraped, recent = await self._observe_pods(scope)
+        obs.prefix_cache = prefix_cache_status(scope.pcd, scraped)
         if recent.ratio is not None:
             obs.prefix_cache = obs.prefix_cache.model_copy(
                 update={
@@ -301,55 +391,15 @@ class Reconciler:
                     "recent_window_seconds": round(recent.span_s),
                 }
             )
+        meta = scope.raw["metadata"]
+        self._identity[scope.uid] = (meta["namespace"], meta["name"])
+        ready = int(((obs.model_server or {}).get("status") or {}).get("readyReplicas") or 0)
+        self.metrics.set_replicas(meta["namespace"], meta["name"], obs.desired_replicas, ready)
 
-    async def _apply(
-        self,
-        to_sync: list[dict[str, Any]],
-        lives: list[dict[str, Any] | ApiError | None],
-        *,
-        uid: str,
-        served: dict[str, bool],
-        obs: Observation,
-        outcome: Outcome,
-    ) -> dict[str, Mapping[str, Any]]:
-        """Apply each child whose rendered form is not live; return the live children."""
-        by_kind_name: dict[str, Mapping[str, Any]] = {}
-        pending: list[tuple[str, dict[str, Any]]] = []
-        for manifest, live in zip(to_sync, lives, strict=True):
-            label = f"{manifest['kind']}/{manifest['metadata']['name']}"
-            if isinstance(live, ApiError):
-                obs.degraded = obs.degraded or Problem(
-                    Reason.APPLY_FAILED, f"{label}: {live.message}"[:1000]
-                )
-                continue
-            if live is not None and controller_uid(live) not in (None, uid):
-                obs.degraded = obs.degraded or Problem(
-                    Reason.APPLY_FAILED,
-                    f"{label} already exists and is controlled by another owner; "
-                    "delete it or rename this resource",
-                )
-                continue
-            if needs_apply(manifest, live):
-                pending.append((label, manifest))
-            elif live is not None:
-                by_kind_name[label] = live
-        results = await apply_in_order(self.kube, [m for _, m in pending])
-        for (label, manifest), result in zip(pending, results, strict=True):
-            if isinstance(result, ApiError) and not result.transient:
-                if result.code == 404 and manifest["kind"] in GATEWAY_KINDS | MONITORING_KINDS:
-                    self.gateway_apis.invalidate()
-                    served[manifest["kind"]] = False
-                    continue
-                obs.degraded = obs.degraded or Problem(
-                    Reason.APPLY_FAILED, f"{label}: {result.message}"[:1000]
-                )
-                continue
-            if isinstance(result, BaseException):
-                raise result
-            outcome.applied.append(label)
-            self.metrics.children_applied.labels(manifest["kind"]).inc()
-            by_kind_name[label] = result
-        return by_kind_name
+    # ------------------------------------------------------------------ helpers
+
+    def _monitoring(self, scope: Scope) -> bool:
+        return monitoring_enabled(scope.pcd, self.settings.defaults)
 
     async def _read(self, manifest: Mapping[str, Any]) -> dict[str, Any] | ApiError | None:
         """The live child; a refusal (403, 422) is returned to be reported, not raised."""
@@ -362,79 +412,19 @@ class Reconciler:
                 raise
             return error
 
-    async def _prune_pod_monitors(self, names: Names, uid: str) -> None:
-        """Monitoring turned off: remove the PodMonitors this resource owns."""
-        for name in (names.model_server, names.epp):
-            live = await self.kube.get(POD_MONITOR, names.namespace, name)
-            if live is not None and controller_uid(live) == uid:
-                await self.kube.delete(POD_MONITOR, names.namespace, name)
-
-    @staticmethod
-    def _monitoring_condition(
-        names: Names, served: Mapping[str, bool], live: Mapping[str, Mapping[str, Any]]
-    ) -> Desired:
-        if not served.get("PodMonitor"):
-            return Desired(
-                ConditionType.MONITORING_READY,
-                "False",
-                Reason.PROMETHEUS_OPERATOR_NOT_INSTALLED,
-                f"spec.monitoring.enabled, but {MONITORING_API} PodMonitor is not served: install "
-                "the Prometheus Operator CRDs (or scrape the pods yourself, docs/monitoring.md); "
-                "everything else is managed as usual",
-            )
-        applied = [n for n in (names.model_server, names.epp) if f"PodMonitor/{n}" in live]
-        if len(applied) < 2:
-            return Desired(
-                ConditionType.MONITORING_READY, "False", Reason.APPLY_FAILED,
-                "PodMonitors not applied yet (see Degraded)",
-            )  # fmt: skip
-        return Desired(
-            ConditionType.MONITORING_READY,
-            "True",
-            Reason.POD_MONITORS_APPLIED,
-            f"PodMonitor {names.model_server} (model servers) and {names.epp} (Endpoint Picker) "
-            "applied",
+    async def _gateway_condition(self, scope: Scope) -> Desired:
+        """GatewayReady: the CRDs and the picker first, then the Gateway controller's verdict."""
+        pcd, names, live = scope.pcd, scope.names, scope.live
+        kinds = [m["kind"] for m in scope.plan.desired if m["kind"] in GATEWAY_KINDS]
+        st = (scope.obs.endpoint_picker or {}).get("status") or {}
+        early = conditions.gateway_precondition(
+            missing_kinds=[k for k in kinds if not scope.served.get(k)],
+            epp_name=names.epp,
+            want=pcd.spec.gateway.replicas,
+            ready_replicas=int(st.get("readyReplicas") or 0),
         )
-
-    async def _prune_route(self, names: Names, uid: str) -> None:
-        """The HTTPRoute is rendered only with parentRefs; remove ours when they go away."""
-        await self._prune(ROUTE, names.namespace, names.route, uid)
-
-    async def _prune(self, kind: Kind, namespace: str, name: str, uid: str) -> None:
-        """Delete a child the spec no longer renders, if it is ours."""
-        live = await self.kube.get(kind, namespace, name)
-        if live is not None and controller_uid(live) == uid:
-            await self.kube.delete(kind, namespace, name)
-
-    async def _gateway_condition(
-        self,
-        pcd: PromptCacheDeployment,
-        names: Names,
-        desired: list[dict[str, Any]],
-        served: Mapping[str, bool],
-        obs: Observation,
-        *,
-        live: Mapping[str, Mapping[str, Any]],
-    ) -> Desired:
-        kinds = [m["kind"] for m in desired if m["kind"] in GATEWAY_KINDS]
-        missing = [k for k in kinds if not served.get(k)]
-        if missing:
-            return Desired(
-                ConditionType.GATEWAY_READY,
-                "False",
-                Reason.CRD_NOT_INSTALLED,
-                f"the {' and '.join(missing)} CRD is not installed; the model servers are managed "
-                "without a gateway. Install the Gateway API and Inference Extension CRDs.",
-            )
-        st = (obs.endpoint_picker or {}).get("status") or {}
-        want, ready = pcd.spec.gateway.replicas, int(st.get("readyReplicas") or 0)
-        if ready < want:
-            return Desired(
-                ConditionType.GATEWAY_READY,
-                "False",
-                Reason.REPLICAS_NOT_READY,
-                f"Endpoint Picker {names.epp}: {ready}/{want} ready",
-            )
+        if early is not None:
+            return early
         route = live.get(f"HTTPRoute/{names.route}") if "HTTPRoute" in kinds else None
         if "HTTPRoute" in kinds and route is None:
             route = await self.kube.get(ROUTE, names.namespace, names.route)
@@ -456,17 +446,16 @@ class Reconciler:
             route=route,
             gateways=gateways,
         )
-        obs.gateway_addresses = view.addresses
+        scope.obs.gateway_addresses = view.addresses
         return view.condition
 
-    async def _observe_pods(
-        self, names: Names, uid: str, obs: Observation
-    ) -> tuple[ScrapedPrefixCache, WindowedRatio]:
+    async def _observe_pods(self, scope: Scope) -> tuple[ScrapedPrefixCache, WindowedRatio]:
         """Why pods are not ready (into `obs.pods`); the pods' prefix-cache reports, lifetime
         and over the recent window."""
+        names = scope.names
         selector = selector_string(selector_labels(names, Component.MODEL_SERVER))
         pods = await self.kube.list(POD, names.namespace, label_selector=selector)
-        obs.pods = diagnose(pods)
+        scope.obs.pods = diagnose(pods)
         ips = ready_pod_ips(pods)
         if not ips:
             return ScrapedPrefixCache(), WindowedRatio(None, 0.0, 0.0)
@@ -477,13 +466,14 @@ class Reconciler:
             timeout_s=self.settings.scrape_timeout_s,
             limit=self.scrape_gate,
         )
-        window = self._windows.setdefault(uid, HitWindow())
+        window = self._windows.setdefault(scope.uid, HitWindow())
         recent = window.add(
             time.monotonic(), {ip: (m.hits, m.queries) for ip, m in results.items()}
         )
         return aggregate(list(results.values())), recent
 
     async def _write_status(self, raw: dict[str, Any], obs: Observation, outcome: Outcome) -> None:
+        """Status phase: write `.status` only when it differs from the live one."""
         uid = str(raw["metadata"]["uid"])
         live_status = raw.get("status") or {}
         echo = self._written.get(uid)
@@ -505,10 +495,8 @@ class Reconciler:
         }
         try:
             await self.kube.apply_status(manifest)
-        except ApiError as error:
-            if error.code == 404:
-                return  # deleted meanwhile
-            raise
+        except NotFoundError:
+            return  # deleted meanwhile
         self.metrics.status_writes.inc()
         self._written[uid] = (new, time.monotonic())
         outcome.status_written = True

@@ -17,7 +17,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from promptcache.controller.kube import ApiError, by_kind
+from promptcache.controller.errors import ApiError
+from promptcache.controller.kube import by_kind
 from promptcache.controller.reconcile import Outcome, Reconciler
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,16 @@ class Resyncer:
             await self.on_outcome(body, outcome)
 
     async def run(self) -> None:
-        """Forever (until cancelled): full resync every period, pokes in between."""
+        """Forever (until cancelled): full resync every period, pokes in between.
+
+        Each full LIST sets `promptcache_resources` (what this replica serves); 0 once it
+        stops (a standby serves nothing)."""
+        try:
+            await self._loop()
+        finally:
+            self.reconciler.metrics.managed.set(0)
+
+    async def _loop(self) -> None:
         next_full = time.monotonic() + self.period_s
         while True:
             try:
@@ -93,6 +103,7 @@ class Resyncer:
                     next_full = time.monotonic() + self.period_s
                     self._poked.clear()
                     bodies = await self._list()
+                    self.reconciler.metrics.managed.set(len(bodies))
                 else:
                     keys, self._poked = self._poked, set()
                     fetched = [await self.reconciler.kube.get(PCD, ns, name) for ns, name in keys]

@@ -1,17 +1,16 @@
 """The status the operator reports, computed from what it observed (pure).
 
-The reconcile gathers observations; this module turns them into the
-`.status` object and its four conditions. The caller compares the result with
-the live status and writes only when they differ.
+The reconcile gathers observations; this module turns them into the `.status`
+object, with the conditions `controller/conditions.py` builds. The caller
+compares the result with the live status and writes only when they differ.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
-from promptcache.api import PromptCacheDeployment, PromptEmbedsCeiling
+from promptcache.api import PromptCacheDeployment
 from promptcache.api.status import (
     Condition,
     ConditionType,
@@ -19,12 +18,22 @@ from promptcache.api.status import (
     PrefixCacheStatus,
     PromptCacheDeploymentStatus,
     PromptEmbedsStatus,
-    Reason,
 )
-from promptcache.controller.conditions import Desired, set_condition
-from promptcache.controller.diagnose import Diagnosis
+from promptcache.controller import conditions as conditions_of
+from promptcache.controller.conditions import set_condition
+from promptcache.controller.observation import Observation, Problem
 from promptcache.controller.scrape import ScrapedPrefixCache
 from promptcache.render.picker import picker_target
+
+__all__ = [
+    "Observation",
+    "Problem",
+    "compute_status",
+    "format_bytes",
+    "prefix_cache_status",
+    "selector_string",
+    "status_differs",
+]
 
 _UNITS = (("Ei", 2**60), ("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10))
 
@@ -35,37 +44,6 @@ def format_bytes(n: int) -> str:
         if n and n % size == 0:
             return f"{n // size}{suffix}"
     return str(n)
-
-
-@dataclass(frozen=True)
-class Problem:
-    """Why the resource is degraded: a condition reason and a message a user can act on."""
-
-    reason: str
-    message: str
-
-
-@dataclass
-class Observation:
-    """Everything one reconcile learned, as inputs to the status."""
-
-    generation: int | None
-    desired_replicas: int = 0
-    blocked: Problem | None = None
-    """The resource cannot be rendered at all (invalid spec, name too long)."""
-    degraded: Problem | None = None
-    """Rendered and applied, but something the user must fix stands in the way."""
-    model_server: Mapping[str, Any] | None = None
-    endpoint_picker: Mapping[str, Any] | None = None
-    gateway: Desired | None = None
-    selector: str = ""
-    ceiling: PromptEmbedsCeiling | None = None
-    prefix_cache: PrefixCacheStatus = field(default_factory=PrefixCacheStatus)
-    pods: Diagnosis | None = None
-    """Why model-server pods are not ready, from the pods (None: all ready, or none yet)."""
-    gateway_addresses: list[str] = field(default_factory=list)
-    monitoring: Desired | None = None
-    """MonitoringReady while monitoring is enabled; None removes the condition."""
 
 
 def prefix_cache_status(
@@ -92,78 +70,24 @@ def prefix_cache_status(
     )
 
 
-def _deploy_status(deployment: Mapping[str, Any] | None) -> dict[str, Any]:
-    return dict((deployment or {}).get("status") or {})
-
-
-def _progressing(obs: Observation) -> Desired:
-    if obs.blocked is not None:
-        return Desired(ConditionType.PROGRESSING, "False", obs.blocked.reason, obs.blocked.message)
-    if obs.model_server is None:
-        return Desired(ConditionType.PROGRESSING, "True", Reason.ROLLING_OUT, "applying children")
-    meta, st = obs.model_server.get("metadata", {}), _deploy_status(obs.model_server)
-    want = obs.desired_replicas
-    updated, total = int(st.get("updatedReplicas") or 0), int(st.get("replicas") or 0)
-    if int(st.get("observedGeneration") or 0) < int(meta.get("generation") or 0):
-        return Desired(ConditionType.PROGRESSING, "True", Reason.ROLLING_OUT, "rollout starting")
-    if updated < want or total > want:
-        return Desired(
-            ConditionType.PROGRESSING,
-            "True",
-            Reason.ROLLING_OUT,
-            f"{updated}/{want} model-server pods updated, {total} running",
-        )
-    return Desired(ConditionType.PROGRESSING, "False", Reason.RECONCILED, "rollout complete")
-
-
-def _ready(obs: Observation) -> Desired:
-    if obs.blocked is not None:
-        return Desired(ConditionType.READY, "False", obs.blocked.reason, obs.blocked.message)
-    want = obs.desired_replicas
-    ready = int(_deploy_status(obs.model_server).get("readyReplicas") or 0)
-    if want == 0:
-        return Desired(ConditionType.READY, "True", Reason.SCALED_TO_ZERO, "spec.model.replicas=0")
-    if ready >= want:
-        return Desired(ConditionType.READY, "True", Reason.AVAILABLE, f"{ready}/{want} ready")
-    message = f"{ready}/{want} model-server pods ready"
-    if obs.degraded is not None:
-        message += f" ({obs.degraded.message})"
-    elif obs.pods is not None:
-        return Desired(
-            ConditionType.READY, "False", obs.pods.reason, f"{message}: {obs.pods.message}"
-        )
-    return Desired(ConditionType.READY, "False", Reason.REPLICAS_NOT_READY, message)
-
-
-def _degraded(obs: Observation) -> Desired:
-    pods = obs.pods if obs.pods is not None and obs.pods.failure else None
-    problem = obs.blocked or obs.degraded or (Problem(pods.reason, pods.message) if pods else None)
-    if problem is not None:
-        return Desired(ConditionType.DEGRADED, "True", problem.reason, problem.message)
-    return Desired(ConditionType.DEGRADED, "False", Reason.AS_EXPECTED, "")
-
-
-def _gateway(obs: Observation) -> Desired:
-    if obs.blocked is not None:
-        return Desired(
-            ConditionType.GATEWAY_READY, "False", obs.blocked.reason, obs.blocked.message
-        )
-    return obs.gateway or Desired(ConditionType.GATEWAY_READY, "Unknown", "Pending", "")
-
-
 def compute_status(
     obs: Observation, previous: Mapping[str, Any] | None, *, now: str
 ) -> dict[str, Any]:
     """The full `.status` (no None values), keeping transition times that did not move."""
     conditions = list((previous or {}).get("conditions") or [])
-    wanted = [_ready(obs), _progressing(obs), _degraded(obs), _gateway(obs)]
+    wanted = [
+        conditions_of.ready(obs),
+        conditions_of.progressing(obs),
+        conditions_of.degraded(obs),
+        conditions_of.gateway(obs),
+    ]
     if obs.monitoring is not None:
         wanted.append(obs.monitoring)
     elif obs.blocked is None:
         conditions = [c for c in conditions if c.get("type") != ConditionType.MONITORING_READY]
     for desired in wanted:
         conditions, _ = set_condition(conditions, desired, generation=obs.generation, now=now)
-    st = _deploy_status(obs.model_server)
+    st = dict((obs.model_server or {}).get("status") or {})
     ceiling = obs.ceiling
     status = PromptCacheDeploymentStatus(
         observed_generation=obs.generation,

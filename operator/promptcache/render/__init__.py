@@ -45,6 +45,7 @@ __all__ = [
     "RenderError",
     "names_of",
     "render",
+    "resolved",
     "with_default_picker",
 ]
 
@@ -56,9 +57,20 @@ def with_default_picker(pcd: PromptCacheDeployment, default: PickerTarget) -> Pr
     """The resource with an empty `gateway.picker` set to the operator's default."""
     if pcd.spec.gateway.picker is not None:
         return pcd
-    gateway = pcd.spec.gateway.model_copy(update={"picker": default.value})
+    gateway = pcd.spec.gateway.model_copy(update={"picker": default})
     spec = pcd.spec.model_copy(update={"gateway": gateway})
     return pcd.model_copy(update={"spec": spec})
+
+
+def resolved(
+    pcd: PromptCacheDeployment, defaults: OperatorDefaults = BUILT_IN_DEFAULTS
+) -> PromptCacheDeployment:
+    """The resource as it is deployed: what it leaves empty that an operator-wide default
+    fills (today the picker) filled in. `render` renders this, and whatever describes the
+    deployment (the status) must read this too, never the resource as written.
+
+    Idempotent: `resolved(resolved(p, d), d) == resolved(p, d)`."""
+    return with_default_picker(pcd, defaults.picker)
 
 
 def render(
@@ -66,10 +78,10 @@ def render(
 ) -> list[dict[str, Any]]:
     """Every child of the resource, in an order that applies cleanly (RBAC and config first).
 
-    `defaults` fills what the resource leaves empty (the operator's, or `render`'s flags).
-    Raises `RenderError` when the picker the resource resolves to cannot honour a field
-    (the API server refuses the same when `gateway.picker` names it)."""
-    pcd = with_default_picker(pcd, PickerTarget(defaults.picker))
+    `defaults` fills what the resource leaves empty (the operator's, or `render`'s flags),
+    through `resolved`. Raises `RenderError` when the picker the resource resolves to cannot
+    honour a field (the API server refuses the same when `gateway.picker` names it)."""
+    pcd = resolved(pcd, defaults)
     refused = picker_refusals(pcd.spec, picker_of(pcd).value)
     if refused:
         raise RenderError("spec", "; ".join(refused), reason="PickerCannotHonour")

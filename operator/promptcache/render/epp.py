@@ -12,6 +12,7 @@ from promptcache.contract import (
     EPP_EXT_PROC_PORT,
     EPP_LOCAL_GRPC_PORT,
     GATEWAY_POLICY_METRICS_PORT,
+    OPERATOR_ANNOTATION_PREFIX,
     SALT_KEY_MOUNT_DIR,
     SESSION_USER_FIELD,
     GatewayPolicyEnv,
@@ -60,7 +61,7 @@ DEFAULT_IMAGES: Final[dict[PickerTarget, str]] = {
 }
 
 
-CONFIG_HASH_ANNOTATION: Final[str] = "serving.promptcache.io/epp-config-sha256"
+CONFIG_HASH_ANNOTATION: Final[str] = f"{OPERATOR_ANNOTATION_PREFIX}epp-config-sha256"
 
 
 def config_hash(pcd: PromptCacheDeployment) -> str:

@@ -41,8 +41,7 @@ ALPHA_PLUGINS: Final[frozenset[str]] = frozenset({SESSION_FILTER})
 def picker_of(pcd: PromptCacheDeployment) -> Picker:
     """The picker the resource targets; empty means the built-in default (`render` fills
     the field from the operator's defaults first)."""
-    picker = pcd.spec.gateway.picker
-    return Picker(picker) if picker is not None else DEFAULT_PICKER
+    return pcd.spec.gateway.picker or DEFAULT_PICKER
 
 
 def _producer_parameters(

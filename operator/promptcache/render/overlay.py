@@ -21,7 +21,7 @@ def _merge_list(base: list[dict[str, Any]], extra: list[dict[str, Any]], key: st
     return merged + [item for item in extra if item[key] in replaced]
 
 
-def apply_pod_template(
+def apply_pod_template(  # noqa: C901 - one guarded merge step per pod field
     template: dict[str, Any], overlay: ModelPodTemplate | GatewayPodTemplate | None, container: str
 ) -> dict[str, Any]:
     """`template` (a Deployment's `spec.template`) with `overlay` merged onto it."""

@@ -4,8 +4,9 @@ The generated config and the status both say what the picker will use, not what 
 asked: the block size after its floor, the per-pod index capacity after autoTune. The
 rules differ between pickers, so each is a `PickerTarget`; `picker_target` chooses the
 one the resource deploys (`spec.gateway.picker`, filled from the operator's defaults by
-`render`): llm-d-router, or the upstream GIE v1.5 picker, which has no 64-token floor and
-ignores `lruCapacityPerServer` (docs/endpoint-picker.md).
+`render.resolved`, so callers pass the resolved resource): llm-d-router, or the upstream
+GIE v1.5 picker, which has no 64-token floor and ignores `lruCapacityPerServer`
+(docs/endpoint-picker.md).
 """
 
 from __future__ import annotations
@@ -65,4 +66,4 @@ TARGETS: dict[str, PickerTarget] = {t.name: t for t in (LLM_D_ROUTER, GIE_V1_5)}
 
 def picker_target(pcd: PromptCacheDeployment) -> PickerTarget:
     """The picker the resource deploys (`spec.gateway.picker`, else the built-in default)."""
-    return TARGETS[pcd.spec.gateway.picker or DEFAULT_PICKER.value]
+    return TARGETS[pcd.spec.gateway.picker or DEFAULT_PICKER]

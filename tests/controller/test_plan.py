@@ -1,0 +1,94 @@
+"""The render phase of a reconcile: one resolved resource for render and status alike."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from promptcache.api import BUILT_IN_DEFAULTS, OperatorDefaults
+from promptcache.contract import PickerTarget
+from promptcache.controller.children import PRUNABLE
+from promptcache.controller.plan import Plan, plan
+from promptcache.controller.scrape import ScrapedPrefixCache
+from promptcache.controller.status import Problem, prefix_cache_status
+from promptcache.render import names_of
+
+BODY: dict[str, Any] = {
+    "apiVersion": "serving.promptcache.io/v1alpha1",
+    "kind": "PromptCacheDeployment",
+    "metadata": {"name": "chat", "namespace": "serving", "uid": "u-1", "generation": 1},
+    "spec": {"model": {"name": "org/model", "replicas": 2}},
+}
+PODS = ScrapedPrefixCache(scraped_pods=1, block_size=16, num_gpu_blocks=1000, hit_ratio=0.5)
+
+
+def body(**spec: Any) -> dict[str, Any]:
+    doc = copy.deepcopy(BODY)
+    doc["spec"].update(spec)
+    return doc
+
+
+def test_the_plan_carries_the_resource_render_used() -> None:
+    """`--picker gie-v1.5`: the plan's resource names GIE, its config is GIE's, and the
+    status computed from it has no 64-token floor (the bug of issue 25)."""
+    planned = plan(body(), OperatorDefaults(picker=PickerTarget.GIE))
+    assert isinstance(planned, Plan)
+    assert planned.pcd.spec.gateway.picker is PickerTarget.GIE
+    (cm,) = [m for m in planned.desired if m["kind"] == "ConfigMap"]
+    assert "Endpoint Picker: gie-v1.5" in next(iter(cm["data"].values()))
+    assert prefix_cache_status(planned.pcd, PODS).effective_block_size_tokens == 16
+    default = plan(body(), BUILT_IN_DEFAULTS)
+    assert isinstance(default, Plan)
+    assert prefix_cache_status(default.pcd, PODS).effective_block_size_tokens == 64
+
+
+def test_every_child_is_owned_and_named() -> None:
+    planned = plan(body(), BUILT_IN_DEFAULTS)
+    assert isinstance(planned, Plan)
+    for child in planned.desired:
+        assert child["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+        assert child["metadata"]["name"]
+    assert planned.renders("Deployment", planned.names.model_server)
+    assert not planned.renders("HTTPRoute")
+
+
+def test_what_cannot_be_rendered_is_a_problem_not_an_exception() -> None:
+    invalid = plan(body(prefixCache={"lruCapacityPerServer": 0}), BUILT_IN_DEFAULTS)
+    assert isinstance(invalid, Problem)
+    assert invalid.reason == "InvalidSpec"
+    assert "lruCapacityPerServer" in invalid.message
+    long_name = body()
+    long_name["metadata"]["name"] = "x" * 60
+    too_long = plan(long_name, BUILT_IN_DEFAULTS)
+    assert isinstance(too_long, Problem)
+    assert too_long.reason == "NameTooLong"
+    # Sessions cannot be honoured by GIE: refused when GIE is only the operator's default.
+    refused = plan(
+        body(sessionAffinity={"enabled": True}), OperatorDefaults(picker=PickerTarget.GIE)
+    )
+    assert isinstance(refused, Problem)
+    assert refused.reason == "PickerCannotHonour"
+
+
+def test_the_prune_table_names_only_children_a_render_can_drop() -> None:
+    """Each prunable child is rendered by some spec, and absent from a minimal one."""
+    planned = plan(body(), BUILT_IN_DEFAULTS)
+    assert isinstance(planned, Plan)
+    full = plan(
+        body(
+            gateway={"route": {"parentRefs": [{"name": "gw"}]}},
+            monitoring={"enabled": True},
+            autoscaling={"enabled": True, "minReplicas": 1, "maxReplicas": 2},
+        ),
+        BUILT_IN_DEFAULTS,
+    )
+    assert isinstance(full, Plan)
+    names = names_of(planned.pcd)
+    for prunable in PRUNABLE:
+        for name in prunable.names(names):
+            assert full.renders(prunable.kind.kind, name), (prunable.kind.kind, name)
+            if prunable.kind.kind != "NetworkPolicy":  # PerKey: the policy step fronts it
+                assert not planned.renders(prunable.kind.kind, name)
+    shared = plan(body(isolation={"mode": "Shared"}), BUILT_IN_DEFAULTS)
+    assert isinstance(shared, Plan)
+    assert not shared.renders("NetworkPolicy")

@@ -84,6 +84,7 @@ GATEWAY = by_kind("Gateway")
 POD_MONITOR = by_kind("PodMonitor")
 HPA = by_kind("HorizontalPodAutoscaler")
 NETWORK_POLICY = by_kind("NetworkPolicy")
+CONFIG_MAP = by_kind("ConfigMap")
 STATUS_ECHO_S = 10.0
 """How long a just-written status is trusted over a body that may not show it yet."""
 
@@ -286,6 +287,9 @@ class Reconciler:
         if not fresh and not any(m["kind"] == NETWORK_POLICY.kind for m in desired):
             # no policy step in front of the picker any more, or gateway.networkPolicy off
             await self._prune(NETWORK_POLICY, names.namespace, names.epp, uid)
+        if not fresh and not spec.gateway.route.route_by_model:
+            # the body-based router's mapping exists only while the route matches by model
+            await self._prune(CONFIG_MAP, names.namespace, names.model_map, uid)
 
         obs.model_server = by_kind_name.get(f"Deployment/{names.model_server}")
         obs.endpoint_picker = by_kind_name.get(f"Deployment/{names.epp}")

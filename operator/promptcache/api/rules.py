@@ -221,7 +221,7 @@ ADAPTER_RULES: tuple[CrossFieldRule, ...] = (
         scope="model",
         cel=(
             "!has(self.adapters) || self.adapters.all(a, !has(a.path) || "
-            "(!a.path.matches('(^|/)\\.\\.(/|$)') && "
+            f"(!a.path.matches({_cel_string(_PARENT_SEGMENT.pattern)}) && "
             f"(a.path == {_cel_string(MODEL_CACHE_MOUNT_PATH)} || "
             f"a.path.startsWith({_cel_string(MODEL_CACHE_MOUNT_PATH + '/')}) || "
             "(has(self.podTemplate) && has(self.podTemplate.spec) && "

@@ -22,6 +22,7 @@ from kubernetes.client.exceptions import ApiException
 from e2e.operator_harness import wait_established
 from e2e.pytest_cluster import Cluster
 from promptcache.api import InvalidResourceError, parse_resource
+from promptcache.api.rules import default_max_loras
 from promptcache.loading import load_resources
 from promptcache.render import render
 from tests.render import test_pod_template as pod_template_cases
@@ -262,3 +263,94 @@ def test_each_pod_template_override_is_stored_and_its_pod_accepted(
     for key in path:
         node = node[key]
     assert node == expected or (isinstance(expected, list) and node[: len(expected)] == expected)
+
+
+def _server_and_cli(cluster: Cluster, namespace: str, doc: dict[str, Any]) -> tuple[list, list]:
+    """(API server causes, CLI problems) for `doc`, as (field, message) pairs."""
+    try:
+        parse_resource(doc)
+        cli = []
+    except InvalidResourceError as error:
+        cli = sorted((p.path, p.message) for p in error.problems)
+    try:
+        cluster.custom.create_namespaced_custom_object(
+            "serving.promptcache.io", "v1alpha1", namespace, "promptcachedeployments", doc,
+            dry_run="All",
+        )  # fmt: skip
+        server = []
+    except ApiException as error:
+        causes = json.loads(error.body)["details"]["causes"]
+        server = sorted(
+            (c["field"], re.sub(r'^Invalid value: ("[a-z]+": )?', "", c["message"])) for c in causes
+        )
+    return server, cli
+
+
+@pytest.mark.parametrize("gpus", [0, 1])
+@pytest.mark.parametrize("adapters", [1, 3, 9])
+def test_the_derived_lora_slots_agree_at_the_boundary(
+    cluster: Cluster, crd: str, namespace: str, gpus: int, adapters: int
+) -> None:
+    """maxCpuLoras is checked against maxLoras's default, which depends on the adapters and
+    on CPU vs GPU: CEL and Python derive the same default (accepted at it, refused below)."""
+    floor = max(default_max_loras(adapters, gpus), adapters)
+    for cpu, refused in ((floor, False), (floor - 1, True)):
+        if cpu < 1:
+            continue
+        doc = {
+            "apiVersion": "serving.promptcache.io/v1alpha1",
+            "kind": "PromptCacheDeployment",
+            "metadata": {"name": "slots", "namespace": namespace},
+            "spec": {
+                "model": {
+                    "name": "m",
+                    "resources": {"gpus": gpus},
+                    "adapters": [
+                        {"name": f"a{i}", "path": f"/model-cache/a{i}"} for i in range(adapters)
+                    ],
+                },
+                "engine": {"maxCpuLoras": cpu},
+            },
+        }
+        server, cli = _server_and_cli(cluster, namespace, doc)
+        assert server == cli, (gpus, adapters, cpu)
+        assert bool(server) is refused, (gpus, adapters, cpu, server)
+
+
+@pytest.mark.parametrize(
+    ("path", "mount", "accepted"),
+    [
+        ("/adapters/sql", "/adapters", True),
+        ("/adapters/sql", "/adapters/", True),
+        ("/adapters", "/adapters", True),
+        ("/adaptersx/sql", "/adapters", False),
+        ("/adapters/../etc", "/adapters", False),
+        ("/model-cache/sql", "/elsewhere", True),
+        ("/model-cachex/sql", "/elsewhere", False),
+    ],
+)
+def test_adapter_paths_on_mounted_volumes_agree(
+    cluster: Cluster, crd: str, namespace: str, path: str, mount: str, accepted: bool
+) -> None:
+    doc = {
+        "apiVersion": "serving.promptcache.io/v1alpha1",
+        "kind": "PromptCacheDeployment",
+        "metadata": {"name": "paths", "namespace": namespace},
+        "spec": {
+            "model": {
+                "name": "m",
+                "adapters": [{"name": "a", "path": path}],
+                "podTemplate": {
+                    "spec": {
+                        "volumes": [{"name": "ad", "emptyDir": {}}],
+                        "containers": [
+                            {"name": "vllm", "volumeMounts": [{"name": "ad", "mountPath": mount}]}
+                        ],
+                    }
+                },
+            }
+        },
+    }
+    server, cli = _server_and_cli(cluster, namespace, doc)
+    assert server == cli
+    assert (server == []) is accepted, server

@@ -26,6 +26,7 @@ VARIANTS = {
     "sessions": {"sessionAffinity": {"enabled": True}},
     "small-blocks": {"prefixCache": {"autoTune": False, "blockSizeTokens": 16}},
     "tiered": {"prefixCache": {"tiers": [{"name": "coarse", "blockSizeTokens": 512}]}},
+    "adapters": {"model": {"adapters": [{"name": "sql-lora", "path": "/model-cache/sql"}]}},
 }
 
 
@@ -52,7 +53,7 @@ def rendered_configs() -> list[Any]:
     for example in example_files():
         for variant, patch in VARIANTS.items():
             out.append(pytest.param(example, patch, id=f"{example.stem}-{variant}"))
-            if variant in ("as-is", "small-blocks"):
+            if variant in ("as-is", "small-blocks", "adapters"):
                 gie = {**GIE_OFF, "gateway": {"picker": "gie-v1.5"}}
                 for key, value in patch.items():
                     gie[key] = {**gie.get(key, {}), **value}

@@ -429,9 +429,8 @@ def test_the_operator_accepts_the_charts_command_line(value_set: Path) -> None:
     """The chart's args parse with the real `promptcache` parser: flags cannot drift apart."""
     from promptcache.cli import build_parser
 
-    (container,) = one(render("-f", str(value_set)), "Deployment")["spec"]["template"]["spec"][
-        "containers"
-    ]
+    docs = [d for d in render("-f", str(value_set)) if not d["metadata"]["name"].endswith("-bbr")]
+    (container,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
     assert container["command"] == ["promptcache"]
     args = build_parser().parse_args(container["args"])
     assert args.command == "run"
@@ -446,3 +445,71 @@ def test_the_operator_accepts_the_charts_command_line(value_set: Path) -> None:
     assert args.lease_name == "promptcache-operator"
     # The Lease lives where the chart's leader-election Role grants it: the release namespace.
     assert args.lease_namespace == "promptcache-system"
+
+
+def test_body_based_router_is_off_by_default() -> None:
+    docs = render()
+    assert not [d for d in docs if "bbr" in d["metadata"]["name"]]
+
+
+def test_body_based_router_runs_the_contracts_plugins_on_its_ports() -> None:
+    from promptcache.contract.router import BBR_GRPC_PORT, BBR_HEALTH_PORT, BBR_PLUGINS
+
+    docs = render("--set", "bodyBasedRouter.enabled=true")
+    deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
+    bbr = deployments["promptcache-operator-bbr"]
+    (container,) = bbr["spec"]["template"]["spec"]["containers"]
+    args = container["args"]
+    plugins = [args[i + 1] for i, a in enumerate(args) if a == "--plugin"]
+    assert tuple(plugins) == BBR_PLUGINS
+    assert "env" not in container, "no NAMESPACE: every namespace's mapping ConfigMaps"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert (ports["grpc"], ports["grpc-health"]) == (BBR_GRPC_PORT, BBR_HEALTH_PORT)
+    assert container["readinessProbe"]["grpc"]["port"] == BBR_HEALTH_PORT
+    # The operator's own Service and Deployment must not select the router's pods.
+    router_labels = bbr["spec"]["template"]["metadata"]["labels"]
+    for d in docs:
+        selector = (d.get("spec") or {}).get("selector")
+        if d["metadata"]["name"].endswith("-bbr") or not isinstance(selector, dict):
+            continue
+        wanted = selector.get("matchLabels", selector)
+        assert not wanted.items() <= router_labels.items(), d["metadata"]["name"]
+    role = next(
+        d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-bbr")
+    )
+    assert {
+        "apiGroups": [""],
+        "resources": ["configmaps"],
+        "verbs": ["get", "list", "watch"],
+    } in role["rules"]
+
+
+def test_body_based_router_in_one_namespace_gets_a_role_and_namespace() -> None:
+    docs = render(
+        "--set", "bodyBasedRouter.enabled=true", "--set", "bodyBasedRouter.allNamespaces=false"
+    )
+    bbr = next(
+        d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-bbr")
+    )
+    (container,) = bbr["spec"]["template"]["spec"]["containers"]
+    assert [e["name"] for e in container["env"]] == ["NAMESPACE"]
+    role = next(d for d in docs if d["kind"] == "Role" and d["metadata"]["name"].endswith("-bbr"))
+    assert role["rules"][0]["resources"] == ["configmaps"]
+    cluster_role = next(
+        d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-bbr")
+    )
+    assert all("configmaps" not in r["resources"] for r in cluster_role["rules"])
+
+
+def test_istio_wiring_puts_the_router_first_on_each_named_gateway() -> None:
+    docs = render("-f", str(ROOT / "tests" / "chart" / "values" / "multi-model.yaml"))
+    filters = [d for d in docs if d["kind"] == "EnvoyFilter"]
+    assert [(f["metadata"]["namespace"], f["spec"]["targetRefs"][0]["name"]) for f in filters] == [
+        ("gateways", "inference-gateway"),
+        ("gateways", "internal"),
+    ]
+    patch = filters[0]["spec"]["configPatches"][0]["patch"]
+    assert patch["operation"] == "INSERT_FIRST"
+    cluster = patch["value"]["typed_config"]["grpc_service"]["envoy_grpc"]["cluster_name"]
+    assert cluster == "outbound|9004||promptcache-operator-bbr.promptcache-system.svc.cluster.local"
+    assert len([d for d in docs if d["kind"] == "DestinationRule"]) == 2

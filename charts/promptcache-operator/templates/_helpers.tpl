@@ -130,3 +130,23 @@ cluster-scoped built-in resources; it holds no verbs and grants nothing by itsel
 {{- end }}
 {{- if $out }}{{ toYaml $out }}{{ end }}
 {{- end }}
+
+{{/* The body-based router's name and labels (templates/body-based-router.yaml). */}}
+{{- define "promptcache-operator.bbrName" -}}
+{{- printf "%s-bbr" (include "promptcache-operator.fullname" .) }}
+{{- end }}
+
+{{/* Its own app.kubernetes.io/name: the operator's Service and Deployment select by name and instance. */}}
+{{- define "promptcache-operator.bbrSelectorLabels" -}}
+app.kubernetes.io/name: {{ printf "%s-bbr" (include "promptcache-operator.name" .) }}
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
+app.kubernetes.io/component: body-based-router
+{{- end }}
+
+{{- define "promptcache-operator.bbrLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "promptcache-operator.bbrSelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: promptcache
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}

@@ -38,6 +38,7 @@ from promptcache.api.spec import (
     AutoscalingSpec,
     EngineSpec,
     IsolationSpec,
+    LoraAdapter,
     ModelSpec,
     PrefixCacheSpec,
     PromptCacheDeploymentSpec,
@@ -47,6 +48,7 @@ from promptcache.api.status import PromptCacheDeploymentStatus
 _RULE_SCOPES: dict[type[BaseModel], str] = {
     PromptCacheDeploymentSpec: "spec",
     ModelSpec: "model",
+    LoraAdapter: "adapter",
     AutoscalingSpec: "autoscaling",
     EngineSpec: "engine",
     PodMetadataOverlay: "podMetadata",

@@ -16,6 +16,7 @@ from promptcache.api.constants import DEFAULT_VLLM_IMAGE
 from promptcache.contract import (
     ENDPOINT_PICKER_POD,
     FLAG_WITH_SPACE_PATTERN,
+    MODEL_CACHE_MOUNT_PATH,
     MODEL_SERVER_POD,
     OPERATOR_ANNOTATION_PREFIX,
     OPERATOR_POD_LABELS,
@@ -119,6 +120,192 @@ def _owned_flags_rule(group: OwnedEngineFlags) -> CrossFieldRule:
     return _no_extra_arg_matches(
         owned_flag_pattern(group), f"must not set {flags} (in any spelling): {group.why}"
     )
+
+
+LORA_SLOTS_DEFAULT_CAP = 8
+"""`engine.maxLoras` defaults to the number of adapters, at most this on GPUs (vLLM reserves
+GPU memory for every slot)."""
+
+
+def default_max_loras(adapters: int, gpus: int) -> int:
+    """`engine.maxLoras` when empty; `_CEL_DEFAULT_MAX_LORAS` is the same in CEL. On CPU one
+    more slot than adapters: vLLM's CPU build can give a base-model request the output of the
+    adapter in the last slot while that slot is in use (an open upstream bug)."""
+    if gpus == 0:
+        return adapters + 1
+    return min(adapters, LORA_SLOTS_DEFAULT_CAP)
+
+
+def _served_name(model: Any) -> str:
+    return str(model.served_model_name or model.name)
+
+
+def _unique_adapter_names(model: Any) -> bool:
+    names = [a.name for a in model.adapters]
+    return len(names) == len(set(names))
+
+
+_PARENT_SEGMENT = re.compile(r"(^|/)\.\.(/|$)")
+
+
+def _mount_prefixes(model: Any) -> list[str]:
+    template = model.pod_template
+    mounts = [MODEL_CACHE_MOUNT_PATH]
+    if template is not None:
+        mounts += [
+            str(m.get("mountPath", "")) for c in template.spec.containers for m in c.volume_mounts
+        ]
+    return [m for m in mounts if m]
+
+
+def _under(path: str, mount: str) -> bool:
+    return path == mount or path.startswith(mount if mount.endswith("/") else mount + "/")
+
+
+def _adapters_on_mounted_volumes(model: Any) -> bool:
+    mounts = _mount_prefixes(model)
+    return all(
+        a.path is None
+        or (not _PARENT_SEGMENT.search(a.path) and any(_under(a.path, m) for m in mounts))
+        for a in model.adapters
+    )
+
+
+_CEL_UNDER_MOUNT = (
+    "a.path == m.mountPath || "
+    "a.path.startsWith(m.mountPath.endsWith('/') ? m.mountPath : m.mountPath + '/')"
+)
+_CEL_DEFAULT_MAX_LORAS = (
+    "(self.model.resources.gpus == 0 ? size(self.model.adapters) + 1 : "
+    f"(size(self.model.adapters) < {LORA_SLOTS_DEFAULT_CAP} ? size(self.model.adapters) : "
+    f"{LORA_SLOTS_DEFAULT_CAP}))"
+)
+_CEL_MAX_LORAS = f"(has(self.engine.maxLoras) ? self.engine.maxLoras : {_CEL_DEFAULT_MAX_LORAS})"
+
+
+def _max_loras(spec: Any) -> int:
+    if spec.engine.max_loras is not None:
+        return int(spec.engine.max_loras)
+    return default_max_loras(len(spec.model.adapters), spec.model.resources.gpus)
+
+
+ADAPTER_NAME_CLASH_MESSAGE = (
+    "adapter names must differ from the served model name (servedModelName, else name): "
+    "clients choose the base model or an adapter by that name in `model`"
+)
+ADAPTER_RULES: tuple[CrossFieldRule, ...] = (
+    CrossFieldRule(
+        scope="adapter",
+        cel="has(self.path) != has(self.huggingFaceRepo)",
+        message="set exactly one of path (a directory on a mounted volume) and huggingFaceRepo",
+        holds=lambda a: (a.path is None) != (a.hugging_face_repo is None),
+        field_path=".path",
+    ),
+    CrossFieldRule(
+        scope="model",
+        cel="!has(self.adapters) || self.adapters.all(a, self.adapters.exists_one(b, "
+        "b.name == a.name))",
+        message="adapter names must be unique",
+        holds=_unique_adapter_names,
+        field_path=".adapters",
+    ),
+    CrossFieldRule(
+        scope="model",
+        cel="!has(self.adapters) || self.adapters.all(a, a.name != "
+        "(has(self.servedModelName) ? self.servedModelName : self.name))",
+        message=ADAPTER_NAME_CLASH_MESSAGE,
+        holds=lambda m: all(a.name != _served_name(m) for a in m.adapters),
+        field_path=".adapters",
+    ),
+    CrossFieldRule(
+        scope="model",
+        cel=(
+            "!has(self.adapters) || self.adapters.all(a, !has(a.path) || "
+            f"(!a.path.matches({_cel_string(_PARENT_SEGMENT.pattern)}) && "
+            f"(a.path == {_cel_string(MODEL_CACHE_MOUNT_PATH)} || "
+            f"a.path.startsWith({_cel_string(MODEL_CACHE_MOUNT_PATH + '/')}) || "
+            "(has(self.podTemplate) && has(self.podTemplate.spec) && "
+            "has(self.podTemplate.spec.containers) && self.podTemplate.spec.containers.exists(c, "
+            f"has(c.volumeMounts) && c.volumeMounts.exists(m, {_CEL_UNDER_MOUNT}))))))"
+        ),
+        message=(
+            "each adapter path must be on a volume the vllm container mounts, without `..`: "
+            f"under {MODEL_CACHE_MOUNT_PATH} (the model cache) or under a volumeMount of "
+            "model.podTemplate.spec.containers[vllm] (with its volume in podTemplate.spec.volumes)"
+        ),
+        holds=_adapters_on_mounted_volumes,
+        field_path=".adapters",
+    ),
+)
+LORA_LIMITS_NEED_ADAPTERS_MESSAGE = (
+    "engine.maxLoras, engine.maxLoraRank and engine.maxCpuLoras apply to model.adapters: "
+    "list the adapters or leave the limits empty"
+)
+LORA_RULES: tuple[CrossFieldRule, ...] = (
+    CrossFieldRule(
+        scope="spec",
+        cel=(
+            "(has(self.model.adapters) && size(self.model.adapters) > 0) || "
+            "(!has(self.engine.maxLoras) && !has(self.engine.maxLoraRank) && "
+            "!has(self.engine.maxCpuLoras))"
+        ),
+        message=LORA_LIMITS_NEED_ADAPTERS_MESSAGE,
+        holds=lambda m: (
+            bool(m.model.adapters)
+            or (
+                m.engine.max_loras is None
+                and m.engine.max_lora_rank is None
+                and m.engine.max_cpu_loras is None
+            )
+        ),
+        field_path=".engine",
+    ),
+    CrossFieldRule(
+        scope="spec",
+        cel=(
+            "!has(self.engine.maxCpuLoras) || !has(self.model.adapters) || "
+            f"(self.engine.maxCpuLoras >= {_CEL_MAX_LORAS} && "
+            "self.engine.maxCpuLoras >= size(self.model.adapters))"
+        ),
+        message=(
+            "engine.maxCpuLoras must be at least engine.maxLoras (vLLM refuses less) and the "
+            "number of model.adapters (each listed adapter stays loaded): raise it or leave it "
+            "empty"
+        ),
+        holds=lambda m: (
+            m.engine.max_cpu_loras is None
+            or m.engine.max_cpu_loras >= max(_max_loras(m), len(m.model.adapters))
+        ),
+        field_path=".engine.maxCpuLoras",
+    ),
+    CrossFieldRule(
+        scope="spec",
+        cel=(
+            "!has(self.engine.maxLoraRank) || !has(self.model.adapters) || "
+            "self.model.adapters.all(a, !has(a.rank) || a.rank <= self.engine.maxLoraRank)"
+        ),
+        message=(
+            "engine.maxLoraRank is below an adapter's rank (vLLM would refuse to load it): "
+            "raise engine.maxLoraRank or leave it empty to size it from model.adapters[].rank"
+        ),
+        holds=lambda m: (
+            m.engine.max_lora_rank is None
+            or all(a.rank is None or a.rank <= m.engine.max_lora_rank for a in m.model.adapters)
+        ),
+        field_path=".engine.maxLoraRank",
+    ),
+    CrossFieldRule(
+        scope="spec",
+        cel="!self.gateway.route.routeByModel || (has(self.gateway.route.parentRefs) && "
+        "size(self.gateway.route.parentRefs) > 0)",
+        message=(
+            "gateway.route.routeByModel needs gateway.route.parentRefs: name the shared Gateway "
+            "(without one no route is rendered)"
+        ),
+        holds=lambda m: not m.gateway.route.route_by_model or bool(m.gateway.route.parent_refs),
+        field_path=".gateway.route.routeByModel",
+    ),
+)
 
 
 ENGINE_RULES: tuple[CrossFieldRule, ...] = (
@@ -265,6 +452,8 @@ POD_TEMPLATE_RULES: tuple[CrossFieldRule, ...] = (
 
 
 RULES: tuple[CrossFieldRule, ...] = (
+    *ADAPTER_RULES,
+    *LORA_RULES,
     CrossFieldRule(
         scope="autoscaling",
         cel="self.minReplicas <= self.maxReplicas",

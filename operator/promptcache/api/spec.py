@@ -6,6 +6,7 @@ docs table and the renderer all derive from these classes.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import Field, Strict, model_validator
@@ -22,7 +23,7 @@ from promptcache.api.base import (
 )
 from promptcache.api.constants import DEFAULT_VLLM_IMAGE
 from promptcache.api.podtemplate import GatewayPodTemplate, ModelPodTemplate
-from promptcache.api.rules import enforce_rules
+from promptcache.api.rules import default_max_loras, enforce_rules
 from promptcache.contract import (
     DEFAULT_CACHED_PROMPT_TOKENS_HEADER,
     DEFAULT_ISOLATION_FIELD,
@@ -35,7 +36,11 @@ from promptcache.contract import (
     PickerTarget,
     needs_salt_key,
 )
-from promptcache.contract.engine import VLLM_DEFAULT_BLOCK_SIZE
+from promptcache.contract.engine import (
+    VLLM_DEFAULT_BLOCK_SIZE,
+    VLLM_DEFAULT_MAX_LORA_RANK,
+    VLLM_LORA_RANKS,
+)
 from promptcache.contract.front import (
     DEFAULT_ALLOW_CLIENT_PRIORITY,
     DEFAULT_BODY_TIMEOUT_SECONDS,
@@ -122,6 +127,57 @@ class ModelCache(ApiModel):
     """Size limit of the emptyDir when no claim is named."""
 
 
+AdapterName = Annotated[
+    str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9][-A-Za-z0-9._:/@+]*$")
+]
+"""What clients put in `model`: it also becomes a header value and a metric label."""
+MaxLoraRank = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]
+"""The ranks `--max-lora-rank` accepts: `contract.engine.VLLM_LORA_RANKS` (a test keeps the two
+equal, and that one equal to vLLM's own)."""
+MAX_ADAPTERS = 32
+
+
+class LoraAdapter(ApiModel):
+    """A LoRA adapter of the model, served by the same pods under a name of its own.
+
+    vLLM loads it at start (`--lora-modules`); clients select it with `model: <name>`."""
+
+    name: AdapterName
+    """Name clients put in `model`; unique across model.servedModelName (else model.name) and
+    the other adapters, and, behind a shared Gateway, across every resource on it."""
+    path: Annotated[str, Field(min_length=2, max_length=1024, pattern=r"^/\S*$")] | None = None
+    """Directory of the adapter (PEFT `adapter_config.json` and weights) inside the vllm
+    container: under /model-cache (the model cache; a claim when modelCache.claimName is set)
+    or under a volumeMount that model.podTemplate adds. Exactly one of path and
+    huggingFaceRepo."""
+    hugging_face_repo: (
+        Annotated[
+            str,
+            Field(
+                min_length=3,
+                max_length=96,
+                pattern=r"^[A-Za-z0-9][-A-Za-z0-9._]*/[A-Za-z0-9][-A-Za-z0-9._]*$",
+            ),
+        ]
+        | None
+    ) = None
+    """A Hugging Face repository id (`org/name`) vLLM downloads at start into the model cache,
+    with model.hfTokenSecretRef's token when set (vLLM reads one HF_TOKEN for the model and
+    every adapter; for an adapter needing another token, put it on a volume and use path)."""
+    rank: Annotated[int, Field(ge=1, le=max(VLLM_LORA_RANKS))] | None = None
+    """The adapter's LoRA rank (`r` in its adapter_config.json). Only sizes the default of
+    engine.maxLoraRank and checks a set one; vLLM refuses to load an adapter above it."""
+
+    @model_validator(mode="after")
+    def _rules(self) -> LoraAdapter:
+        return enforce_rules(self, "adapter")
+
+    @property
+    def source(self) -> str:
+        """What vLLM is given as the adapter's path: the directory or the repository id."""
+        return self.path or self.hugging_face_repo or ""
+
+
 class ModelSpec(ApiModel):
     """The model to serve and the pods that serve it."""
 
@@ -147,6 +203,13 @@ class ModelSpec(ApiModel):
     """Merged onto each model-server pod (strategic merge): labels, annotations, affinity,
     topology spread, pull secrets, priority/runtime class, scheduler, volumes, and env and
     volumeMounts of the `vllm` container. The operator's parts cannot be overridden."""
+
+    adapters: Annotated[list[LoraAdapter], Field(max_length=MAX_ADAPTERS)] = Field(
+        default_factory=list
+    )
+    """LoRA adapters of the model, served by the same pods (`--enable-lora`); the engine's
+    LoRA limits (engine.maxLoras, maxLoraRank, maxCpuLoras) default from this list, and the
+    Endpoint Picker scores pods by the adapters they have loaded (`lora-affinity-scorer`)."""
 
     @model_validator(mode="after")
     def _rules(self) -> ModelSpec:
@@ -189,6 +252,18 @@ class EngineSpec(ApiModel):
     name, tensor parallelism, ...) are refused in every spelling vLLM accepts."""
     env: Annotated[list[EnvVar], Field(max_length=64)] = Field(default_factory=list)
     """Extra environment for the vLLM container."""
+    max_loras: Annotated[int, Field(ge=1, le=256)] | None = None
+    """Adapters one batch can use at once (`--max-loras`); only with model.adapters. Empty:
+    the number of adapters, at most 8 on GPUs; on CPU (resources.gpus 0) one more than the
+    adapters, since vLLM's CPU build can give a base-model request the output of the adapter
+    in the last slot while that slot is in use."""
+    max_lora_rank: MaxLoraRank | None = None
+    """Largest adapter rank the engine accepts (`--max-lora-rank`); only with model.adapters.
+    Empty: the smallest allowed value at or above every model.adapters[].rank, else vLLM's 16."""
+    max_cpu_loras: Annotated[int, Field(ge=1, le=1024)] | None = None
+    """Adapters kept loaded in CPU memory (`--max-cpu-loras`); only with model.adapters. At
+    least maxLoras and the number of adapters, so every listed adapter stays loaded. Empty:
+    the larger of the two."""
 
     @model_validator(mode="after")
     def _rules(self) -> EngineSpec:
@@ -257,6 +332,10 @@ class ScorerWeights(ApiModel):
     """Queue depth: prefer pods with fewer waiting requests."""
     kv_cache: Annotated[float, Field(ge=0, le=100)] = 2.0
     """KV-cache utilisation: prefer pods with free cache."""
+    lora_affinity: Annotated[float, Field(ge=0, le=100)] = 1.0
+    """LoRA affinity (`lora-affinity-scorer`, from `vllm:lora_requests_info`): prefer pods with
+    the request's adapter loaded, then pods with a free adapter slot. Used only when
+    model.adapters is not empty."""
 
 
 class PrefixCacheTier(ApiModel):
@@ -315,6 +394,13 @@ class RouteSpec(ApiModel):
     hostnames: Annotated[list[Annotated[str, Field(max_length=253)]], Field(max_length=16)] = Field(
         default_factory=list
     )
+    route_by_model: bool = False
+    """Share the Gateway with other resources, told apart by the request's `model`: the route
+    matches only requests whose `X-Gateway-Base-Model-Name` header is this resource's served
+    model, as the body-based router sets it for the model and for its adapters (from the
+    ConfigMap rendered beside the route). Needs the router in front of the Gateway (the chart's
+    `bodyBasedRouter`; docs/multi-model.md). Off: the route takes every request on its
+    Gateway and hostnames."""
 
 
 class GatewaySpec(ApiModel):
@@ -483,6 +569,12 @@ class PromptCacheDeploymentSpec(ApiModel):
         return enforce_rules(self, "spec")
 
     @property
+    def lora_limits(self) -> LoraLimits | None:
+        """The engine's LoRA limits as rendered: set values, else derived from the adapters
+        (None without adapters: LoRA stays off)."""
+        return lora_limits(self)
+
+    @property
     def needs_salt_key(self) -> bool:
         """The pods derive salts, so need the salt Secret (decided by the contract)."""
         return self.front.enabled and needs_salt_key(self.isolation.mode)
@@ -491,3 +583,32 @@ class PromptCacheDeploymentSpec(ApiModel):
     def honors_prompt_cache_max_len(self) -> bool:
         """`isolation.honorPromptCacheMaxLen` resolved: only a running cache front honours it."""
         return self.front.enabled and self.isolation.honor_prompt_cache_max_len is not False
+
+
+@dataclass(frozen=True)
+class LoraLimits:
+    """`--max-loras`, `--max-lora-rank`, `--max-cpu-loras` as the renderer writes them."""
+
+    max_loras: int
+    max_lora_rank: int
+    max_cpu_loras: int
+
+
+def default_max_lora_rank(ranks: list[int]) -> int:
+    """The smallest rank vLLM accepts at or above every declared rank, else vLLM's default."""
+    if not ranks:
+        return VLLM_DEFAULT_MAX_LORA_RANK
+    return min(r for r in VLLM_LORA_RANKS if r >= max(ranks))
+
+
+def lora_limits(spec: PromptCacheDeploymentSpec) -> LoraLimits | None:
+    adapters = spec.model.adapters
+    if not adapters:
+        return None
+    engine = spec.engine
+    max_loras = engine.max_loras or default_max_loras(len(adapters), spec.model.resources.gpus)
+    rank = engine.max_lora_rank or default_max_lora_rank(
+        [a.rank for a in adapters if a.rank is not None]
+    )
+    cpu = engine.max_cpu_loras or max(max_loras, len(adapters))
+    return LoraLimits(max_loras=max_loras, max_lora_rank=rank, max_cpu_loras=cpu)

@@ -78,6 +78,7 @@ from promptcache.contract.names import (
 from promptcache.contract.picker import DEFAULT_PICKER, DEFAULT_PICKER_ENV, PickerTarget
 from promptcache.contract.pods import (
     ENDPOINT_PICKER_POD,
+    MODEL_CACHE_MOUNT_PATH,
     MODEL_SERVER_POD,
     OPERATOR_ANNOTATION_PREFIX,
     OPERATOR_POD_LABELS,
@@ -108,6 +109,7 @@ __all__ = [
     "HEADER_NAME_PATTERN",
     "MAX_CACHE_GIB",
     "MISSING_PROMPT_EMBEDS_IDS_FIELD",
+    "MODEL_CACHE_MOUNT_PATH",
     "MODEL_SERVER_POD",
     "OPERATOR_ANNOTATION_PREFIX",
     "OPERATOR_POD_LABELS",

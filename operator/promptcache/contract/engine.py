@@ -38,6 +38,17 @@ class VllmFlag:
     ENABLE_PROMPT_EMBEDS: Final[str] = "--enable-prompt-embeds"
     TENSOR_PARALLEL_SIZE: Final[str] = "--tensor-parallel-size"
     DISABLE_LOG_STATS: Final[str] = "--disable-log-stats"
+    ENABLE_LORA: Final[str] = "--enable-lora"
+    LORA_MODULES: Final[str] = "--lora-modules"
+    MAX_LORAS: Final[str] = "--max-loras"
+    MAX_LORA_RANK: Final[str] = "--max-lora-rank"
+    MAX_CPU_LORAS: Final[str] = "--max-cpu-loras"
+
+
+VLLM_LORA_RANKS: Final[tuple[int, ...]] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The values `--max-lora-rank` accepts (vLLM 0.33 `config/lora.py`, `MaxLoRARanks`)."""
+VLLM_DEFAULT_MAX_LORA_RANK: Final[int] = 16
+"""`--max-lora-rank` when not given (vLLM 0.33 `LoRAConfig.max_lora_rank`)."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +119,15 @@ OWNED_ENGINE_FLAGS: Final[tuple[OwnedEngineFlags, ...]] = (
         (VllmFlag.TENSOR_PARALLEL_SIZE,),
         "the operator sets it from model.resources.gpus",
         aliases=("-tp",),
+    ),
+    OwnedEngineFlags(
+        (VllmFlag.ENABLE_LORA, VllmFlag.LORA_MODULES),
+        "list the adapters in model.adapters (the Endpoint Picker's LoRA affinity and the "
+        "body-based router's mapping are generated from that list)",
+    ),
+    OwnedEngineFlags(
+        (VllmFlag.MAX_LORAS, VllmFlag.MAX_LORA_RANK, VllmFlag.MAX_CPU_LORAS),
+        "the operator sets them from engine.maxLoras, engine.maxLoraRank and engine.maxCpuLoras",
     ),
 )
 """Every flag the operator writes or relies on, grouped by what to do instead. The API rules

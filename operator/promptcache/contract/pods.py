@@ -41,11 +41,15 @@ OPERATOR_ANNOTATION_PREFIX: Final[str] = f"{API_GROUP}/"
 """Pod annotations under this prefix are the operator's (e.g. the Endpoint Picker's config
 hash, which rolls its pods out when the config changes)."""
 
+MODEL_CACHE_MOUNT_PATH: Final[str] = "/model-cache"
+"""Where the vllm container mounts the model cache (`HF_HOME`; a claim when
+`model.modelCache.claimName` names one): adapters may live there too."""
+
 MODEL_SERVER_POD: Final[OwnedPodParts] = OwnedPodParts(
     container="vllm",
     other_containers=("cache-front",),
     volumes=("dshm", "model-cache", "tmp", "salt-key"),
-    mount_paths=("/dev/shm", "/model-cache", "/tmp"),
+    mount_paths=("/dev/shm", MODEL_CACHE_MOUNT_PATH, "/tmp"),
     env=("HF_HOME", "HOME", "VLLM_NO_USAGE_STATS", "HF_TOKEN", SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR),
 )
 ENDPOINT_PICKER_POD: Final[OwnedPodParts] = OwnedPodParts(

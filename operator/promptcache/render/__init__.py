@@ -29,7 +29,7 @@ from promptcache.render.epp import (
     epp_service_account,
 )
 from promptcache.render.epp_config import picker_of
-from promptcache.render.gateway import http_route, inference_pool
+from promptcache.render.gateway import http_route, inference_pool, model_map
 from promptcache.render.model_server import (
     model_server_deployment,
     model_server_pdb,
@@ -104,6 +104,7 @@ def render(
         model_server_pdb(names),
         inference_pool(pcd, names),
         http_route(pcd, names),
+        model_map(pcd, names),
         *pod_monitors(pcd, names, defaults),
         autoscaler(pcd, names),
     ]

@@ -30,6 +30,10 @@ PREFIX_PRODUCER: Final[str] = "approx-prefix-cache-producer"
 PREFIX_SCORER: Final[str] = "prefix-cache-scorer"
 QUEUE_SCORER: Final[str] = "queue-scorer"
 KV_CACHE_SCORER: Final[str] = "kv-cache-utilization-scorer"
+LORA_SCORER: Final[str] = "lora-affinity-scorer"
+"""Scores pods by the request's adapter from `vllm:lora_requests_info` (both pickers read that
+metric by default and the plugin takes no parameters: GIE v1.5.0 and llm-d-router v0.10.0
+`scorer/loraaffinity`)."""
 SESSION_FILTER: Final[str] = "session-affinity-filter"
 PICKER: Final[str] = "max-score-picker"
 PROFILE_HANDLER: Final[str] = "single-profile-handler"
@@ -84,6 +88,9 @@ def endpoint_picker_config(pcd: PromptCacheDeployment) -> dict[str, Any]:
         {"type": QUEUE_SCORER},
         {"type": KV_CACHE_SCORER},
     ]
+    adapters = bool(pcd.spec.model.adapters)
+    if adapters:
+        plugins.append({"type": LORA_SCORER})
     profile: list[dict[str, Any]] = []
     # GIE has no session plugin: the API refuses sessionAffinity there (api/rules.py).
     if session.enabled and picker_of(pcd) is Picker.LLM_D_ROUTER:
@@ -106,6 +113,8 @@ def endpoint_picker_config(pcd: PromptCacheDeployment) -> dict[str, Any]:
         (KV_CACHE_SCORER, weights.kv_cache),
     ):
         profile.append({"pluginRef": ref, "weight": weight})
+    if adapters:
+        profile.append({"pluginRef": LORA_SCORER, "weight": weights.lora_affinity})
     for tier in prefix.tiers:
         producer, scorer = f"{tier.name}-producer", f"{tier.name}-scorer"
         plugins.append(

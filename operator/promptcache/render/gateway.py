@@ -1,4 +1,9 @@
-"""The gateway side: the InferencePool the Endpoint Picker serves, and the HTTPRoute to it."""
+"""The gateway side: the InferencePool the Endpoint Picker serves, and the HTTPRoute to it.
+
+With `gateway.route.routeByModel` several resources share one Gateway: the route matches the
+body-based router's base-model header, and a ConfigMap tells the router which names (the
+served model and its adapters) belong to this resource (`contract.router`).
+"""
 
 from __future__ import annotations
 
@@ -6,8 +11,15 @@ from typing import Any
 
 from promptcache.api import PromptCacheDeployment
 from promptcache.contract import SERVING_PORT
+from promptcache.contract.router import (
+    BASE_MODEL_HEADER,
+    MAPPING_ADAPTERS_KEY,
+    MAPPING_BASE_MODEL_KEY,
+    MAPPING_LABEL,
+)
 from promptcache.render.epp import GRPC_PORT, POOL_GROUP
 from promptcache.render.names import Component, Names, metadata, selector_labels
+from promptcache.yamlio import dump
 
 ROUTE_REQUEST_TIMEOUT = "300s"
 """Long generations outlive Envoy's 15 s default route timeout."""
@@ -43,7 +55,7 @@ def http_route(pcd: PromptCacheDeployment, names: Names) -> dict[str, Any] | Non
         ],
         "rules": [
             {
-                "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+                "matches": [_match(pcd)],
                 "backendRefs": [{"group": POOL_GROUP, "kind": "InferencePool", "name": names.pool}],
                 "timeouts": {"request": ROUTE_REQUEST_TIMEOUT},
             }
@@ -56,4 +68,34 @@ def http_route(pcd: PromptCacheDeployment, names: Names) -> dict[str, Any] | Non
         "kind": "HTTPRoute",
         "metadata": metadata(names, names.route, Component.GATEWAY),
         "spec": spec,
+    }
+
+
+def _match(pcd: PromptCacheDeployment) -> dict[str, Any]:
+    """Every request, or (routeByModel) those the router found to be for this model."""
+    match: dict[str, Any] = {"path": {"type": "PathPrefix", "value": "/"}}
+    if pcd.spec.gateway.route.route_by_model:
+        served = pcd.spec.model.effective_served_name
+        match["headers"] = [{"type": "Exact", "name": BASE_MODEL_HEADER, "value": served}]
+    return match
+
+
+def model_map(pcd: PromptCacheDeployment, names: Names) -> dict[str, Any] | None:
+    """The body-based router's mapping of this resource's adapters to its served model
+    (routeByModel only). The served model maps to itself once it is listed here, so the
+    router's base-model header is set for both, and stays empty for a name no resource on
+    the Gateway serves: no rule matches it and the Gateway answers 404."""
+    if not pcd.spec.gateway.route.route_by_model:
+        return None
+    meta = metadata(names, names.model_map, Component.GATEWAY)
+    meta["labels"] = {**meta["labels"], MAPPING_LABEL: "true"}  # type: ignore[dict-item]
+    adapters = [a.name for a in pcd.spec.model.adapters]
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": meta,
+        "data": {
+            MAPPING_BASE_MODEL_KEY: pcd.spec.model.effective_served_name,
+            MAPPING_ADAPTERS_KEY: dump(adapters) if adapters else "",
+        },
     }

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from promptcache.api import BUILT_IN_DEFAULTS, OperatorDefaults, PromptCacheDeployment
-from promptcache.contract import SERVING_PORT, VLLM_LOCAL_PORT, VllmFlag
+from promptcache.contract import (
+    MODEL_CACHE_MOUNT_PATH,
+    SERVING_PORT,
+    VLLM_LOCAL_PORT,
+    VllmFlag,
+)
 from promptcache.render.front import front_container, salt_volume
 from promptcache.render.names import Component, Names, metadata, selector_labels
 from promptcache.render.overlay import apply_pod_template
 from promptcache.render.security import container_security_context, pod_security_context
 
 VLLM_CONTAINER = "vllm"
-MODEL_CACHE_DIR = "/model-cache"
+MODEL_CACHE_DIR = MODEL_CACHE_MOUNT_PATH
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_RESOURCES: dict[str, str] = {"nvidia": GPU_RESOURCE, "amd": "amd.com/gpu"}
 """The device plugins' extended resource per `resources.gpuVendor`; each vendor's GPU nodes
@@ -57,7 +63,38 @@ def vllm_args(pcd: PromptCacheDeployment) -> list[str]:
         args.append(VllmFlag.ENABLE_PROMPT_EMBEDS)
     if spec.model.resources.gpus > 1:
         args += [VllmFlag.TENSOR_PARALLEL_SIZE, str(spec.model.resources.gpus)]
-    return args + list(spec.engine.extra_args)
+    return args + lora_args(pcd) + list(spec.engine.extra_args)
+
+
+def lora_args(pcd: PromptCacheDeployment) -> list[str]:
+    """`--enable-lora`, the adapters and the limits; nothing without adapters.
+
+    vLLM 0.33's `--lora-modules` takes several words after one flag (a second flag would
+    replace the first list) and reads an item as JSON unless it is `name=path` without a
+    comma; the JSON form always, so a path with `=` or `,` is read as written, and
+    `base_model_name` makes `/v1/models` name the served model as each adapter's parent."""
+    spec = pcd.spec
+    limits = spec.lora_limits
+    if limits is None:
+        return []
+    base = spec.model.effective_served_name
+    modules = [
+        json.dumps(
+            {"name": a.name, "path": a.source, "base_model_name": base}, separators=(",", ":")
+        )
+        for a in spec.model.adapters
+    ]
+    return [
+        VllmFlag.ENABLE_LORA,
+        VllmFlag.LORA_MODULES,
+        *modules,
+        VllmFlag.MAX_LORAS,
+        str(limits.max_loras),
+        VllmFlag.MAX_LORA_RANK,
+        str(limits.max_lora_rank),
+        VllmFlag.MAX_CPU_LORAS,
+        str(limits.max_cpu_loras),
+    ]
 
 
 def _vllm_health_probe(pcd: PromptCacheDeployment, **timing: int) -> dict[str, Any]:

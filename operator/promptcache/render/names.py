@@ -60,6 +60,11 @@ class Names:
         return f"{self.instance}{_LONGEST_SUFFIX}"
 
     @property
+    def model_map(self) -> str:
+        """The body-based router's ConfigMap: the served model and its adapters."""
+        return f"{self.instance}-bbr"
+
+    @property
     def salt_secret(self) -> str:
         return f"{self.instance}-salt"
 

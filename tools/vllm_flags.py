@@ -80,7 +80,9 @@ def lora_ranks_in_wheel(wheel: Path) -> tuple[int, ...]:
             and isinstance(node.value, ast.Subscript)
         ):
             elts = node.value.slice.elts if isinstance(node.value.slice, ast.Tuple) else []
-            return tuple(int(e.value) for e in elts if isinstance(e, ast.Constant))
+            return tuple(
+                e.value for e in elts if isinstance(e, ast.Constant) and isinstance(e.value, int)
+            )
     raise LookupError("MaxLoRARanks not found")
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import random
 import secrets
 import socket
@@ -10,6 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from e2e.epp.rendered import deep_merge
 from harness.pod import ProcessPod
 from promptcache.api import PromptCacheDeployment
 from promptcache.contract import SERVING_PORT, VLLM_LOCAL_PORT, FrontEnv
@@ -37,21 +37,13 @@ def engine_resource(model: Path, name: str = "tiny", **spec: Any) -> dict[str, A
         "promptEmbeds": {"enabled": True},
         "isolation": {"mode": "PerKey"},
     }
-    _merge(base, spec)
+    deep_merge(base, spec)
     return {
         "apiVersion": "serving.promptcache.io/v1alpha1",
         "kind": "PromptCacheDeployment",
         "metadata": {"name": name, "namespace": "default"},
         "spec": base,
     }
-
-
-def _merge(base: dict[str, Any], patch: Mapping[str, Any]) -> None:
-    for key, value in patch.items():
-        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
-            _merge(base[key], value)
-        else:
-            base[key] = copy.deepcopy(value)
 
 
 def rendered_pod_spec(resource: Mapping[str, Any]) -> dict[str, Any]:

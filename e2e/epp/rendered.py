@@ -30,10 +30,10 @@ def example_files() -> list[Path]:
     return sorted(EXAMPLES.glob("*.yaml"))
 
 
-def _merge(base: dict[str, Any], patch: Mapping[str, Any]) -> None:
+def deep_merge(base: dict[str, Any], patch: Mapping[str, Any]) -> None:
     for key, value in patch.items():
         if isinstance(value, Mapping) and isinstance(base.get(key), dict):
-            _merge(base[key], value)
+            deep_merge(base[key], value)
         else:
             base[key] = copy.deepcopy(value)
 
@@ -66,7 +66,7 @@ def load_example(
     if namespace is not None:
         doc["metadata"]["namespace"] = namespace
     if spec_patch:
-        _merge(doc.setdefault("spec", {}), spec_patch)
+        deep_merge(doc.setdefault("spec", {}), spec_patch)
     return doc
 
 

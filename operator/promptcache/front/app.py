@@ -41,6 +41,7 @@ from promptcache.front.canonical import (
     check_json_media_type,
     json_tokens,
     parse_body,
+    refusing_unencodable,
 )
 from promptcache.front.errors import FrontError
 from promptcache.front.metrics import CONTENT_TYPE, FrontMetrics, merge_expositions
@@ -317,20 +318,9 @@ async def _encode(
     state: FrontState, body: dict[str, Any], placed: list[Any], *, size: int, dense: bool
 ) -> bytes:
     """The body vLLM receives, encoded off the loop when large."""
-    try:
+    with refusing_unencodable():
         job = partial(serialize, body, placed, interruptible=dense)
         data = await _off_loop(state, size, job)
-    except UnicodeEncodeError:
-        raise FrontError(
-            400,
-            errors.INVALID_UNICODE,
-            "the request body holds a string that is not valid Unicode (a lone surrogate "
-            "such as \\ud800)",
-        ) from None
-    except RecursionError:
-        raise FrontError(
-            400, errors.JSON_TOO_DEEP, "the request body nests JSON too deeply"
-        ) from None
     return data  # type: ignore[no-any-return]
 
 

@@ -28,11 +28,12 @@ same header sets with the same errors.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import json.decoder
 import json.scanner
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, Final
 
 from multidict import CIMultiDict, MultiMapping
@@ -316,10 +317,12 @@ def dumps(body: Any, *, interruptible: bool = False) -> str:
     return "".join(chunks)
 
 
-def encode_body(body: Any, *, interruptible: bool = False) -> bytes:
-    """The canonical encoding: UTF-8, compact, finite numbers only."""
+@contextlib.contextmanager
+def refusing_unencodable() -> Iterator[None]:
+    """Encoding failures a client's body can cause, as the client's 400s (one mapping for
+    every place the front encodes a body)."""
     try:
-        return dumps(body, interruptible=interruptible).encode("utf-8")
+        yield
     except UnicodeEncodeError:
         raise FrontError(
             400,
@@ -331,3 +334,9 @@ def encode_body(body: Any, *, interruptible: bool = False) -> bytes:
         raise FrontError(
             400, errors.JSON_TOO_DEEP, "the request body nests JSON too deeply"
         ) from None
+
+
+def encode_body(body: Any, *, interruptible: bool = False) -> bytes:
+    """The canonical encoding: UTF-8, compact, finite numbers only."""
+    with refusing_unencodable():
+        return dumps(body, interruptible=interruptible).encode("utf-8")

@@ -76,7 +76,7 @@ def test_the_prune_table_names_only_children_a_render_can_drop() -> None:
     assert isinstance(planned, Plan)
     full = plan(
         body(
-            gateway={"route": {"parentRefs": [{"name": "gw"}]}},
+            gateway={"route": {"parentRefs": [{"name": "gw"}], "routeByModel": True}},
             monitoring={"enabled": True},
             autoscaling={"enabled": True, "minReplicas": 1, "maxReplicas": 2},
         ),

@@ -25,7 +25,6 @@ from typing import Any
 import aiohttp
 import yaml
 
-from harness.standin import FakePod
 from promptcache.api.constants import EPP_MIN_BLOCK_SIZE_TOKENS
 
 GIE_API_VERSION = "inference.networking.x-k8s.io/v1alpha1"

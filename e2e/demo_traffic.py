@@ -70,8 +70,8 @@ NAMESPACE = "default"
 REPLICAS = 2
 KV_CACHE_BYTES = 12 << 20
 """12 MiB per engine: 12k tokens of the tiny model (1 KiB of KV per token), 384 blocks of
-32; the workload's distinct prompt tokens are about twice that, so it fits in two pods'
-caches only when each conversation keeps to one pod (the engine needs room for one
+32; the workload has more distinct prompt tokens than that (19k prefilled at the least),
+so what a pod holds depends on which conversations keep to it (the engine needs room for one
 8192-token sequence, the model's context, so it cannot be much smaller)."""
 WORKLOAD = Workload(
     tenants=3,

@@ -1,20 +1,27 @@
-"""The demo's second half: traffic through the gateway path, and the cache working.
+"""The demo's second half: real vLLM pods, traffic through the gateway path, the cache working.
 
-On the demo cluster the model-server pods are kwok pods with loopback IPs. For
-each one this binds what the rendered pod runs: the stand-in vLLM
-(`harness.standin`: a block-level prefix cache, a latency model, vLLM's
-metrics) on the vLLM port, and the real cache front (`python -m promptcache.front`,
-the rendered environment, the operator's salt Secret) on the serving port. The
-real Endpoint Picker runs with the rendered config and args as the rendered
-ServiceAccount, behind the rendered gateway policy step when the pod has one (it
-puts the tenant's salt into the body the picker hashes; the picker then serves
-plain gRPC on the pod's loopback, as rendered), and picks a pod for every request
-over ext_proc, asked on the port the gateway would dial.
+The demo applies a resource for the local tiny model (`demo_resource`: built like the
+real-engine tests' `e2e/engine/pods.engine_resource`, two replicas, block size 32) whose
+pod template asks for pods that really run. The operator renders it; kwok schedules the
+model-server pods and gives them loopback IPs but leaves their readiness alone; the
+harness runs each pod's containers as processes (`e2e/engine/cluster_pods.run_on_cluster`:
+the real cache front in front of a real `vllm serve`, vLLM's CPU build, with the args,
+env, Secrets and probes the API server holds) and writes Ready from the rendered probes.
+Each engine's KV cache is small (`KV_CACHE_BYTES`) so that the workload does not fit in
+one pod: where a request lands decides what is cached.
 
-The same multi-tenant, multi-turn chat workload runs twice on fresh caches: once
-with load-only routing (queue + KV-cache scorers), once with the generated
-prefix-aware config. While it runs the operator scrapes the fronts' `/metrics`
-into `status.prefixCache`, so `kubectl get pcd` shows the hit ratio rising.
+The real Endpoint Picker runs with the rendered config and args as the rendered
+ServiceAccount, behind the rendered gateway policy step (it puts the tenant's salt into
+the body the picker hashes), and picks a pod for every request over ext_proc, asked on
+the port the gateway would dial.
+
+The same multi-tenant, multi-turn chat workload runs twice: once with load-only routing
+(queue + KV-cache scorers), once with the generated prefix-aware config, each with
+isolation keys of its own so that the second run finds nothing of the first in the
+engines' caches. Cached tokens are the engines' own (`usage.prompt_tokens_details`); TTFT
+is the client's time to the first streamed token. While it runs the operator scrapes the
+pods' `/metrics` (the engines' prefix-cache counters) into `status.prefixCache`, so
+`kubectl get pcd` shows the hit ratio rising.
 """
 
 from __future__ import annotations
@@ -26,16 +33,20 @@ import json
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from e2e import pytest_cluster
-from e2e.epp.front import FrontProcess
-from e2e.epp.pool import PodHandle, PoolOnCluster
+from e2e.engine.cluster_pods import PROCESS_POD_TEMPLATE, run_on_cluster, stop_on_cluster
+from e2e.engine.pods import SERVED_NAME, engine_resource
+from e2e.epp.pool import PoolOnCluster
 from e2e.epp.process import EppProcess
-from e2e.epp.rendered import Rendered, load_example, render_resource
+from e2e.epp.rendered import Rendered, render_resource
 from e2e.epp.shim import ShimProcess
 from e2e.epp.traffic import (
     LOAD_ONLY,
@@ -50,17 +61,52 @@ from e2e.epp.traffic import (
     schedule,
     use_gie_picker,
 )
-from harness.standin import EngineConfig, FakePod, VllmMetrics
-from promptcache.contract import DEFAULT_ISOLATION_HEADER, VLLM_LOCAL_PORT
+from harness.pod import ProcessPod
+from harness.vllm import tiny_model
+from promptcache.contract import DEFAULT_ISOLATION_HEADER
 
-WORKLOAD = Workload(tenants=3, sessions=24, doc_share=0.0, system_tokens=1500, turns=(3, 5))
-ENGINE = EngineConfig.gpu_like(1.0, num_gpu_blocks=4096, max_num_seqs=16)
-RATE_RPS = 8.0
+NAME = "tiny-demo"
+NAMESPACE = "default"
+REPLICAS = 2
+KV_CACHE_BYTES = 12 << 20
+"""12 MiB per engine: 12k tokens of the tiny model (1 KiB of KV per token), 384 blocks of
+32; the workload has more distinct prompt tokens than that (19k prefilled at the least),
+so what a pod holds depends on which conversations keep to it (the engine needs room for one
+8192-token sequence, the model's context, so it cannot be much smaller)."""
+WORKLOAD = Workload(
+    tenants=3,
+    sessions=16,
+    doc_share=0.0,
+    system_tokens=300,
+    user_tokens=(20, 80),
+    turns=(3, 5),
+)
+"""Token counts are the stand-in's (4 bytes a token); the tiny model's tokenizer makes
+about 4 times as many of these synthetic words: a system prompt of about 1200 tokens
+per tenant, questions of 80-320, prompts up to about 2500."""
+RATE_RPS = 4.0
 
 
-def _tenant_header(tenant: int) -> tuple[dict[str, Any], dict[str, str]]:
-    """Tenants name their isolation key; the front derives each one's cache_salt."""
-    return {}, {DEFAULT_ISOLATION_HEADER: f"tenant-{tenant}"}
+def demo_resource(model: Path) -> dict[str, Any]:
+    """The resource the demo applies: the real-engine tests' resource for the local tiny
+    model (its folder is this machine's, so it is made here), two replicas, pods that
+    really run, and the picker this machine builds (GIE v1.5; the default, llm-d-router,
+    is not buildable from the module proxy here)."""
+    resource = engine_resource(model, name=NAME, gateway={"picker": "gie-v1.5"})
+    resource["metadata"]["namespace"] = NAMESPACE
+    resource["spec"]["model"]["replicas"] = REPLICAS
+    resource["spec"]["model"]["podTemplate"] = PROCESS_POD_TEMPLATE
+    return resource
+
+
+def _tenant_header(run: str) -> Callable[[int], tuple[dict[str, Any], dict[str, str]]]:
+    """Tenants name their isolation key; the front derives each one's cache_salt. Each run
+    has keys of its own, so it starts with nothing of its own in the engines' caches."""
+
+    def fields(tenant: int) -> tuple[dict[str, Any], dict[str, str]]:
+        return {}, {DEFAULT_ISOLATION_HEADER: f"{run}-tenant-{tenant}"}
+
+    return fields
 
 
 class _StatusWatch:
@@ -121,33 +167,68 @@ def _salt_key(cluster: Any, rendered: Rendered) -> bytes | None:
     return None
 
 
-def _bind_pods(pool: PoolOnCluster, cluster: Any, workdir: Path, model: str) -> list[Target]:
+def _scheduled_pods(cluster: Any, rendered: Rendered, timeout_s: float = 120) -> list[str]:
+    """The model-server pods once kwok has made them Running with an IP (not Ready: that
+    is for their probes to say)."""
+    selector = ",".join(f"{k}={v}" for k, v in rendered.selector.items())
+    deadline = time.monotonic() + timeout_s
+    names: list[str] = []
+    while time.monotonic() < deadline:
+        items = cluster.get_json("pods", "-n", rendered.namespace, "-l", selector)["items"]
+        names = sorted(
+            p["metadata"]["name"]
+            for p in items
+            if p["status"].get("podIP") and not p["metadata"].get("deletionTimestamp")
+        )
+        if len(names) == rendered.replicas:
+            return names
+        time.sleep(0.5)
+    raise TimeoutError(f"{len(names)}/{rendered.replicas} model-server pods have an IP")
+
+
+def _run_pods(
+    pool: PoolOnCluster, cluster: Any, workdir: Path, say: Callable[[str], None]
+) -> list[ProcessPod]:
+    """Each model-server pod as it is on the API server: cache front + real vLLM."""
     rendered = pool.rendered
     key = _salt_key(cluster, rendered)
-    if key is not None:  # the operator's Secret, as the fronts and the policy step mount it
+    if key is not None:  # the operator's Secret, as the policy step mounts it
         pool.salt_key_file.write_bytes(key)
-    for pod in pool.wait_pods():
-        name, ip = pod["metadata"]["name"], pod["status"]["podIP"]
-        server = FakePod(
-            name,
-            ip,
-            VLLM_LOCAL_PORT,
-            VllmMetrics(model_name=model, block_size=16, num_gpu_blocks=ENGINE.num_gpu_blocks),
-            config=ENGINE,
-        ).start()
-        front_dir = workdir / f"front-{name}"
-        front = FrontProcess(
-            listen=(ip, rendered.target_port),
-            upstream=f"http://{ip}:{VLLM_LOCAL_PORT}",
-            env=pool.front_env(),
-            workdir=front_dir,
-            salt_key_file=pool.salt_key_file,
+    pods: list[ProcessPod] = []
+    for name in _scheduled_pods(cluster, rendered):
+        pods.append(
+            run_on_cluster(
+                cluster,
+                rendered.namespace,
+                name,
+                workdir / f"pod-{name}",
+                kv_cache_bytes=KV_CACHE_BYTES,
+            )
         )
-        pool.pods.append(PodHandle(name, ip, server, front.start()))
-    for handle in pool.pods:
-        assert handle.front is not None
-        handle.front.wait_ready()
-    return [Target(h.name, f"http://{h.endpoint}", h.endpoint, h.server) for h in pool.pods]
+    t0 = time.monotonic()
+    say(
+        f"started {len(pods)} pods (the real cache front + `vllm serve`, {KV_CACHE_BYTES >> 20}"
+        f" MiB of KV cache each) on {', '.join(p.ip for p in pods)}; waiting for their "
+        "probes (an engine takes 30-70 s to start on 2 cores)"
+    )
+    for pod in pods:
+        pod.wait_ready(timeout_s=900)
+    say(f"both pods Ready by their probes after {time.monotonic() - t0:.0f} s")
+    return pods
+
+
+def _warm_up(targets: list[Target]) -> None:
+    """One short request per pod, under a key no run uses: the engines' first requests
+    are slower, and neither run should pay for that."""
+    for t in targets:
+        body = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "hello"}]}
+        request = urllib.request.Request(
+            t.url + "/v1/chat/completions",
+            data=json.dumps({**body, "max_tokens": 4}).encode(),
+            headers={"content-type": "application/json", DEFAULT_ISOLATION_HEADER: "warm-up"},
+        )
+        with urllib.request.urlopen(request, timeout=300) as resp:
+            resp.read()
 
 
 def _gateway_path(shim: ShimProcess | None, epp: EppProcess) -> str:
@@ -159,13 +240,19 @@ def _gateway_path(shim: ShimProcess | None, epp: EppProcess) -> str:
     )
 
 
-def _run(pick: Pick, targets: list[Target], seed: int) -> Stats:
+def _run(pick: Pick, targets: list[Target], seed: int, run: str) -> Stats:
     trace = schedule(WORKLOAD.build(seed), RATE_RPS, WORKLOAD, seed + 1)
 
     async def go() -> Stats:
         asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(32))
         return await run_trace(
-            pick, targets, trace, WORKLOAD, seed, tenant_fields=_tenant_header, model="demo"
+            pick,
+            targets,
+            trace,
+            WORKLOAD,
+            seed,
+            tenant_fields=_tenant_header(run),
+            model=SERVED_NAME,
         )
 
     return asyncio.run(go())
@@ -173,28 +260,43 @@ def _run(pick: Pick, targets: list[Target], seed: int) -> Stats:
 
 def _line(label: str, s: Stats) -> str:
     return (
-        f"{label:30} cached {s.cached_fraction:6.1%} of {s.prompt_tokens} prompt tokens, "
+        f"{label:32} cached {s.cached_fraction:6.1%} of {s.prompt_tokens} prompt tokens, "
         f"TTFT p50 {s.ttft(0.5) * 1e3:5.0f} ms p99 {s.ttft(0.99) * 1e3:5.0f} ms, "
         f"busiest pod {s.busiest:.0%} of {len(s.ttft_s)} requests"
+        + (f", {s.errors} errors" if s.errors else "")
     )
 
 
-def show_cache_working(
-    kubeconfig: Path, example: Path, workdir: Path, say: Callable[[str], None]
+def _apply(
+    cluster: Any, resource: dict[str, Any], workdir: Path, say: Callable[[str], None]
 ) -> None:
-    """Bind stand-ins and fronts on the example's pods, route the workload twice, report."""
+    path = workdir / "resource.yaml"
+    path.write_text(yaml.safe_dump(resource, sort_keys=False))
+    say(
+        f"applying {NAME} (the local tiny model, {REPLICAS} replicas, pods that really run): {path}"
+    )
+    cluster.kubectl("apply", "-f", str(path))
+
+
+def show_cache_working(kubeconfig: Path, workdir: Path, say: Callable[[str], None]) -> None:
+    """Apply the demo resource, run its pods on real engines, route the workload twice."""
     t0 = time.monotonic()
     cluster = pytest_cluster.Cluster(kubeconfig=kubeconfig, pod_cidr=None, mode="existing")
-    # The picker this machine can build (the resource as applied targets llm-d-router,
-    # whose binary the module proxy here refuses): the same pods, the GIE-rendered config.
-    resource = load_example(example, None, {"gateway": {"picker": "gie-v1.5"}})
-    name, namespace = resource["metadata"]["name"], resource["metadata"].get("namespace", "default")
-    rendered = Rendered(render_resource(resource))
     workdir.mkdir(parents=True, exist_ok=True)
+    say("making (or reusing) the local tiny model")
+    resource = demo_resource(tiny_model())
+    _apply(cluster, resource, workdir, say)
+    rendered = Rendered(render_resource(resource))
     pool = PoolOnCluster(cluster, rendered, workdir)
+    pods: list[ProcessPod] = []
     try:
-        say("binding a stand-in vLLM and the real cache front on each model-server pod")
-        targets = _bind_pods(pool, cluster, workdir, resource["spec"]["model"]["name"])
+        pods = _run_pods(pool, cluster, workdir, say)
+        cluster.kubectl(
+            "wait", "--for=condition=Ready", "--timeout=180s", f"pcd/{NAME}", "-n", NAMESPACE
+        )
+        print(cluster.kubectl("get", "pcd", NAME, "-n", NAMESPACE).stdout, flush=True)
+        targets = [Target(p.name, p.url(), f"{p.ip}:{rendered.target_port}", p) for p in pods]
+        _warm_up(targets)
         try:
             say(f"Endpoint Picker: {use_gie_picker()}")
             picker = True
@@ -202,17 +304,19 @@ def show_cache_working(
             say(f"no Endpoint Picker binary ({e}): routing at random instead")
             picker = False
         runs: list[tuple[str, Stats]] = []
-        plan = [("load-only routing", LOAD_ONLY), ("prefix-aware (generated config)", None)]
-        for label, config in plan:
-            for t in targets:
-                t.pod.reset()
+        plan = [
+            ("load-only", "load-only routing", LOAD_ONLY),
+            ("prefix-aware", "prefix-aware (generated config)", None),
+        ]
+        for run, label, config in plan:
             client = None
             if picker:
                 text = config if config is not None else for_gie(rendered.epp_config_text)[0]
                 # The picker with its rendered args and, when the pod renders one, the
                 # gateway policy step in front (the tenant's salt goes into the body the
                 # picker hashes); the client dials what a gateway would dial.
-                epp = pool.start_epp(config_text=text)
+                epp = pool.start_epp(config_text=text, wait_scraped=False)
+                epp.wait_scraped({p.name: 0.0 for p in pods}, timeout_s=60)
                 client = pool.client()
                 pick = picker_router(client, targets)
                 if not runs:
@@ -221,11 +325,11 @@ def show_cache_working(
                 pick = random_router(targets, 1)
             say(
                 f"{label}: {WORKLOAD.sessions} chats of {WORKLOAD.tenants} tenants, "
-                f"{RATE_RPS:g} req/s"
+                f"{RATE_RPS:g} req/s, streamed"
             )
             try:
-                with _StatusWatch(cluster, name, namespace, say):
-                    stats = _run(pick, targets, seed=11)
+                with _StatusWatch(cluster, NAME, NAMESPACE, say):
+                    stats = _run(pick, targets, seed=11, run=run)
                     time.sleep(4)  # one more operator resync after the last answer
             finally:
                 if client is not None:
@@ -238,6 +342,10 @@ def show_cache_working(
                     pool.epp = None
             runs.append((label, stats))
         print()
+        print(
+            f"{REPLICAS} real vLLM pods (vLLM's CPU build, the tiny model); cached tokens are "
+            "the engines' own:"
+        )
         for label, s in runs:
             print(_line(label, s))
         (_, lo), (_, pa) = runs
@@ -246,27 +354,30 @@ def show_cache_working(
         print(
             f"prefix-aware vs load-only on the same workload: cached share "
             f"{pa.cached_fraction:.1%} vs {lo.cached_fraction:.1%}; prefilled tokens "
-            f"{lo_prefill} -> {pa_prefill} ({1 - pa_prefill / max(1, lo_prefill):.0%} less GPU "
-            f"prefill); TTFT p50 {pa.ttft(0.5) / lo.ttft(0.5):.2f}x, "
-            f"p99 {pa.ttft(0.99) / lo.ttft(0.99):.2f}x load-only's"
+            f"{lo_prefill} -> {pa_prefill} ({1 - pa_prefill / max(1, lo_prefill):.0%} less "
+            f"prefill); TTFT p50 {pa.ttft(0.5) * 1e3:.0f} vs {lo.ttft(0.5) * 1e3:.0f} ms "
+            f"({pa.ttft(0.5) / lo.ttft(0.5):.2f}x), p99 {pa.ttft(0.99) * 1e3:.0f} vs "
+            f"{lo.ttft(0.99) * 1e3:.0f} ms ({pa.ttft(0.99) / lo.ttft(0.99):.2f}x)",
+            flush=True,
         )
         say(f"traffic part took {time.monotonic() - t0:.0f} s")
     finally:
         pool.close()
+        for pod in pods:
+            stop_on_cluster(cluster, NAMESPACE, pod)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m e2e.demo_traffic`: what `e2e/demo` runs once the resource is Ready."""
+    """`python -m e2e.demo_traffic`: what `e2e/demo` runs once the operator is up."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kubeconfig", type=Path, required=True)
-    parser.add_argument("--example", type=Path, required=True, help="the applied resource")
     parser.add_argument("--workdir", type=Path, required=True, help="logs and pod state")
     args = parser.parse_args(argv)
 
     def say(msg: str) -> None:
         print(f"[demo] {msg}", file=sys.stderr, flush=True)
 
-    show_cache_working(args.kubeconfig, args.example, args.workdir, say)
+    show_cache_working(args.kubeconfig, args.workdir, say)
     return 0
 
 

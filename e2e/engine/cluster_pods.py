@@ -5,12 +5,14 @@ IP but never Ready (e2e/localcluster/lifecycle.py). `run_on_cluster` reads that 
 the API server, resolves its Secrets there, runs its containers as a `ProcessPod`, and
 writes Ready / ContainersReady and each container's `ready` to the pod's status whenever
 the probes change their verdict, so the Deployment, the operator and the picker see
-what a real kubelet would report.
+what a real kubelet would report. `stop_on_cluster` stops it and says so (not Ready), as
+a kubelet would once the containers have gone.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,7 @@ PROCESS_POD_TEMPLATE = {"metadata": {"annotations": {PROCESS_POD_ANNOTATION: "tr
 
 def _secrets(cluster: Cluster, namespace: str) -> Any:
     def resolve(name: str, key: str) -> bytes:
-        secret = cluster.get_json("-n", namespace, "get", "secret", name, "-o", "json")
+        secret = cluster.get_json("secret", name, "-n", namespace)
         return base64.b64decode(secret["data"][key])
 
     return resolve
@@ -72,7 +74,7 @@ def run_on_cluster(
     cluster: Cluster, namespace: str, pod_name: str, workdir: Path, **kwargs: Any
 ) -> ProcessPod:
     """Start the containers of an annotated kwok pod; its readiness goes to the API server."""
-    obj = cluster.get_json("-n", namespace, "get", "pod", pod_name, "-o", "json")
+    obj = cluster.get_json("pod", pod_name, "-n", namespace)
     assert obj["metadata"].get("annotations", {}).get(PROCESS_POD_ANNOTATION) == "true"
     ip = obj["status"]["podIP"]
     return ProcessPod(
@@ -84,3 +86,11 @@ def run_on_cluster(
         on_ready=_write_readiness(cluster, namespace),
         **kwargs,
     ).start()
+
+
+def stop_on_cluster(cluster: Cluster, namespace: str, pod: ProcessPod) -> None:
+    """Stop the pod's processes and write that it is no longer Ready: nothing serves on
+    its IP any more, and the Deployment, the operator and the picker must not think so."""
+    pod.stop()
+    with contextlib.suppress(AssertionError):  # the pod object is gone: nothing to correct
+        _write_readiness(cluster, namespace)(pod, False)

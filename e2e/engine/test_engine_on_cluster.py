@@ -49,13 +49,13 @@ def _status(cluster: Cluster, ns: str) -> dict[str, Any]:
 
 
 def _pod_ready(cluster: Cluster, ns: str, pod: str) -> str | None:
-    obj = cluster.get_json("-n", ns, "get", "pod", pod, "-o", "json")
+    obj = cluster.get_json("pod", pod, "-n", ns)
     found = condition(obj, "Ready")
     return None if found is None else str(found["status"])
 
 
 def _model_pod(cluster: Cluster, ns: str) -> dict[str, Any] | None:
-    pods = cluster.get_json("-n", ns, "get", "pods", "-o", "json")["items"]
+    pods = cluster.get_json("pods", "-n", ns)["items"]
     for pod in pods:
         if pod["status"].get("podIP") and "vllm" in {c["name"] for c in pod["spec"]["containers"]}:
             return dict(pod)

@@ -25,7 +25,6 @@ from typing import Any
 import aiohttp
 import yaml
 
-from harness.standin import FakePod
 from promptcache.api.constants import EPP_MIN_BLOCK_SIZE_TOKENS
 
 GIE_API_VERSION = "inference.networking.x-k8s.io/v1alpha1"
@@ -153,7 +152,9 @@ class Target:
     name: str
     url: str
     endpoint: str
-    pod: FakePod
+    pod: Any
+    """The stand-in (`FakePod`) behind the front, or the real pod (`harness.pod.ProcessPod`);
+    only `oracle_router` reads it, and only a stand-in's."""
 
 
 Pick = Callable[[dict[str, Any], dict[str, str]], Awaitable[Target]]
@@ -339,9 +340,10 @@ async def _turn(
             if chunk.get("usage"):
                 usage = chunk["usage"]
             for choice in chunk.get("choices", []):
-                if ttft is None:
+                content = choice.get("delta", {}).get("content") or ""
+                if ttft is None and content:  # the first token, not the role-only chunk
                     ttft = time.monotonic() - t0
-                text.append(choice.get("delta", {}).get("content", ""))
+                text.append(content)
     stats.ttft_s.append(ttft if ttft is not None else time.monotonic() - t0)
     stats.prompt_tokens += usage.get("prompt_tokens", 0)
     stats.cached_tokens += (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)

@@ -470,7 +470,11 @@ async def measure_real(
     two p50s see the same moments of a noisy machine; above, in `plan.rounds` blocks each."""
     from e2e.engine.pods import SERVED_NAME  # noqa: PLC0415
 
-    connector = aiohttp.TCPConnector(limit=0)
+    # An idle connection is dropped after 2 s, before uvicorn's 5 s keep-alive ends it (as
+    # the front's own pool does): while the other arm runs, the direct arm's connections
+    # sit idle, and a POST on one vLLM is closing fails (aiohttp retries only idempotent
+    # methods), which counted as refusals of the direct arm.
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=2.0)
     timeout = aiohttp.ClientTimeout(total=300)
     results: dict[tuple[bool, int, str], Run] = {}
     loads = [os.getloadavg()[0]]

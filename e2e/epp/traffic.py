@@ -153,7 +153,8 @@ class Target:
     name: str
     url: str
     endpoint: str
-    pod: FakePod
+    pod: FakePod | None = None
+    """None when a real engine serves the pod (only the oracle and resets need a stand-in)."""
 
 
 Pick = Callable[[dict[str, Any], dict[str, str]], Awaitable[Target]]
@@ -173,7 +174,10 @@ def oracle_router(targets: Sequence[Target], seed: int) -> Pick:
     rng = random.Random(seed)
 
     async def pick(body: dict[str, Any], headers: dict[str, str]) -> Target:
-        est = [(t.pod.engine.ttft_estimate_s(body), rng.random(), i) for i, t in enumerate(targets)]
+        est = []
+        for i, t in enumerate(targets):
+            assert t.pod is not None, "the oracle reads a stand-in's cache"
+            est.append((t.pod.engine.ttft_estimate_s(body), rng.random(), i))
         return targets[min(est)[2]]
 
     return pick
@@ -323,7 +327,10 @@ async def _turn(
     headers: dict[str, str],
     t0: float,
     stats: Stats,
+    first_content: bool = False,
 ) -> str:
+    """Stream one turn; TTFT at the first chunk with a choice (`first_content`: the first
+    with non-empty content, since vLLM's first chunk may carry only the role)."""
     ttft = None
     text: list[str] = []
     usage: dict[str, Any] = {}
@@ -339,9 +346,10 @@ async def _turn(
             if chunk.get("usage"):
                 usage = chunk["usage"]
             for choice in chunk.get("choices", []):
-                if ttft is None:
+                content = choice.get("delta", {}).get("content") or ""
+                if ttft is None and (content or not first_content):
                     ttft = time.monotonic() - t0
-                text.append(choice.get("delta", {}).get("content", ""))
+                text.append(content)
     stats.ttft_s.append(ttft if ttft is not None else time.monotonic() - t0)
     stats.prompt_tokens += usage.get("prompt_tokens", 0)
     stats.cached_tokens += (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
@@ -365,8 +373,11 @@ async def run_trace(
     seed: int,
     tenant_fields: TenantFields = salt_in_body,
     model: str = "bench-model",
+    extra_body: dict[str, Any] | None = None,
+    first_content: bool = False,
 ) -> Stats:
-    """Play the sessions at their start times; every turn is picked, streamed, accounted."""
+    """Play the sessions at their start times; every turn is picked, streamed, accounted
+    (`extra_body`: fields every request carries; `first_content`: see `_turn`)."""
     stats = Stats(per_pod={t.name: 0 for t in targets})
     rng = random.Random(seed)
     timeout = aiohttp.ClientTimeout(total=600)
@@ -388,6 +399,7 @@ async def run_trace(
                     "max_tokens": s.max_tokens,
                     "stream": True,
                     "stream_options": {"include_usage": True},
+                    **(extra_body or {}),
                     **extra,
                 }
                 t0 = time.monotonic()
@@ -395,7 +407,7 @@ async def run_trace(
                     stats.gaps_s.append(t0 - last)
                 last = t0
                 target = await pick(body, headers)
-                answer = await _turn(http, target, body, headers, t0, stats)
+                answer = await _turn(http, target, body, headers, t0, stats, first_content)
                 messages.append({"role": "assistant", "content": answer})
                 await asyncio.sleep(pause)
 

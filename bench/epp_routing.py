@@ -63,7 +63,8 @@ The picker is the upstream GIE v1.5.0 EPP that `e2e/cluster build` builds (GIE
 needs an API server: the pods are kwok pods of the local control plane; the
 stand-ins bind on their loopback IPs). It runs with its rendered args: alone on its
 port it serves ext_proc over TLS, reached through the harness's TLS relay as a gateway
-would (`--plaintext-picker` turns TLS off). Run: `python -m bench.epp_routing`
+would (`--plaintext-picker` turns TLS off). `--real` routes among 2-3 real vLLM pods
+instead (`bench/epp_routing_real.py`, its own options). Run: `python -m bench.epp_routing`
 (about 25 minutes on 2 shared cores; `--full`, about an hour: 8 pods, 5 load levels;
 `--out DIR` for the PNGs, default docs/img/).
 """
@@ -190,6 +191,10 @@ def plot_curves(rows: list[Row], loads: list[float], out: Path, prefix: str) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
+    if "--real" in (sys.argv[1:] if argv is None else argv):  # real engines: its own options
+        from bench import epp_routing_real  # noqa: PLC0415
+
+        return epp_routing_real.main(argv)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--full", action="store_true", help="8 pods, 5 load levels, 60 s of arrivals")
     ap.add_argument("--pods", type=int, default=4)

@@ -22,6 +22,21 @@ Two CPU layouts, each with its own processes (`--layout`, both by default):
   what a user of the pod sees; it cannot show the front's CPU cost, which the
   shared layout and the CPU columns do.
 
+Real engine (`--engine real`, issue 22): the same chat workload sent straight to a real
+vLLM (its CPU build, the harness's tiny model) and through the real front, at concurrency
+1, 8 and 64, alternating in one run. Both run as the rendered model-server pod runs them
+(`harness.pod.ProcessPod` on a loopback pod IP: the cache front on the serving port, `vllm
+serve` with the rendered args on 8001), so "direct" is the pod's engine port and "through"
+its serving port. The engine does the real work here (tokenising, scheduling, the model,
+detokenising), so the question is whether the front's cost shows next to a real engine's.
+Goals: throughput through the front >= 0.95x direct at 8 and 64; added p50 <= 2 % of the
+direct p50 at concurrency 1. At concurrency 1 the arms alternate request by request. The
+same `--layout`s, on the same processes re-pinned between them: `shared`, and `sidecar`
+(the client and every engine process on CPU 0, the front on CPU 1). The CPU build's engine
+spins while it works (about 100 ms of CPU per lone 8-token request here), so on shared
+cores the front competes with it for every wake-up. The memory part does not depend on
+the engine and is not repeated.
+
 Part 2, memory: a fresh front with a memory budget gets the amplification
 requests of `tests/front/amplification.py` (each a few MB that asks for
 hundreds of MB to GBs), several at once; the kernel's peak RSS of the front
@@ -30,6 +45,8 @@ budget plus a fixed margin.
 
     python -m bench.front_overhead            # ~1-2 minutes
     python -m bench.front_overhead --quick    # fewer requests
+    python -m bench.front_overhead --engine real          # ~5 minutes, one real engine
+    python -m bench.front_overhead --engine real --quick  # ~2-3 minutes
 """
 
 from __future__ import annotations
@@ -38,16 +55,21 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import aiohttp
 
 from bench.local_processes import start, wait_ok
 from e2e.localcluster.state import free_port
 from tests.front.amplification import attacks, dense_payload
+
+if TYPE_CHECKING:
+    from harness.pod import ProcessPod
 
 CHAT = "/v1/chat/completions"
 KEY_HEADER = "x-prompt-cache-isolation-key"
@@ -62,9 +84,12 @@ class Run:
 
     latencies: list[float] = field(default_factory=list)
     refused: int = 0
+    """Answers other than 200, and requests whose connection failed (`failures`)."""
+    failures: list[str] = field(default_factory=list)
     seconds: float = 0.0
     front_cpu: float = 0.0
-    standin_cpu: float = 0.0
+    upstream_cpu: float = 0.0
+    """The stand-in's CPU, or the real engine's (API server, engine core and worker)."""
     client_cpu: float = 0.0
     """The load generator's own CPU (this process): it shares the cores with the others."""
 
@@ -79,9 +104,10 @@ class Run:
     def merge(self, other: Run) -> None:
         self.latencies += other.latencies
         self.refused += other.refused
+        self.failures += other.failures
         self.seconds += other.seconds
         self.front_cpu += other.front_cpu
-        self.standin_cpu += other.standin_cpu
+        self.upstream_cpu += other.upstream_cpu
         self.client_cpu += other.client_cpu
 
     def cpu_ms(self, seconds: float) -> float:
@@ -137,9 +163,14 @@ async def _one(
     http: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str], run: Run
 ) -> None:
     start = time.perf_counter()
-    async with http.post(url + CHAT, data=body, headers=headers) as resp:
-        await resp.read()
-        ok = resp.status == 200
+    try:
+        async with http.post(url + CHAT, data=body, headers=headers) as resp:
+            await resp.read()
+            ok = resp.status == 200
+    except aiohttp.ClientError as error:  # counted, not fatal: the table shows it
+        run.refused += 1
+        run.failures.append(f"{type(error).__name__}: {error}")
+        return
     if ok:
         run.latencies.append(time.perf_counter() - start)
     else:
@@ -147,13 +178,19 @@ async def _one(
 
 
 async def _measure(
-    http: aiohttp.ClientSession, url: str, stream: bool, concurrency: int, requests: int
+    http: aiohttp.ClientSession,
+    url: str,
+    stream: bool,
+    concurrency: int,
+    requests: int,
+    model: str = "standin",
 ) -> Run:
     body = json.dumps(
         {
-            "model": "standin",
+            "model": model,
             "messages": [{"role": "user", "content": "Say hello in one short sentence."}],
             "max_tokens": 8,
+            "temperature": 0,
             "stream": stream,
         }
     ).encode()
@@ -236,7 +273,7 @@ async def _overhead(args: argparse.Namespace, layout: Layout) -> None:
                             c0 = time.process_time()
                             run = await _measure(http, url, stream, concurrency, n // rounds)
                             run.front_cpu = cpu_seconds(front.pid) - f0
-                            run.standin_cpu = cpu_seconds(standin.pid) - s0
+                            run.upstream_cpu = cpu_seconds(standin.pid) - s0
                             run.client_cpu = time.process_time() - c0
                             key = (stream, concurrency, target)
                             results.setdefault(key, Run()).merge(run)
@@ -246,7 +283,7 @@ async def _overhead(args: argparse.Namespace, layout: Layout) -> None:
                                 f"{'stream' if stream else 'whole':<8}{concurrency:>5}"
                                 f"{target:>8}{r.throughput:>9.0f}{r.pct(0.5) * 1e3:>9.2f}"
                                 f"{r.pct(0.99) * 1e3:>9.2f}{r.refused:>9}"
-                                f"{r.cpu_ms(r.front_cpu):>9.2f}ms{r.cpu_ms(r.standin_cpu):>11.2f}ms"
+                                f"{r.cpu_ms(r.front_cpu):>9.2f}ms{r.cpu_ms(r.upstream_cpu):>11.2f}ms"
                                 f"{r.cpu_ms(r.client_cpu):>10.2f}ms"
                             )
         finally:
@@ -262,7 +299,7 @@ async def _overhead(args: argparse.Namespace, layout: Layout) -> None:
             f"{layout.name} {mode}: added p50 at concurrency 1: {added:+.2f} ms (goal <= 1 ms); "
             f"the front's "
             f"own CPU per request {f1.cpu_ms(f1.front_cpu):.2f} ms vs the stand-in's "
-            f"{f1.cpu_ms(f1.standin_cpu):.2f} ms"
+            f"{f1.cpu_ms(f1.upstream_cpu):.2f} ms"
         )
         for c in (64, 256):
             d, f = results[(stream, c, "direct")], results[(stream, c, "front")]
@@ -273,7 +310,7 @@ async def _overhead(args: argparse.Namespace, layout: Layout) -> None:
                 f"{f.refused} (goal 0)"
             )
         d, f = results[(stream, 64, "direct")], results[(stream, 64, "front")]
-        client, standin = d.cpu_ms(d.client_cpu), d.cpu_ms(d.standin_cpu)
+        client, standin = d.cpu_ms(d.client_cpu), d.cpu_ms(d.upstream_cpu)
         front_ms = f.cpu_ms(f.front_cpu)
         print(
             f"{layout.name} {mode}: CPU per request at 64: client {client:.2f} ms + stand-in "
@@ -281,6 +318,246 @@ async def _overhead(args: argparse.Namespace, layout: Layout) -> None:
             f"three processes need {(client + standin + front_ms) / (client + standin):.2f}x "
             f"the CPU per request of direct"
         )
+
+
+# --- the real engine ------------------------------------------------------------------------
+
+REAL_CONCURRENCY = (1, 8, 64)
+REAL_GOAL_THROUGHPUT = 0.95
+REAL_GOAL_ADDED_P50 = 0.02
+"""Of the direct p50 at concurrency 1."""
+
+
+def group_pids(pgid: int) -> list[int]:
+    """The live processes of process group `pgid` (the engine is three: its API server,
+    engine core and worker, all started in the engine's own session)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue  # it exited meanwhile
+        if int(fields[2]) == pgid:
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def sum_cpu_seconds(pids: list[int]) -> float:
+    return sum(cpu_seconds(pid) for pid in pids)
+
+
+@dataclass(frozen=True)
+class RealPlan:
+    """What one real-engine run measures: per (stream, concurrency), requests per arm."""
+
+    streams: tuple[bool, ...]
+    points: tuple[tuple[int, int], ...]
+    """(concurrency, requests per arm)."""
+    rounds: int
+    warm: int
+    layouts: tuple[Layout, ...] = (Layout("shared"),)
+
+
+def real_plan(args: argparse.Namespace) -> RealPlan:
+    """Requests per point: about as many seconds at each concurrency on this machine (a
+    request of 8 tokens takes ~40-100 ms alone; batched, the engine answers ~10x more)."""
+    n = args.requests if args.requests_set else (40 if args.quick else 120)
+    rounds = args.rounds if args.rounds_set else (4 if args.quick else 8)
+    points = tuple((c, n * (1 if c == 1 else 4 if c == 8 else 8)) for c in REAL_CONCURRENCY)
+    streams = (False,) if args.quick else (False, True)
+    chosen = tuple(layouts(args.layout))
+    return RealPlan(streams, points, rounds, warm=8 if args.quick else 16, layouts=chosen)
+
+
+def pin(pids: list[int], cpus: frozenset[int] | None) -> None:
+    """Every thread of `pids` onto `cpus` (None: all of this process's cores); threads made
+    later inherit their creator's affinity."""
+    target = cpus if cpus is not None else os.sched_getaffinity(0)
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").glob("[0-9]*"):
+            try:
+                os.sched_setaffinity(int(task.name), target)
+            except OSError:
+                continue  # the thread ended meanwhile
+
+
+def start_real_pod(workdir: Path) -> ProcessPod:
+    """The rendered model-server pod (cache front + real `vllm serve`), Ready by its own
+    probes; the engine slot it needs may first have to be waited for."""
+    from e2e.engine.pods import engine_resource, process_pod  # noqa: PLC0415 - real mode only
+    from harness.vllm import engine_unavailable, tiny_model  # noqa: PLC0415
+
+    why = engine_unavailable()
+    if why is not None:
+        raise SystemExit(f"--engine real: the engine is not installed ({why}): run scripts/engine")
+    pod = process_pod(engine_resource(tiny_model(), name="overhead"), workdir)
+    started = time.monotonic()
+    print(f"starting the rendered pod (front + vllm serve) on {pod.ip} ...", flush=True)
+    pod.start()
+    try:
+        pod.wait_ready()
+    except BaseException:
+        pod.stop()
+        raise
+    print(f"  Ready after {time.monotonic() - started:.0f} s", flush=True)
+    return pod
+
+
+async def real_overhead(args: argparse.Namespace) -> None:
+    plan = real_plan(args)
+    workdir = Path(tempfile.mkdtemp(prefix="front-overhead-"))
+    pod = await asyncio.to_thread(start_real_pod, workdir)
+    try:
+        failures = await _real_overhead(args, plan, pod)
+    finally:
+        await asyncio.to_thread(pod.stop)
+    if failures:  # keep the pod's logs to explain them
+        print(f"{len(failures)} failed requests (first: {failures[0]}); pod logs in {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+async def _real_overhead(args: argparse.Namespace, plan: RealPlan, pod: ProcessPod) -> list[str]:
+    front = next(c.proc for c in pod.containers if c.name != "vllm")
+    engine = pod.container("vllm").proc
+    assert front is not None
+    assert engine is not None
+    # the engine runs in its own session: its process group is the pid of `vllm serve`
+    return await real_layouts(plan, f"http://{pod.ip}:8001", pod.url(), front.pid, engine.pid)
+
+
+async def real_layouts(
+    plan: RealPlan, direct: str, through: str, front_pid: int, engine_pgid: int
+) -> list[str]:
+    """Each layout in turn on the same processes (pinned, then unpinned); the failures."""
+    engine_pids = group_pids(engine_pgid)
+    everywhere = os.sched_getaffinity(0)
+    failures: list[str] = []
+    summary: list[str] = []
+    try:
+        for layout in plan.layouts:
+            pin(engine_pids, layout.standin)
+            pin([front_pid], layout.front)
+            os.sched_setaffinity(0, layout.client or everywhere)
+            lines, failed = await measure_real(
+                plan, layout, direct, through, front_pid, engine_pids
+            )
+            summary += lines
+            failures += failed
+    finally:
+        os.sched_setaffinity(0, everywhere)
+        pin(engine_pids, None)
+        pin([front_pid], None)
+    print()
+    for line in summary:
+        print(line)
+    return failures
+
+
+async def measure_real(
+    plan: RealPlan,
+    layout: Layout,
+    direct: str,
+    through: str,
+    front_pid: int,
+    engine_pids: list[int],
+) -> tuple[list[str], list[str]]:
+    """Measure and print the table of one layout; its summary lines and failed requests.
+
+    At concurrency 1 the arms alternate request by request (in alternating order), so the
+    two p50s see the same moments of a noisy machine; above, in `plan.rounds` blocks each."""
+    from e2e.engine.pods import SERVED_NAME  # noqa: PLC0415
+
+    # An idle connection is dropped after 2 s, before uvicorn's 5 s keep-alive ends it (as
+    # the front's own pool does): while the other arm runs, the direct arm's connections
+    # sit idle, and a POST on one vLLM is closing fails (aiohttp retries only idempotent
+    # methods), which counted as refusals of the direct arm.
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=2.0)
+    timeout = aiohttp.ClientTimeout(total=300)
+    results: dict[tuple[bool, int, str], Run] = {}
+    loads = [os.getloadavg()[0]]
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
+        where = (
+            "all processes on all cores"
+            if layout.front is None
+            else f"client and engine on CPU {_cpus(layout.client or frozenset())}, "
+            f"front on CPU {_cpus(layout.front)}"
+        )
+        print(
+            f"\n== real engine, layout {layout.name}: vllm serve (CPU build, tiny model) at "
+            f"{direct}, the front at {through}; {where}; load average before: {loads[0]:.1f} "
+            f"on {os.cpu_count()} CPUs"
+        )
+        print(
+            f"{'mode':<8}{'conc':>5}{'target':>8}{'req/s':>9}{'p50 ms':>9}"
+            f"{'p99 ms':>9}{'refused':>9}{'front cpu':>11}{'engine cpu':>13}"
+            f"{'client cpu':>12}"
+        )
+        for stream in plan.streams:
+            for concurrency, n in plan.points:
+                for url in (direct, through):  # warm both paths at this concurrency
+                    await _measure(http, url, stream, concurrency, plan.warm, SERVED_NAME)
+                rounds = n if concurrency == 1 else plan.rounds
+                arms = (("direct", direct), ("front", through))
+                for r in range(rounds):
+                    for target, url in arms if r % 2 == 0 else arms[::-1]:
+                        f0, e0 = cpu_seconds(front_pid), sum_cpu_seconds(engine_pids)
+                        c0 = time.process_time()
+                        run = await _measure(
+                            http, url, stream, concurrency, n // rounds, SERVED_NAME
+                        )
+                        run.front_cpu = cpu_seconds(front_pid) - f0
+                        run.upstream_cpu = sum_cpu_seconds(engine_pids) - e0
+                        run.client_cpu = time.process_time() - c0
+                        results.setdefault((stream, concurrency, target), Run()).merge(run)
+                loads.append(os.getloadavg()[0])
+                for target in ("direct", "front"):
+                    res = results[(stream, concurrency, target)]
+                    print(
+                        f"{'stream' if stream else 'whole':<8}{concurrency:>5}"
+                        f"{target:>8}{res.throughput:>9.1f}{res.pct(0.5) * 1e3:>9.2f}"
+                        f"{res.pct(0.99) * 1e3:>9.2f}{res.refused:>9}"
+                        f"{res.cpu_ms(res.front_cpu):>9.2f}ms"
+                        f"{res.cpu_ms(res.upstream_cpu):>11.2f}ms"
+                        f"{res.cpu_ms(res.client_cpu):>10.2f}ms",
+                        flush=True,
+                    )
+    print(f"load average (1 min) during layout {layout.name}: {min(loads):.1f}-{max(loads):.1f}")
+    return real_summary(results, plan, layout.name), [
+        f for res in results.values() for f in res.failures
+    ]
+
+
+def real_summary(
+    results: dict[tuple[bool, int, str], Run], plan: RealPlan, layout: str
+) -> list[str]:
+    """The goals of issue 22, against the direct arm of the same run."""
+    out = []
+    for stream in plan.streams:
+        mode = "stream" if stream else "whole"
+        d1, f1 = results[(stream, 1, "direct")], results[(stream, 1, "front")]
+        added = f1.pct(0.5) - d1.pct(0.5)
+        share = added / d1.pct(0.5)
+        met = "met" if share <= REAL_GOAL_ADDED_P50 else "missed"
+        out.append(
+            f"real {layout} {mode}: added p50 at concurrency 1: {added * 1e3:+.2f} ms = "
+            f"{share:+.1%} of the direct p50 {d1.pct(0.5) * 1e3:.1f} ms "
+            f"(goal <= {REAL_GOAL_ADDED_P50:.0%}: {met})"
+        )
+        for c, _ in plan.points:
+            if c == 1:
+                continue
+            d, f = results[(stream, c, "direct")], results[(stream, c, "front")]
+            ratio = f.throughput / d.throughput
+            verdict = "met" if ratio >= REAL_GOAL_THROUGHPUT else "missed"
+            out.append(
+                f"real {layout} {mode}: throughput front/direct at {c}: {ratio:.3f} (goal >= "
+                f"{REAL_GOAL_THROUGHPUT:.2f}: {verdict})"
+                f"; p50 {f.pct(0.5) / d.pct(0.5):.3f}x direct; refused through the front "
+                f"{f.refused}; CPU per request: engine {d.cpu_ms(d.upstream_cpu):.2f} ms, "
+                f"the front adds {f.cpu_ms(f.front_cpu):.2f} ms"
+            )
+    return out
 
 
 async def memory(args: argparse.Namespace) -> None:
@@ -348,13 +625,26 @@ async def memory(args: argparse.Namespace) -> None:
     )
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
-        "--requests", type=int, default=1200, help="requests per point and arm at c=1 (x4 above)"
+        "--engine",
+        choices=("standin", "real"),
+        default="standin",
+        help="what the front proxies to: the stand-in (overhead and memory, default) or a real "
+        "vLLM (its CPU build; overhead at concurrency 1, 8 and 64)",
     )
     ap.add_argument(
-        "--rounds", type=int, default=6, help="direct/front alternations per point (noise)"
+        "--requests",
+        type=int,
+        help="requests per point and arm at c=1 (x4 above); default 1200 (stand-in), 120 "
+        "(real: x4 at 8, x8 at 64)",
+    )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        help="direct/front alternations per point (noise); default 6 (real: 8 above "
+        "concurrency 1, where they alternate request by request)",
     )
     ap.add_argument("--quick", action="store_true")
     ap.add_argument(
@@ -365,10 +655,23 @@ def main() -> None:
     )
     ap.add_argument("--budget-mib", type=int, default=256)
     ap.add_argument("--copies", type=int, default=8, help="concurrent copies of each attack")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    args.requests_set, args.rounds_set = args.requests is not None, args.rounds is not None
+    if args.engine == "real":
+        return args
     if args.quick:
         args.requests = 200
         args.rounds = 2
+    args.requests = 1200 if args.requests is None else args.requests
+    args.rounds = 6 if args.rounds is None else args.rounds
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.engine == "real":
+        asyncio.run(real_overhead(args))
+        return
     for layout in layouts(args.layout):
         asyncio.run(overhead(args, layout))
     asyncio.run(memory(args))

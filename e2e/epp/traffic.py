@@ -152,9 +152,9 @@ class Target:
     name: str
     url: str
     endpoint: str
-    pod: Any
-    """The stand-in (`FakePod`) behind the front, or the real pod (`harness.pod.ProcessPod`);
-    only `oracle_router` reads it, and only a stand-in's."""
+    pod: Any = None
+    """The stand-in (`FakePod`) behind the front, the real pod (`harness.pod.ProcessPod`), or
+    None; only the oracle and resets read it, and only a stand-in's."""
 
 
 Pick = Callable[[dict[str, Any], dict[str, str]], Awaitable[Target]]
@@ -174,7 +174,10 @@ def oracle_router(targets: Sequence[Target], seed: int) -> Pick:
     rng = random.Random(seed)
 
     async def pick(body: dict[str, Any], headers: dict[str, str]) -> Target:
-        est = [(t.pod.engine.ttft_estimate_s(body), rng.random(), i) for i, t in enumerate(targets)]
+        est = []
+        for i, t in enumerate(targets):
+            assert t.pod is not None, "the oracle reads a stand-in's cache"
+            est.append((t.pod.engine.ttft_estimate_s(body), rng.random(), i))
         return targets[min(est)[2]]
 
     return pick
@@ -325,6 +328,8 @@ async def _turn(
     t0: float,
     stats: Stats,
 ) -> str:
+    """Stream one turn; TTFT at the first chunk with non-empty content (vLLM's first chunk
+    may carry only the role)."""
     ttft = None
     text: list[str] = []
     usage: dict[str, Any] = {}
@@ -367,8 +372,10 @@ async def run_trace(
     seed: int,
     tenant_fields: TenantFields = salt_in_body,
     model: str = "bench-model",
+    extra_body: dict[str, Any] | None = None,
 ) -> Stats:
-    """Play the sessions at their start times; every turn is picked, streamed, accounted."""
+    """Play the sessions at their start times; every turn is picked, streamed, accounted
+    (`extra_body`: fields every request carries)."""
     stats = Stats(per_pod={t.name: 0 for t in targets})
     rng = random.Random(seed)
     timeout = aiohttp.ClientTimeout(total=600)
@@ -390,6 +397,7 @@ async def run_trace(
                     "max_tokens": s.max_tokens,
                     "stream": True,
                     "stream_options": {"include_usage": True},
+                    **(extra_body or {}),
                     **extra,
                 }
                 t0 = time.monotonic()

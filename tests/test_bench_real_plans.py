@@ -1,0 +1,62 @@
+"""The real-engine benches' plans build from their arguments (no engine, no cluster here):
+what each run would measure, and that the routing bench's workload overflows one pod."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import epp_routing_real, front_overhead
+from e2e.engine.pods import rendered_pod_spec
+
+
+def test_front_overhead_real_mode_measures_1_8_and_64_in_one_run() -> None:
+    args = front_overhead.parse_args(["--engine", "real"])
+    plan = front_overhead.real_plan(args)
+    assert [c for c, _ in plan.points] == [1, 8, 64]
+    assert plan.streams == (False, True)
+    assert all(n // plan.rounds > 0 for _, n in plan.points)
+    quick = front_overhead.real_plan(front_overhead.parse_args(["--engine", "real", "--quick"]))
+    assert quick.streams == (False,)
+    assert sum(n for _, n in quick.points) < sum(n for _, n in plan.points)
+
+
+def test_front_overhead_standin_mode_keeps_its_defaults() -> None:
+    args = front_overhead.parse_args([])
+    assert (args.engine, args.requests, args.rounds) == ("standin", 1200, 6)
+    quick = front_overhead.parse_args(["--quick"])
+    assert (quick.requests, quick.rounds) == (200, 2)
+
+
+def test_the_routing_workload_does_not_fit_in_one_pod() -> None:
+    plan = epp_routing_real.parse(["--real"])
+    assert 2 <= plan.pods <= 3
+    assert plan.routers == ("random", "load-only", "prefix-aware")
+    # the system prompts alone nearly fill one pod; with the chats they overflow it ...
+    assert plan.system_prompt_tokens > 0.8 * plan.cache_tokens_per_pod
+    # ... while one pod's share of the tenants fits, with room for their chats
+    assert plan.system_prompt_tokens / plan.pods < 0.5 * plan.cache_tokens_per_pod
+    assert plan.max_model_len <= plan.cache_tokens_per_pod
+    resource = plan.resource(epp_routing_real.ROOT, "bench-x")
+    assert resource["spec"]["model"]["replicas"] == plan.pods
+    assert resource["spec"]["gateway"]["picker"] == "gie-v1.5"
+    # the API and the renderer take it (the rendered engine args carry the length)
+    args = next(c for c in rendered_pod_spec(resource)["containers"] if c["name"] == "vllm")
+    assert str(plan.max_model_len) in args["args"]
+
+
+def test_routing_real_mode_refuses_more_pods_than_engines() -> None:
+    with pytest.raises(SystemExit):
+        epp_routing_real.parse(["--real", "--pods", "4"])
+
+
+def test_prefix_cache_counters_are_read_from_vllms_exposition() -> None:
+    text = (
+        "# HELP vllm:prefix_cache_hits_total hits\n"
+        'vllm:prefix_cache_hits_total{engine="0",model_name="tiny"} 96.0\n'
+        'vllm:prefix_cache_queries_total{engine="0",model_name="tiny"} 160.0\n'
+        'vllm:prefix_cache_hits_created{engine="0"} 1.7e9\n'
+    )
+    assert epp_routing_real.counters(text) == {
+        epp_routing_real.HITS: 96.0,
+        epp_routing_real.QUERIES: 160.0,
+    }

@@ -68,6 +68,7 @@ from typing import Any
 from aiohttp import web
 
 from promptcache.contract.engine import VLLM_DEFAULT_BLOCK_SIZE, VLLM_DEFAULT_MAX_NUM_SEQS
+from promptcache.salt import is_valid_vllm_salt
 
 # --- configuration -----------------------------------------------------------------------
 
@@ -82,6 +83,9 @@ class EngineConfig:
     """
 
     model_name: str = "standin"
+    served_only: bool = False
+    """Answer 404 for a `model` other than `model_name`, as vLLM does. Off by default: most
+    tests and benches send whatever model name they like."""
     block_size: int = VLLM_DEFAULT_BLOCK_SIZE
     """Tokens per KV block (vLLM's default is 16)."""
     num_gpu_blocks: int = 4096
@@ -607,12 +611,14 @@ def render_metrics(m: VllmMetrics, prompt_tokens: int = 0, cached_tokens: int = 
     """vLLM's own exposition for the metrics the picker and the operator read."""
     labels = f'engine="0",model_name="{m.model_name}"'
     cache_labels = (
-        f'block_size="{m.block_size}",cache_dtype="auto",calculate_kv_scales="False",'
-        f'cpu_offload_gb="0",enable_prefix_caching="True",engine="0",'
+        # the labels vLLM 0.32 writes (its CPU build, held to it by the conformance test);
+        # calculate_kv_scales, cpu_offload_gb and swap_space* are gone from it
+        f'block_size="{m.block_size}",cache_dtype="auto",'
+        f'enable_prefix_caching="True",engine="0",'
         f'gpu_memory_utilization="0.9",is_attention_free="False",'
         f'num_cpu_blocks="None",num_gpu_blocks="{m.num_gpu_blocks}",'
         f'num_gpu_blocks_override="None",prefix_caching_hash_algo="sha256",'
-        f'sliding_window="None",swap_space="4",swap_space_bytes="4294967296"'
+        f'sliding_window="None"'
     )
 
     def series(name: str, kind: str, help_: str, value: float | None) -> str:
@@ -800,6 +806,9 @@ class StandinUpstream:
             if not isinstance(req, dict):
                 return _error(400, "the body must be a JSON object")
             chat = request.path.endswith("/chat/completions")
+            refused = self._refused(req)
+            if refused is not None:
+                return refused
             prompt, hashes = self.engine.prompt(req, chat)
             completion = self.engine.output_tokens(req) if self.usage_from_engine else self.chunks
             seed = hashes[-1] if hashes else body[:64]
@@ -815,6 +824,25 @@ class StandinUpstream:
         except asyncio.CancelledError:
             self.cancelled += 1
             raise
+
+    def _refused(self, req: dict[str, Any]) -> web.Response | None:
+        """What vLLM refuses before it schedules anything, with its status and error type."""
+        salt = req.get("cache_salt")
+        if salt is not None and not (isinstance(salt, str) and is_valid_vllm_salt(salt)):
+            return _error(
+                400,
+                "Parameter 'cache_salt' must be at most 128 characters and must not contain "
+                "'@', '/', '\\', or the NUL character.",
+                param="cache_salt",
+            )
+        model = req.get("model")
+        if self.config.served_only and model is not None and model != self.config.model_name:
+            return _error(
+                404,
+                f"The model `{model}` does not exist. Valid aliases: {self.config.model_name}.",
+                error_type="NotFoundError",
+            )
+        return None
 
     async def _respond(
         self, request: web.Request, req: dict[str, Any], chat: bool, served: Served, seed: bytes
@@ -850,6 +878,7 @@ class StandinUpstream:
     ) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
+        chunk_object = "chat.completion.chunk" if chat else "text_completion"  # vLLM's names
         step = self.config.decode_s_per_token + self.chunk_delay
         for i, piece in enumerate(self._text(served, seed)):
             if i and self.config.decode_s_per_token:
@@ -859,7 +888,7 @@ class StandinUpstream:
                 if chat
                 else {"index": 0, "text": piece, "finish_reason": None}
             )
-            chunk = {"id": "cmpl-standin", "object": "chunk", "choices": [delta]}
+            chunk = {"id": "cmpl-standin", "object": chunk_object, "choices": [delta]}
             await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
             if self.chunk_delay and step:
                 await asyncio.sleep(self.chunk_delay)
@@ -867,7 +896,7 @@ class StandinUpstream:
         if options.get("include_usage"):
             final: dict[str, Any] = {
                 "id": "cmpl-standin",
-                "object": "chunk",
+                "object": chunk_object,
                 "choices": [],
                 "usage": self.usage(served),
             }
@@ -916,9 +945,13 @@ class StandinUpstream:
         return app
 
 
-def _error(status: int, message: str) -> web.Response:
+def _error(
+    status: int, message: str, *, param: str | None = None, error_type: str = "BadRequestError"
+) -> web.Response:
+    """vLLM's error body (`{"error": {message, type, param, code}}`)."""
     return web.json_response(
-        {"error": {"message": message, "type": "BadRequestError", "code": status}}, status=status
+        {"error": {"message": message, "type": error_type, "param": param, "code": status}},
+        status=status,
     )
 
 

@@ -26,7 +26,7 @@ from harness.standin import EngineConfig, StandinUpstream, start_standin
 
 @pytest.fixture
 async def standin_url() -> AsyncIterator[str]:
-    config = EngineConfig(model_name=SERVED_NAME, block_size=BLOCK_SIZE)
+    config = EngineConfig(model_name=SERVED_NAME, block_size=BLOCK_SIZE, served_only=True)
     runner, url = await start_standin(StandinUpstream(config=config, usage_from_engine=True))
     yield url
     await runner.cleanup()

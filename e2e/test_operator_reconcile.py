@@ -288,6 +288,7 @@ def test_prefix_cache_settings_come_from_the_pods_metrics(
 @pytest.fixture
 def gie_env(cluster: Cluster, tmp_path: Path) -> Iterator[dict[str, Any]]:
     """A second operator whose operator-wide default picker is GIE v1.5 (`--picker`)."""
+    install_crd(cluster.kubectl)
     ns = cluster.create_namespace("gie")
     scrape_port = free_port()
     op = OperatorProcess(

@@ -6,6 +6,12 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import settings
+
+# No per-example deadline: the machines are shared and noisy, and a timing assertion is a
+# benchmark's job (bench/), not a property test's. Tests that set their own keep theirs.
+settings.register_profile("promptcache", deadline=None)
+settings.load_profile("promptcache")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -24,6 +24,17 @@ TARGETS: list[Target] = [
         {"epp": "sigs.k8s.io/gateway-api-inference-extension/cmd/epp"},
         control_plane=False,
     ),
+    # The body-based router (GIE v1.5.0 `cmd/bbr`, the last GIE release with it), on request
+    # (`build --only bbr`): the multi-model tests run it as the Gateway's ext_proc against the
+    # local API server, where it reads the adapter-to-base-model ConfigMaps the renderer makes.
+    Target(
+        "bbr",
+        "tools/bbr",
+        "sigs.k8s.io/gateway-api-inference-extension",
+        {"bbr": "sigs.k8s.io/gateway-api-inference-extension/cmd/bbr"},
+        optional=True,
+        control_plane=False,
+    ),
     Target(
         "kwok",
         "tools/kwok",

@@ -1,0 +1,155 @@
+"""Several resources on one Gateway: the real body-based router against the real API server.
+
+Two PromptCacheDeployments route by model on one Gateway: `alpha` serves `base-a` with two
+LoRA adapters, `beta` serves `base-b`. Their rendered mapping ConfigMaps are applied to the
+local control plane; GIE's `bbr` v1.5.0 runs with the chart's arguments and a kubeconfig, as
+the Gateway's ext_proc; the harness matches the rendered HTTPRoutes on the headers it set.
+Each request must land on the pool of the resource serving its `model` (an adapter on its
+base model's pool), a name nobody serves must match no rule (the Gateway's 404), and a
+change to a resource's adapters must reach the router without a restart.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.epp.bbr import BbrProcess, chart_router_args, route_for
+from e2e.pytest_cluster import Cluster, built_binary
+from promptcache.api import parse_resource
+from promptcache.contract.router import BASE_MODEL_HEADER, MAPPING_LABEL, MODEL_HEADER
+from promptcache.render import render
+from tools import install_assets
+
+pytestmark = [pytest.mark.cluster, pytest.mark.helm]
+
+GATEWAY = {"route": {"parentRefs": [{"name": "shared"}], "routeByModel": True}}
+
+
+def resource(name: str, namespace: str, served: str, adapters: list[str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "serving.promptcache.io/v1alpha1",
+        "kind": "PromptCacheDeployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "model": {
+                "name": f"org/{served}",
+                "servedModelName": served,
+                "adapters": [{"name": a, "path": f"/model-cache/{a}"} for a in adapters],
+            },
+            "gateway": copy.deepcopy(GATEWAY),
+        },
+    }
+
+
+def rendered(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return render(parse_resource(doc))
+
+
+def mapping_of(manifests: list[dict[str, Any]]) -> dict[str, Any]:
+    (cm,) = [
+        m
+        for m in manifests
+        if m["kind"] == "ConfigMap" and m["metadata"]["labels"].get(MAPPING_LABEL) == "true"
+    ]
+    return cm
+
+
+def apply(cluster: Cluster, obj: dict[str, Any]) -> None:
+    cluster.kubectl(
+        "apply", "--server-side", "--field-manager=promptcache", "-f", "-", input=json.dumps(obj)
+    )
+
+
+@pytest.fixture
+def world(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    alpha = resource("alpha", namespace, "base-a", ["sql-lora", "chat-lora"])
+    beta = resource("beta", namespace, "base-b", [])
+    manifests = {name: rendered(doc) for name, doc in (("alpha", alpha), ("beta", beta))}
+    for children in manifests.values():
+        apply(cluster, mapping_of(children))
+    routes = [m for children in manifests.values() for m in children if m["kind"] == "HTTPRoute"]
+    args = chart_router_args(install_assets.helm_template)
+    # No NAMESPACE: every namespace's mapping ConfigMaps, the chart's default.
+    with BbrProcess(built_binary("bbr"), tmp_path, cluster.kubeconfig, args) as bbr:
+        bbr.wait_ready()
+        yield {"bbr": bbr, "routes": routes, "beta": beta, "namespace": namespace}
+
+
+def ask(bbr: BbrProcess, body: dict[str, Any] | bytes) -> Any:
+    with bbr.client() as client:
+        return client.pick(body)
+
+
+def wait_base(bbr: BbrProcess, model: str, want: str, timeout_s: float = 30.0) -> dict[str, str]:
+    """Until the router maps `model` to `want` (it reads ConfigMaps through a watch)."""
+    deadline = time.monotonic() + timeout_s
+    seen: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        seen = ask(bbr, {"model": model, "prompt": "hi"}).set_headers
+        if seen.get(BASE_MODEL_HEADER.lower(), "") == want:
+            return seen
+        time.sleep(0.3)
+    raise AssertionError(f"{model}: base {seen} never became {want!r}\n{bbr.log_tail()}")
+
+
+def test_each_model_and_adapter_reaches_its_resources_pool(world: dict[str, Any]) -> None:
+    bbr, routes = world["bbr"], world["routes"]
+    for model, base, pool in (
+        ("sql-lora", "base-a", "alpha"),
+        ("chat-lora", "base-a", "alpha"),
+        ("base-a", "base-a", "alpha"),
+        ("base-b", "base-b", "beta"),
+    ):
+        headers = wait_base(bbr, model, base)
+        assert headers[MODEL_HEADER.lower()] == model
+        assert route_for(routes, "/v1/chat/completions", headers) == pool, (model, headers)
+
+
+def test_an_unknown_model_matches_no_rule_and_bad_bodies_fail_fast(
+    world: dict[str, Any],
+) -> None:
+    bbr, routes = world["bbr"], world["routes"]
+    wait_base(bbr, "base-a", "base-a")  # the router has read the mappings
+    unknown = ask(bbr, {"model": "nobody-serves-this", "prompt": "hi"})
+    assert unknown.set_headers.get(BASE_MODEL_HEADER.lower(), "") == ""
+    assert route_for(routes, "/v1/completions", unknown.set_headers) is None  # Gateway: 404
+    no_model = ask(bbr, {"prompt": "hi"})
+    assert MODEL_HEADER.lower() not in no_model.set_headers
+    assert route_for(routes, "/v1/completions", no_model.set_headers) is None
+    started = time.monotonic()
+    broken = ask(bbr, b"{not json")
+    assert broken.immediate_status == 400, broken
+    assert time.monotonic() - started < 5
+
+
+def test_adapter_changes_reach_the_router_live(cluster: Cluster, world: dict[str, Any]) -> None:
+    """Adding and removing adapters (a ConfigMap update) reach the running router through its
+    watch. Deleting a mapping ConfigMap does not: bbr v1.5.0's reconciler looks the deleted
+    object up, gets an empty one back and removes the mappings of `""/""`, so a deleted
+    resource's names stay mapped until the router restarts (harmless for routing, its
+    HTTPRoute is gone too, so they still get 404). Dropping the label first is seen."""
+    bbr, namespace = world["bbr"], world["namespace"]
+    wait_base(bbr, "base-b", "base-b")
+    beta = copy.deepcopy(world["beta"])
+    beta["spec"]["model"]["adapters"] = [{"name": "summary-lora", "path": "/model-cache/s"}]
+    apply(cluster, mapping_of(rendered(beta)))
+    wait_base(bbr, "summary-lora", "base-b")
+    alpha = resource("alpha", namespace, "base-a", ["sql-lora"])
+    apply(cluster, mapping_of(rendered(alpha)))
+    wait_base(bbr, "chat-lora", "")
+    wait_base(bbr, "sql-lora", "base-a")
+
+    cluster.kubectl("delete", "configmap", "beta-bbr", "-n", namespace)
+    time.sleep(3)
+    stale = ask(bbr, {"model": "summary-lora", "prompt": "hi"}).set_headers
+    assert stale.get(BASE_MODEL_HEADER.lower()) == "base-b", "bbr v1.5.0 misses deletions"
+
+    cluster.kubectl("label", "configmap", "alpha-bbr", "-n", namespace, f"{MAPPING_LABEL}-")
+    wait_base(bbr, "sql-lora", "")

@@ -16,7 +16,7 @@ from promptcache.contract import PickerTarget
 
 from .fake_pod import VllmMetrics
 from .pool import ClusterLike, PoolOnCluster
-from .rendered import EXAMPLES, Rendered, _merge, load_example, render_resource
+from .rendered import EXAMPLES, Rendered, deep_merge, load_example, render_resource
 
 
 def shape_patch(with_front: bool) -> dict[str, Any]:
@@ -64,7 +64,7 @@ class Launcher:
     ) -> Rendered:
         path = example if isinstance(example, Path) else EXAMPLES / example
         patch: dict[str, Any] = {"gateway": {"picker": self.picker.value}}
-        _merge(patch, spec_patch or {})
+        deep_merge(patch, spec_patch or {})
         return Rendered(render_resource(load_example(path, self.namespace, patch)))
 
     def __call__(

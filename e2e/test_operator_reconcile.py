@@ -32,6 +32,7 @@ from e2e.operator_harness import (
     wait_for,
 )
 from e2e.pytest_cluster import Cluster
+from promptcache.contract import GATEWAY_POLICY_METRICS_PORT
 
 pytestmark = pytest.mark.cluster
 
@@ -454,7 +455,7 @@ def test_the_picker_network_policy_follows_the_policy_step(
     live = wait_for(policy, f"the picker's NetworkPolicy\n{op.log_tail()}")
     assert live["metadata"]["name"] == f"{name}-epp"
     ports = {p["port"] for rule in live["spec"]["ingress"] for p in rule["ports"]}
-    assert ports == {9002, 9003, 9090}
+    assert ports == {9002, 9003, 9090, GATEWAY_POLICY_METRICS_PORT}  # the step's metrics too
 
     def patch(spec: dict[str, Any]) -> None:
         cluster.kubectl(

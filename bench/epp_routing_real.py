@@ -352,12 +352,7 @@ def drive(
     finally:
         if client is not None:
             client.close()
-        if pool.shim is not None:
-            pool.shim.stop()
-            pool.shim = None
-        if pool.epp is not None:
-            pool.epp.stop()
-            pool.epp = None
+        pool.stop_picker()
     after = scrape(pods)
     per_pod = {n: after[n][HITS] - before[n][HITS] for n in after}
     hits = sum(per_pod.values())

@@ -334,12 +334,7 @@ def show_cache_working(kubeconfig: Path, workdir: Path, say: Callable[[str], Non
             finally:
                 if client is not None:
                     client.close()
-                if pool.shim is not None:
-                    pool.shim.stop()
-                    pool.shim = None
-                if pool.epp is not None:
-                    pool.epp.stop()
-                    pool.epp = None
+                pool.stop_picker()
             runs.append((label, stats))
         print()
         print(

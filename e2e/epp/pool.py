@@ -287,11 +287,18 @@ class PoolOnCluster:
         expected = {p.name: float(p.server.snapshot().waiting) for p in self.pods}
         self.epp.wait_scraped(expected, timeout_s)
 
-    def close(self) -> None:
+    def stop_picker(self) -> None:
+        """Stop the policy step and the picker (the pods keep running), so that the next
+        router starts fresh."""
         if self.shim is not None:
             self.shim.stop()
+            self.shim = None
         if self.epp is not None:
             self.epp.stop()
+            self.epp = None
+
+    def close(self) -> None:
+        self.stop_picker()
         for p in self.pods:
             if p.front is not None:
                 p.front.stop()

@@ -261,44 +261,9 @@ class Result:
 
 
 def start_pods(plan: Plan, pool: PoolOnCluster, workdir: Path) -> list[ProcessPod]:
-    """One ProcessPod per kwok pod, on its IP, with the pool's salt Secret; all started at
-    once (each waits for an engine slot), then waited for."""
-    from e2e.engine.pods import SaltSecrets  # noqa: PLC0415
-    from harness.pod import ProcessPod  # noqa: PLC0415
+    from e2e.engine.cluster_pods import start_pool_pods  # noqa: PLC0415
 
-    secrets_ = SaltSecrets()
-    pool.salt_key_file.write_bytes(secrets_.key)  # the policy step reads the same Secret
-    spec = pool.rendered.model_deployment["spec"]["template"]["spec"]
-    cores = sorted(os.sched_getaffinity(0))
-    pods = []
-    for i, obj in enumerate(pool.wait_pods()):
-        mine = json.loads(json.dumps(spec))
-        for c in mine["containers"]:
-            if c["name"] == "vllm":  # bind this engine's worker to a core of its own
-                env = c.setdefault("env", [])
-                env.append(
-                    {"name": "VLLM_CPU_OMP_THREADS_BIND", "value": str(cores[i % len(cores)])}
-                )
-        name, ip = obj["metadata"]["name"], obj["status"]["podIP"]
-        pods.append(
-            ProcessPod(name, mine, ip, workdir / name, secrets_, kv_cache_bytes=plan.kv_cache_bytes)
-        )
-    started = time.monotonic()
-    try:
-        for p in pods:
-            say(
-                f"starting pod {p.name} on {p.ip} (front + vllm serve, "
-                f"{plan.kv_cache_bytes >> 20} MiB KV)"
-            )
-            p.start()
-        for p in pods:
-            p.wait_ready(timeout_s=900)
-    except BaseException:
-        for p in pods:
-            p.stop()
-        raise
-    say(f"{len(pods)} pods Ready after {time.monotonic() - started:.0f} s")
-    return pods
+    return start_pool_pods(pool, workdir, plan.kv_cache_bytes, say=say)
 
 
 def say(msg: str) -> None:

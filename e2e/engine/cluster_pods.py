@@ -14,12 +14,20 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import os
+import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from e2e.engine.pods import SaltSecrets
 from e2e.localcluster.lifecycle import PROCESS_POD_ANNOTATION
 from e2e.pytest_cluster import Cluster
 from harness.pod import ProcessPod
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from e2e.epp.pool import PoolOnCluster
 
 PROCESS_POD_TEMPLATE = {"metadata": {"annotations": {PROCESS_POD_ANNOTATION: "true"}}}
 """`spec.model.podTemplate` that makes the model-server pods run as processes."""
@@ -94,3 +102,49 @@ def stop_on_cluster(cluster: Cluster, namespace: str, pod: ProcessPod) -> None:
     pod.stop()
     with contextlib.suppress(AssertionError):  # the pod object is gone: nothing to correct
         _write_readiness(cluster, namespace)(pod, False)
+
+
+def start_pool_pods(
+    pool: PoolOnCluster,
+    workdir: Path,
+    kv_cache_bytes: int,
+    say: Callable[[str], None] = print,
+    ready_timeout_s: float = 900,
+) -> list[ProcessPod]:
+    """One ProcessPod per kwok pod of `pool`'s model Deployment, on its IP, with the pool's
+    salt Secret (the policy step reads the same key); all started at once (each waits for
+    an engine slot), then waited for.
+
+    Each engine's worker is bound to a core of its own (`VLLM_CPU_OMP_THREADS_BIND`: the CPU
+    build otherwise binds every worker to core 0): a machine layout, not a translation of
+    the rendered pod, which is otherwise run as the API server holds it."""
+    secrets_ = SaltSecrets()
+    pool.salt_key_file.write_bytes(secrets_.key)
+    spec = pool.rendered.model_deployment["spec"]["template"]["spec"]
+    cores = sorted(os.sched_getaffinity(0))
+    pods = []
+    for i, obj in enumerate(pool.wait_pods()):
+        mine = json.loads(json.dumps(spec))
+        for c in mine["containers"]:
+            if c["name"] == "vllm":
+                env = c.setdefault("env", [])
+                env.append(
+                    {"name": "VLLM_CPU_OMP_THREADS_BIND", "value": str(cores[i % len(cores)])}
+                )
+        name, ip = obj["metadata"]["name"], obj["status"]["podIP"]
+        pods.append(
+            ProcessPod(name, mine, ip, workdir / name, secrets_, kv_cache_bytes=kv_cache_bytes)
+        )
+    started = time.monotonic()
+    try:
+        for p in pods:
+            say(f"starting pod {p.name} on {p.ip} (front + vllm, {kv_cache_bytes >> 20} MiB KV)")
+            p.start()
+        for p in pods:
+            p.wait_ready(timeout_s=ready_timeout_s)
+    except BaseException:
+        for p in pods:
+            p.stop()
+        raise
+    say(f"{len(pods)} pods Ready after {time.monotonic() - started:.0f} s")
+    return pods

@@ -1,0 +1,134 @@
+"""The picker's autoTune on real engines: the block size it hashes is the one vLLM reports.
+
+Two rendered model-server pods (cache front + real `vllm serve`, block size 32) run as
+processes on the IPs kwok gave their pod objects, behind the real GIE v1.5 picker and the
+rendered gateway policy step. The picker scrapes each front's `/metrics`, which carries the
+engine's own `vllm:cache_config_info{block_size="32",num_gpu_blocks=...}`.
+
+The picker's config is the rendered one with `blockSizeTokens` raised to 256, so the two
+possible sources disagree: a prompt sharing 100 tokens with an earlier one shares three
+whole 32-token blocks but no 256-token block. Under autoTune the later prompt must follow
+the pod that took the first, every time; with autoTune off (the same config otherwise, a
+fresh picker) the shared prefix is invisible and the idle pods tie, so the picks scatter.
+Twelve prompt families each: a chance pass of the first check, or a chance fail of the
+second, is 2^-12.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e.engine.cluster_pods import start_pool_pods
+from e2e.engine.pods import BLOCK_SIZE, engine_resource
+from e2e.epp.binary import find_epp_binary, missing_reason
+from e2e.epp.extproc import chat_body
+from e2e.epp.pool import PoolOnCluster
+from e2e.epp.rendered import Rendered, render_resource
+from e2e.epp.scenarios import settle_index, unique_text
+from e2e.epp.traffic import for_gie
+from e2e.pytest_cluster import Cluster
+from harness.pod import ProcessPod
+from promptcache.contract import PickerTarget
+from promptcache.render.epp_config import PREFIX_PRODUCER
+
+pytestmark = pytest.mark.cluster
+
+FAMILIES = 12
+CONFIGURED_BLOCK = 256
+"""Tokens per block in the picker's own config: far above what the engines report."""
+SHARED_BYTES = 400
+"""About 100 tokens at the picker's 4 bytes a token: 3 blocks of 32, no block of 256."""
+KV_CACHE_BYTES = 8 << 20
+"""8 MiB each: 256 blocks of 32 for the tiny model; the resource caps maxModelLen to fit."""
+
+
+@pytest.fixture(scope="module")
+def real_pool(
+    cluster: Cluster, engine_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[PoolOnCluster, list[ProcessPod]]]:
+    if find_epp_binary(PickerTarget.GIE) is None:  # `e2e/cluster build` builds it: never skip
+        pytest.fail(missing_reason(PickerTarget.GIE))
+    workdir = tmp_path_factory.mktemp("picker-real")
+    resource = engine_resource(
+        engine_model,
+        name="autotune",
+        gateway={"picker": "gie-v1.5"},
+        engine={"maxModelLen": 4096},
+        prefixCache={"autoTune": True},
+    )
+    resource["spec"]["model"]["replicas"] = 2
+    resource["metadata"]["namespace"] = cluster.create_namespace("picker-real")
+    pool = PoolOnCluster(cluster, Rendered(render_resource(resource)), workdir / "pool")
+    try:
+        pool.apply()
+        pods = start_pool_pods(pool, workdir, KV_CACHE_BYTES)
+        try:
+            yield pool, pods
+        finally:
+            for p in pods:
+                p.stop()
+    finally:
+        pool.close()
+
+
+def _config(pool: PoolOnCluster, auto_tune: bool) -> str:
+    text, _ = for_gie(pool.rendered.epp_config_text)
+    doc: dict[str, Any] = yaml.safe_load(text)
+    (producer,) = [p for p in doc["plugins"] if p["type"] == PREFIX_PRODUCER]
+    producer["parameters"].update(autoTune=auto_tune, blockSizeTokens=CONFIGURED_BLOCK)
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def _followers(pool: PoolOnCluster, pods: list[ProcessPod], auto_tune: bool) -> int:
+    """How many of the prompt families' second prompts went where their first one did."""
+    pool.start_epp(config_text=_config(pool, auto_tune), wait_scraped=False)
+    assert pool.epp is not None
+    pool.epp.wait_scraped({p.name: 0.0 for p in pods})
+    followed = 0
+    with pool.client() as client:
+        for _ in range(FAMILIES):
+            shared = unique_text(SHARED_BYTES)
+            first = client.pick(chat_body(shared + "A" * 1200, model="tiny")).endpoint
+            assert first is not None
+            settle_index()
+            second = client.pick(chat_body(shared + "B" * 1200, model="tiny")).endpoint
+            followed += second == first
+    pool.stop_picker()
+    return followed
+
+
+def test_engines_report_the_rendered_block_size(
+    real_pool: tuple[PoolOnCluster, list[ProcessPod]],
+) -> None:
+    """What the picker reads: the real engine's own series, through the front's /metrics."""
+    import urllib.request  # noqa: PLC0415
+
+    _, pods = real_pool
+    for p in pods:
+        with urllib.request.urlopen(f"{p.url()}/metrics", timeout=30) as r:
+            text = r.read().decode()
+        (line,) = [ln for ln in text.splitlines() if ln.startswith("vllm:cache_config_info{")]
+        assert f'block_size="{BLOCK_SIZE}"' in line, line
+
+
+def test_autotune_hashes_at_the_engines_block_size(
+    real_pool: tuple[PoolOnCluster, list[ProcessPod]],
+) -> None:
+    pool, pods = real_pool
+    assert _followers(pool, pods, auto_tune=True) == FAMILIES, (
+        "under autoTune a prompt sharing three 32-token blocks did not follow: the picker "
+        "did not take the block size from the engines' vllm:cache_config_info"
+    )
+
+
+def test_without_autotune_the_configured_block_size_hides_the_prefix(
+    real_pool: tuple[PoolOnCluster, list[ProcessPod]],
+) -> None:
+    """The control: the same check cannot pass by itself."""
+    pool, pods = real_pool
+    assert _followers(pool, pods, auto_tune=False) < FAMILIES

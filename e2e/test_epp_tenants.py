@@ -28,7 +28,7 @@ from e2e.epp.launch import Launcher, routing_patch
 from e2e.epp.pool import PodHandle, PoolOnCluster
 from e2e.epp.scenarios import prefixed, settle_index, unique_text, wait_scrapes
 from promptcache.contract import DEFAULT_ISOLATION_HEADER, PickerTarget
-from promptcache.salt import derive_salt
+from promptcache.tenancy.salt import derive_salt
 
 pytestmark = [pytest.mark.epp, pytest.mark.cluster]
 

@@ -68,7 +68,7 @@ from typing import Any
 from aiohttp import web
 
 from promptcache.contract.engine import VLLM_DEFAULT_BLOCK_SIZE, VLLM_DEFAULT_MAX_NUM_SEQS
-from promptcache.salt import is_valid_vllm_salt
+from promptcache.tenancy.salt import is_valid_vllm_salt
 
 # --- configuration -----------------------------------------------------------------------
 

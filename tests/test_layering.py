@@ -44,13 +44,16 @@ def test_the_tree_keeps_every_contract(tmp_path: Path) -> None:
     [
         ("render/names.py", "import promptcache.controller.kube", "render is pure"),
         ("render/names.py", "import socket", "render is pure"),
-        ("front/policy.py", "import promptcache.controller.status", "the data plane never"),
+        ("tenancy/policy.py", "import promptcache.controller.status", "the data plane never"),
         ("embeds/cache.py", "import lightkube", "the data plane never"),
         ("api/spec.py", "import promptcache.render", "api imports nothing of ours"),
         ("controller/status.py", "import torch", "the operator never imports torch"),
         ("contract/names.py", "import promptcache.api", "the contract imports nothing"),
         ("front/app.py", "import harness.vllm", "the product never imports test code"),
         ("gateway/command.py", "from e2e import pytest_cluster", "the product never imports"),
+        ("gateway/session_shim.py", "import promptcache.front.app", "the cache front and the"),
+        ("front/app.py", "import promptcache.gateway.settings", "the cache front and the"),
+        ("tenancy/routes.py", "import promptcache.front.settings", "tenancy is below both"),
     ],
 )
 def test_a_deliberate_violation_breaks_its_contract(

@@ -1,7 +1,7 @@
 """vLLM's HTTP route table, read out of vLLM's own source (its wheel), without importing it.
 
 The cache front classifies every route of the vLLM release the renderer
-deploys (`promptcache.front.routes`). This tool fetches that release's wheel
+deploys (`promptcache.tenancy.routes`). This tool fetches that release's wheel
 once per machine (`pip download --no-deps`, ~340 MB) into the project cache,
 keyed by version, and lists its routes by parsing the API-server sources with
 `ast` (vLLM's dependencies are not installed, so it cannot be imported):
@@ -24,7 +24,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from promptcache.front.routes import VLLM_ROUTES_VERSION
+from promptcache.tenancy.routes import VLLM_ROUTES_VERSION
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,7 +1,7 @@
 """What the product assumes about vLLM, checked against the real served engine.
 
 * Routes: every route the served engine answers is classified by the front's table
-  (`promptcache.front.routes`, written for vLLM 0.33.0, the renderer's target). Each
+  (`promptcache.tenancy.routes`, written for vLLM 0.33.0, the renderer's target). Each
   difference between the CPU build's routes (0.32.0) and the target's is listed in
   `docs/real-engine.md` with what the product does about it; the test fails when a
   difference is not listed there.
@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.engine.pods import BLOCK_SIZE, engine_resource, rendered_pod_spec
 from harness.vllm import cpu_engine_args, engine_python
-from promptcache.front.routes import VLLM_ROUTES_VERSION, find_route
+from promptcache.tenancy.routes import VLLM_ROUTES_VERSION, find_route
 from tools import vllm_routes
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "real-engine.md"

@@ -25,7 +25,7 @@ import pytest
 from e2e.engine.client import Answer, chat_body, completion_body, post
 from e2e.engine.conftest import FrontFor
 from e2e.engine.pods import SERVED_NAME, SaltSecrets
-from promptcache.salt import derive_salt
+from promptcache.tenancy.salt import derive_salt
 
 
 def _stream(body: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""One reading of bodies and headers for the front and the policy step (`front.canonical`).
+"""One reading of bodies and headers for the front and the policy step (`tenancy.canonical`).
 
 Both processes refuse what the next parser (vLLM's pydantic, the picker's Go
 `encoding/json`) would read differently, with the same stable codes; and a body dense in
@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from multidict import CIMultiDict
 
-from promptcache.front.canonical import (
+from promptcache.tenancy.canonical import (
     POLICY_FIELDS,
     check_headers,
     encode_body,
@@ -24,7 +24,7 @@ from promptcache.front.canonical import (
     header_multidict,
     parse_body,
 )
-from promptcache.front.errors import FrontError
+from promptcache.tenancy.errors import FrontError
 
 
 def refused(raw: bytes) -> str:

@@ -18,8 +18,8 @@ from harness.standin import StandinUpstream
 from promptcache.contract import FrontEnv, IsolationMode
 from promptcache.contract.front import FRONT_SETTINGS
 from promptcache.front.command import add_arguments, register, run, settings_from
-from promptcache.front.salt import derive_salt
 from promptcache.front.settings import FrontSettings, SettingsError
+from promptcache.tenancy.salt import derive_salt
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:

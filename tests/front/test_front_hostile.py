@@ -20,7 +20,7 @@ import pytest
 
 from harness.standin import StandinUpstream
 from promptcache.contract import IsolationMode
-from promptcache.front.salt import derive_salt
+from promptcache.tenancy.salt import derive_salt
 
 from .conftest import SECRET, MakeFront
 

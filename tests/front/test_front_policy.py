@@ -11,18 +11,18 @@ from hypothesis import strategies as st
 from multidict import CIMultiDict
 
 from promptcache.contract import IsolationMode
-from promptcache.front.errors import FrontError
-from promptcache.front.policy import Isolation, apply_policy
 from promptcache.front.references import serialize
-from promptcache.front.routes import find_route
-from promptcache.front.salt import (
+from promptcache.front.settings import FrontSettings
+from promptcache.front.usage import SseRelay
+from promptcache.tenancy.errors import FrontError
+from promptcache.tenancy.policy import Isolation, apply_policy
+from promptcache.tenancy.routes import find_route
+from promptcache.tenancy.salt import (
     UNCACHEABLE_SALT_PREFIX,
     derive_salt,
     is_valid_vllm_salt,
     random_salt,
 )
-from promptcache.front.settings import FrontSettings
-from promptcache.front.usage import SseRelay
 
 CHAT_ROUTE = find_route("/v1/chat/completions")
 assert CHAT_ROUTE is not None

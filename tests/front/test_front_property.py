@@ -23,10 +23,10 @@ from harness.standin import StandinUpstream, start_standin
 from promptcache.contract import IsolationMode
 from promptcache.embeds.cache import PromptEmbedsCache
 from promptcache.front.app import create_runner
-from promptcache.front.errors import FrontError
-from promptcache.front.routes import ROUTES, RouteClass, canonical_target, check_route
-from promptcache.front.salt import derive_salt
 from promptcache.front.settings import FrontSettings
+from promptcache.tenancy.errors import FrontError
+from promptcache.tenancy.routes import ROUTES, RouteClass, canonical_target, check_route
+from promptcache.tenancy.salt import derive_salt
 
 from .conftest import SECRET
 

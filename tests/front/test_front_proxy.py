@@ -12,7 +12,7 @@ from e2e.localcluster.state import free_port
 from harness.standin import StandinUpstream
 from promptcache.contract import IsolationMode
 from promptcache.front.client import parse_usage_comments
-from promptcache.front.salt import derive_salt, is_valid_vllm_salt
+from promptcache.tenancy.salt import derive_salt, is_valid_vllm_salt
 
 from .conftest import SECRET, MakeFront
 

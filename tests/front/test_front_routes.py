@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from promptcache.api.constants import DEFAULT_VLLM_IMAGE
-from promptcache.front.errors import FrontError
-from promptcache.front.routes import (
+from promptcache.tenancy.errors import FrontError
+from promptcache.tenancy.routes import (
     ROUTES,
     VLLM_ROUTES_VERSION,
     RouteClass,
@@ -33,7 +33,7 @@ def test_every_vllm_route_is_classified(vllm_table: set[tuple[str, str]]) -> Non
     assert {("POST", "/v1/chat/completions"), ("POST", "/invocations")} <= vllm_table
     classified = {(m, r.path) for r in ROUTES for m in r.methods}
     missing = sorted(vllm_table - classified, key=lambda r: r[1])
-    assert not missing, f"vLLM {VLLM_ROUTES_VERSION} routes missing from front/routes.py"
+    assert not missing, f"vLLM {VLLM_ROUTES_VERSION} routes missing from tenancy/routes.py"
 
 
 def test_the_table_names_no_route_vllm_lacks(vllm_table: set[tuple[str, str]]) -> None:

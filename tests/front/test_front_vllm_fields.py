@@ -18,10 +18,10 @@ from multidict import CIMultiDict
 
 from promptcache.contract import IsolationMode
 from promptcache.contract.front import VLLM_ENGINE_STATE_FIELDS
-from promptcache.front.errors import FrontError
-from promptcache.front.policy import apply_policy
-from promptcache.front.routes import VLLM_ROUTES_VERSION, check_route
 from promptcache.front.settings import FrontSettings
+from promptcache.tenancy.errors import FrontError
+from promptcache.tenancy.policy import apply_policy
+from promptcache.tenancy.routes import VLLM_ROUTES_VERSION, check_route
 from tools import vllm_routes
 
 SUSPECT = re.compile(

@@ -21,9 +21,9 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from promptcache.front.canonical import encode_body
 from promptcache.gateway.session_shim import RunningShim, start
 from promptcache.gateway.settings import ShimSettings
+from promptcache.tenancy.canonical import encode_body
 
 SESSION = "x-session-affinity"
 ECHO = "x-seen-session"

@@ -28,10 +28,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from promptcache.contract import IsolationMode
-from promptcache.front.canonical import GO_FOLDS_TO_ASCII
-from promptcache.front.settings import FrontSettings
 from promptcache.gateway.session_shim import decide
-from promptcache.salt import derive_salt
+from promptcache.tenancy.canonical import GO_FOLDS_TO_ASCII
+from promptcache.tenancy.salt import derive_salt
+from promptcache.tenancy.settings import PolicySettings
 
 from .conftest import JSON, ShimFactory, Upstream, body_msg, headers_msg
 
@@ -191,7 +191,7 @@ def test_the_picker_reads_the_salt_the_step_set(
     raw, header_key, route = case
     headers = dict(JSON) if header_key is None else {**JSON, KEY_HEADER: header_key}
     decision = decide(
-        "POST", PATHS[route], headers, raw, front=FrontSettings(isolation_mode=mode),
+        "POST", PATHS[route], headers, raw, policy=PolicySettings(isolation_mode=mode),
         secret=SECRET, session_header="", user_field="user",
     )  # fmt: skip
     if decision.refusal is not None:

@@ -17,12 +17,12 @@ from hypothesis import strategies as st
 from multidict import CIMultiDict
 
 from promptcache.contract import IsolationMode
-from promptcache.front.errors import FrontError
-from promptcache.front.policy import apply_policy
-from promptcache.front.routes import check_route
-from promptcache.front.settings import FrontSettings
 from promptcache.gateway.session_shim import decide
-from promptcache.salt import derive_salt
+from promptcache.tenancy.errors import FrontError
+from promptcache.tenancy.policy import apply_policy
+from promptcache.tenancy.routes import check_route
+from promptcache.tenancy.salt import derive_salt
+from promptcache.tenancy.settings import PolicySettings
 
 from .conftest import JSON, SESSION, ShimFactory, Upstream, body_msg, headers_msg
 
@@ -74,7 +74,7 @@ async def test_required_refuses_keyless_with_the_fronts_error(
     gw = gateway_for(await make_shim(isolation_mode=IsolationMode.REQUIRED, secret=SECRET))
     (answer,) = await gw.exchange(headers_msg({}), body_msg(request()))
     refused = answer.immediate_response
-    front = FrontSettings(isolation_mode=IsolationMode.REQUIRED)
+    front = PolicySettings(isolation_mode=IsolationMode.REQUIRED)
     try:
         apply_policy(CHAT, CIMultiDict(), json.loads(request()), front, SECRET)
     except FrontError as error:
@@ -123,12 +123,12 @@ def test_decide_matches_the_front_for_any_key_and_forged_salt(
     key: str | None, forged: str | None, mode: IsolationMode
 ) -> None:
     """Whatever the client sends, the picker sees exactly the salt the front forwards."""
-    front = FrontSettings(isolation_mode=mode)
+    front = PolicySettings(isolation_mode=mode)
     headers = JSON if key is None or "\x00" in key else {**JSON, KEY_HEADER: key}
     fields: dict[str, Any] = {} if forged is None else {"cache_salt": forged}
     raw = request(**fields)
     decision = decide(
-        "POST", "/v1/chat/completions", headers, raw, front=front, secret=SECRET,
+        "POST", "/v1/chat/completions", headers, raw, policy=front, secret=SECRET,
         session_header="", user_field="user",
     )  # fmt: skip
     try:
@@ -150,9 +150,9 @@ def test_a_client_priority_is_decided_as_the_front_decides() -> None:
     """Refused before routing unless the deployment allows client priorities, like the front."""
     raw = request(priority=-100)
     for allowed in (False, True):
-        front = FrontSettings(isolation_mode=IsolationMode.SHARED, allow_client_priority=allowed)
+        front = PolicySettings(isolation_mode=IsolationMode.SHARED, allow_client_priority=allowed)
         decision = decide(
-            "POST", "/v1/chat/completions", JSON, raw, front=front, secret=None,
+            "POST", "/v1/chat/completions", JSON, raw, policy=front, secret=None,
             session_header="", user_field="user",
         )  # fmt: skip
         if allowed:

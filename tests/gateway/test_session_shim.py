@@ -20,13 +20,13 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from hypothesis import given
 from hypothesis import strategies as st
 
-from promptcache.front.settings import FrontSettings
 from promptcache.gateway.session_shim import (
     MAX_SESSION_ID_CHARS,
     decide,
     decide_cost,
     session_from_body,
 )
+from promptcache.tenancy.settings import PolicySettings
 
 from .conftest import (
     JSON,
@@ -117,7 +117,7 @@ async def test_unusable_user_is_ignored(
     sent = [headers_msg({}), body_msg(raw)]
     responses = await gw.exchange(*sent)
     decision = decide(
-        "POST", "/v1/chat/completions", JSON, raw, front=FrontSettings(), secret=None,
+        "POST", "/v1/chat/completions", JSON, raw, policy=PolicySettings(), secret=None,
         session_header="", user_field="user",
     )  # fmt: skip
     if decision.refusal is not None:

@@ -21,10 +21,10 @@ from promptcache.contract.router import (
     MAPPING_BASE_MODEL_KEY,
     MAPPING_LABEL,
 )
-from promptcache.front.routes import VLLM_ROUTES_VERSION
 from promptcache.render import render
 from promptcache.render.epp_config import LORA_SCORER, endpoint_picker_config
 from promptcache.render.model_server import vllm_args
+from promptcache.tenancy.routes import VLLM_ROUTES_VERSION
 from tests.render.minimal import BASE
 from tools import vllm_flags, vllm_routes
 

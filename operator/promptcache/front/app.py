@@ -33,8 +33,14 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from promptcache.contract import FRONT_HEALTH_PATH, FRONT_READY_PATH
 from promptcache.contract.front import VLLM_PRIORITY_HEADER, VLLM_REQUEST_ID_HEADER
 from promptcache.embeds.cache import PromptEmbedsCache
-from promptcache.front import errors
-from promptcache.front.canonical import (
+from promptcache.front.metrics import CONTENT_TYPE, FrontMetrics, merge_expositions
+from promptcache.front.pool import UpstreamError, UpstreamPool
+from promptcache.front.references import VerifiedLike, forward_size, resolve, serialize
+from promptcache.front.settings import FrontSettings
+from promptcache.front.state import Charge, FrontState, json_charge
+from promptcache.front.upstream import forward, forward_headers, new_request_id
+from promptcache.tenancy import errors
+from promptcache.tenancy.canonical import (
     DENSE_TOKENS,
     POLICY_FIELDS,
     check_headers,
@@ -43,12 +49,9 @@ from promptcache.front.canonical import (
     parse_body,
     refusing_unencodable,
 )
-from promptcache.front.errors import FrontError
-from promptcache.front.metrics import CONTENT_TYPE, FrontMetrics, merge_expositions
-from promptcache.front.policy import Isolation, apply_policy
-from promptcache.front.pool import UpstreamError, UpstreamPool
-from promptcache.front.references import VerifiedLike, forward_size, resolve, serialize
-from promptcache.front.routes import (
+from promptcache.tenancy.errors import FrontError
+from promptcache.tenancy.policy import Isolation, apply_policy
+from promptcache.tenancy.routes import (
     METRICS_PATH,
     Route,
     RouteClass,
@@ -56,9 +59,6 @@ from promptcache.front.routes import (
     canonical_target,
     check_route,
 )
-from promptcache.front.settings import FrontSettings
-from promptcache.front.state import Charge, FrontState, json_charge
-from promptcache.front.upstream import forward, forward_headers, new_request_id
 
 log = logging.getLogger("promptcache.front")
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 from promptcache.embeds.idsyntax import is_prompt_embeds_id
-from promptcache.front.canonical import dumps
-from promptcache.front.errors import (
+from promptcache.tenancy.canonical import dumps
+from promptcache.tenancy.errors import (
     INVALID_PROMPT_EMBEDS,
     INVALID_PROMPT_EMBEDS_ID,
     PROMPT_EMBEDS_ID_MISMATCH,
@@ -433,7 +433,7 @@ def serialize(
     encoded, and the payloads are spliced back in. The result is byte for byte
     what `json.dumps(body, ensure_ascii=False, separators=(",", ":"))` gives, at
     a fraction of the cost on large bodies; anything not base64 is left to the
-    encoder. `interruptible`: the pure-Python encoder (`front.canonical.dumps`), for bodies
+    encoder. `interruptible`: the pure-Python encoder (`tenancy.canonical.dumps`), for bodies
     dense in values worked on off the event loop.
     """
     payloads: list[bytes] = []

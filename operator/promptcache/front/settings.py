@@ -11,7 +11,6 @@ same definitions.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from urllib.parse import urlsplit
 
 from promptcache.contract import (
@@ -26,7 +25,6 @@ from promptcache.contract import (
     IsolationMode,
     SettingInputError,
     cache_gib_to_bytes,
-    check_body_field,
     check_header_name,
     needs_salt_key,
 )
@@ -56,13 +54,14 @@ from promptcache.contract.front import (
     TURBOQUANT_DTYPES,
 )
 from promptcache.contract.settings import split_host_port
+from promptcache.tenancy.settings import (
+    MIN_SALT_KEY_BYTES,
+    SettingsError,
+    check_isolation,
+    read_salt_key,
+)
 
-MIN_SALT_KEY_BYTES = 16
-"""A shorter HMAC key would make per-tenant salts guessable."""
-
-
-class SettingsError(ValueError):
-    """A setting that can never work; the message names the setting and the fix."""
+__all__ = ["MIN_SALT_KEY_BYTES", "FrontSettings", "SettingsError", "parse_listen", "read_salt_key"]
 
 
 def parse_listen(raw: str) -> tuple[str, int]:
@@ -120,23 +119,15 @@ class FrontSettings:
         try:
             # the grammar the API checks; empty switches the feature off
             for label, header in (
-                ("isolation header", self.isolation_header),
                 ("session header", self.session_header),
                 ("prompt-tokens header", self.prompt_tokens_header),
                 ("cached-prompt-tokens header", self.cached_prompt_tokens_header),
             ):
                 check_header_name(label, header, optional=True)
-            check_body_field("isolation field", self.isolation_field, optional=True)
             check_cache_gib(SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR, self.prompt_embeds_cache_gib)
         except (GrammarError, SettingInputError) as exc:
             raise SettingsError(str(exc)) from None
-        if self.isolation_mode is IsolationMode.REQUIRED and not (
-            self.isolation_header or self.isolation_field
-        ):
-            raise SettingsError(
-                "isolation mode Required needs an isolation header or an isolation field "
-                "to carry the key; both are empty"
-            )
+        check_isolation(self.isolation_mode, self.isolation_header, self.isolation_field)
         if self.max_body_bytes < 1024:
             raise SettingsError(f"max body bytes {self.max_body_bytes} is below 1024")
         if self.max_in_flight < 1:
@@ -190,33 +181,3 @@ class FrontSettings:
     def needs_salt_key(self) -> bool:
         """Only salting modes read the secret; Shared never derives a salt."""
         return needs_salt_key(self.isolation_mode)
-
-
-def read_salt_key(settings: FrontSettings) -> bytes | None:
-    """Load the HMAC secret, refusing to start a salting mode without a usable one.
-
-    Without the secret, PerKey would have to either share every tenant's cache
-    (a silent privacy failure) or use the raw key as the salt (guessable), so
-    the front stops instead.
-    """
-    if not settings.needs_salt_key:
-        return None
-    path = Path(settings.salt_key_file)
-    mode = settings.isolation_mode.value
-    try:
-        secret = path.read_bytes().strip()
-    except FileNotFoundError:
-        raise SettingsError(
-            f"isolation mode {mode} needs the salt key, but {path} does not exist; "
-            "mount the salt Secret there or point --salt-key-file at it"
-        ) from None
-    except OSError as exc:
-        raise SettingsError(
-            f"isolation mode {mode} needs the salt key, but {path} cannot be read: {exc.strerror}"
-        ) from None
-    if len(secret) < MIN_SALT_KEY_BYTES:
-        raise SettingsError(
-            f"the salt key in {path} has {len(secret)} bytes; isolation mode {mode} needs "
-            f"at least {MIN_SALT_KEY_BYTES} random bytes"
-        )
-    return secret

@@ -11,13 +11,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from promptcache.embeds.cache import PromptEmbedsCache
-from promptcache.front import errors
-from promptcache.front.canonical import json_charge
-from promptcache.front.errors import FrontError
 from promptcache.front.metrics import FrontMetrics
 from promptcache.front.pool import UpstreamPool
 from promptcache.front.references import KindIndex
 from promptcache.front.settings import FrontSettings
+from promptcache.tenancy import errors
+from promptcache.tenancy.canonical import json_charge
+from promptcache.tenancy.errors import FrontError
 
 __all__ = ["Charge", "FrontState", "json_charge"]
 

@@ -19,19 +19,19 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from promptcache.contract.front import VLLM_PRIORITY_HEADER, VLLM_REQUEST_ID_HEADER
-from promptcache.front import errors
-from promptcache.front.canonical import json_charge
-from promptcache.front.errors import FrontError
 from promptcache.front.pool import (
     UpstreamAnswer,
     UpstreamConnectError,
     UpstreamError,
     UpstreamTimeoutError,
 )
-from promptcache.front.routes import Route, Target
 from promptcache.front.settings import FrontSettings
 from promptcache.front.state import Charge, FrontState
 from promptcache.front.usage import SseRelay, Usage, relay, usage_from, usage_headers
+from promptcache.tenancy import errors
+from promptcache.tenancy.canonical import json_charge
+from promptcache.tenancy.errors import FrontError
+from promptcache.tenancy.routes import Route, Target
 
 log = logging.getLogger("promptcache.front")
 

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 
 from promptcache.contract.settings import add_flags, collect
 from promptcache.contract.shim import SHIM_SETTINGS
-from promptcache.front.settings import SettingsError, read_salt_key
 from promptcache.gateway.settings import ShimSettings, ShimSettingsError
+from promptcache.tenancy.settings import SettingsError, read_salt_key
 
 EXIT_BAD_SETTINGS = 2
 EXIT_MISSING_EXTRA = 3
@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     """The `gateway-policy` sub-command's body."""
     try:
         settings = settings_from(args, os.environ)
-        secret = read_salt_key(settings.front_settings())
+        secret = read_salt_key(settings.policy())
     except (ShimSettingsError, SettingsError) as error:
         print(f"promptcache {COMMAND}: {error}", file=sys.stderr)
         return EXIT_BAD_SETTINGS

@@ -5,9 +5,9 @@ derives the tenant's salt inside the model-server pod, after the pick: too late.
 step, on the port the EPP Service targets, relays every ext_proc stream to the picker on
 the pod's loopback and, per request, before the picker sees it:
 
-- derives the tenant's `cache_salt` from the isolation key with the cache front's own
-  policy function (`promptcache.front.policy.apply_policy`: same HMAC, same secret, same
-  modes, same errors) and puts it in the body, so tenants with the same prompt build
+- derives the tenant's `cache_salt` from the isolation key with the policy function the
+  cache front runs too (`promptcache.tenancy.policy.apply_policy`: same HMAC, same secret,
+  same modes, same errors) and puts it in the body, so tenants with the same prompt build
   separate prefix entries and the front, re-deriving the same salt, forwards the same value;
 - drops any `cache_salt` the client sent, so a forged salt cannot steer routing;
 - answers a request the front would refuse (Required mode without a key, a malformed key)
@@ -51,10 +51,11 @@ from envoy.type.v3 import http_status_pb2
 from multidict import CIMultiDict, MultiMapping
 from prometheus_client import CollectorRegistry, Counter, start_http_server
 
-from promptcache.contract import CACHE_SALT_FIELD, PROMPT_CACHE_KEY_FIELD
+from promptcache.contract import CACHE_SALT_FIELD, PROMPT_CACHE_KEY_FIELD, needs_salt_key
 from promptcache.contract.settings import split_host_port
-from promptcache.front import errors as front_errors
-from promptcache.front.canonical import (
+from promptcache.gateway.settings import ShimSettings
+from promptcache.tenancy import errors as front_errors
+from promptcache.tenancy.canonical import (
     DENSE_TOKENS,
     POLICY_FIELDS,
     check_headers,
@@ -65,11 +66,10 @@ from promptcache.front.canonical import (
     json_tokens,
     parse_body,
 )
-from promptcache.front.errors import FrontError
-from promptcache.front.policy import apply_policy
-from promptcache.front.routes import RouteClass, canonical_target, check_route
-from promptcache.front.settings import FrontSettings
-from promptcache.gateway.settings import ShimSettings
+from promptcache.tenancy.errors import FrontError
+from promptcache.tenancy.policy import apply_policy
+from promptcache.tenancy.routes import RouteClass, canonical_target, check_route
+from promptcache.tenancy.settings import PolicyReader
 
 log = logging.getLogger("promptcache.gateway_policy")
 
@@ -148,20 +148,20 @@ def decide(
     headers: Mapping[str, str] | MultiMapping[str],
     raw: bytes | bytearray,
     *,
-    front: FrontSettings,
+    policy: PolicyReader,
     secret: bytes | None,
     session_header: str,
     user_field: str,
 ) -> Decision:
     """Pure: the salt the front would derive, in the canonical body the picker hashes.
 
-    Classifies the request target, checks the headers and parses the body with the front's
-    own functions (`front.canonical`), and runs the front's own `apply_policy` on a copy,
-    so every decision (salt, refusal, error body) is the front's. What is forwarded on a
-    salted route is always the canonical encoding of the client's body minus any
+    Classifies the request target, checks the headers and parses the body with the
+    functions the front uses too (`tenancy.canonical`), and runs the same `apply_policy` on
+    a copy, so every decision (salt, refusal, error body) is the one the front makes. What
+    is forwarded on a salted route is always the canonical encoding of the client's body minus any
     `cache_salt` it sent, plus the derived one: one spelling of every field, UTF-8, which
     Go's `encoding/json` (the picker) reads as this step did. `headers`: every entry, as
-    aiohttp would present them (`front.canonical.header_multidict`)."""
+    aiohttp would present them (`tenancy.canonical.header_multidict`)."""
     lowered = headers if isinstance(headers, CIMultiDict) else CIMultiDict(headers)
     try:
         route = check_route(method, canonical_target(target).path)
@@ -175,8 +175,8 @@ def decide(
                 )
             return Decision()
         check_json_media_type(lowered)
-        body = parse_body(raw, acted_on=(*POLICY_FIELDS, front.isolation_field, user_field))
-        plan = apply_policy(route, lowered, _policy_copy(body), front, secret)
+        body = parse_body(raw, acted_on=(*POLICY_FIELDS, policy.isolation_field, user_field))
+        plan = apply_policy(route, lowered, _policy_copy(body), policy, secret)
         body.pop(CACHE_SALT_FIELD, None)
         if plan.salt is not None:
             body[CACHE_SALT_FIELD] = plan.salt
@@ -446,7 +446,7 @@ class SessionShim(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self, settings: ShimSettings, channel: grpc.aio.Channel, secret: bytes | None = None
     ) -> None:
         self.settings = settings
-        self.front = settings.front_settings()
+        self.policy = settings.policy()
         self.secret = secret
         self._stub = pb_grpc.ExternalProcessorStub(channel)
         self.budget = _Budget(settings.max_buffered_bytes)
@@ -480,7 +480,7 @@ class SessionShim(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         if not inspector.take(cost):
             return Decision(refusal=busy())
         run = functools.partial(
-            decide, method, target, headers, raw, front=self.front, secret=self.secret,
+            decide, method, target, headers, raw, policy=self.policy, secret=self.secret,
             session_header=self.settings.session_header, user_field=self.settings.user_field,
         )  # fmt: skip
         if len(raw) >= _OFFLOAD_BYTES:
@@ -642,8 +642,8 @@ class RunningShim:
 async def start(settings: ShimSettings, secret: bytes | None = None) -> RunningShim:
     """Bind `settings.listen` (port 0 picks a free one) and relay to `settings.upstream`.
 
-    `secret`: the salt HMAC key (`front.settings.read_salt_key`), needed by salting modes."""
-    if secret is None and settings.front_settings().needs_salt_key:
+    `secret`: the salt HMAC key (`tenancy.settings.read_salt_key`), needed by salting modes."""
+    if secret is None and needs_salt_key(settings.isolation_mode):
         raise ValueError(f"isolation mode {settings.isolation_mode.value} needs the salt key")
     # Plain gRPC: the picker is on the pod's loopback (docs/endpoint-picker.md, 'Transport').
     channel = grpc.aio.insecure_channel(settings.upstream)

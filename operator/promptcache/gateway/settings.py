@@ -3,7 +3,8 @@
 Kept apart from the proxy so `promptcache gateway-policy --help` and settings errors work
 without the `gateway` extra, and so the renderer's defaults and the step's agree by
 importing the same definitions from `promptcache.contract.shim`. The isolation settings
-are the cache front's (`FrontSettings`): the step runs the front's own policy function.
+are the policy's own (`tenancy.settings.PolicySettings`), checked by the same rules as the
+cache front's: both processes run `tenancy.policy`.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from promptcache.contract.shim import (
     DEFAULT_SHIM_UPSTREAM,
     MAX_SHIM_DRAIN_SECONDS,
 )
-from promptcache.front.settings import FrontSettings, SettingsError
+from promptcache.tenancy.settings import PolicySettings, SettingsError
 
 
 class ShimSettingsError(ValueError):
@@ -100,12 +101,13 @@ class ShimSettings:
             raise ShimSettingsError(
                 f"--drain-seconds={self.drain_seconds} must be in [0, {MAX_SHIM_DRAIN_SECONDS:g}]"
             )
-        self.front_settings()  # the isolation settings, checked by the front's own rules
+        self.policy()  # the isolation settings, checked by the policy's own rules
 
-    def front_settings(self) -> FrontSettings:
-        """The cache front's settings for the same isolation policy (its function decides)."""
+    def policy(self) -> PolicySettings:
+        """The request policy's settings: the same isolation as the front's, no session
+        header and no usage (the front's business, after the pick)."""
         try:
-            return FrontSettings(
+            return PolicySettings(
                 isolation_mode=self.isolation_mode,
                 isolation_header=self.isolation_header,
                 isolation_field=self.isolation_field,
@@ -113,10 +115,6 @@ class ShimSettings:
                 honor_prompt_cache_max_len=self.honor_prompt_cache_max_len,
                 allow_client_priority=self.allow_client_priority,
                 allow_engine_state=self.allow_engine_state,
-                session_header="",
-                session_from_user=False,
-                prompt_tokens_header="",
-                cached_prompt_tokens_header="",
             )
         except SettingsError as error:
             raise ShimSettingsError(str(error)) from None

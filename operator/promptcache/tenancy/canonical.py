@@ -49,9 +49,9 @@ from promptcache.contract.front import (
     VLLM_PRIORITY_FIELD,
     VLLM_REQUEST_ID_FIELD,
 )
-from promptcache.front import errors
-from promptcache.front.errors import FrontError
-from promptcache.front.policy import has_lone_surrogate
+from promptcache.tenancy import errors
+from promptcache.tenancy.errors import FrontError
+from promptcache.tenancy.policy import has_lone_surrogate
 
 GO_FOLDS_TO_ASCII: Final[dict[str, str]] = {"\u017f": "S", "\u212a": "K"}
 """Every non-ASCII rune whose Go fold (`encoding/json`'s `foldRune`: the smallest rune of

@@ -26,8 +26,8 @@ from enum import StrEnum
 from typing import Final, Literal
 
 from promptcache.contract import FRONT_HEALTH_PATH, FRONT_READY_PATH
-from promptcache.front import errors
-from promptcache.front.errors import FrontError
+from promptcache.tenancy import errors
+from promptcache.tenancy.errors import FrontError
 
 VLLM_ROUTES_VERSION: Final = "0.33.0"
 """The vLLM release this table was checked against (the renderer's default image tag)."""

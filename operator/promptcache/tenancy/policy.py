@@ -1,8 +1,17 @@
-"""The per-request rules of spec/004, as one pure function over headers and body.
+"""The per-request rules of spec/004: named steps over headers and body, one composition.
 
 Pure (no I/O, no clock; the only randomness is the one-off salt of an
 uncacheable request) so every rule is testable without a server, and so the
-HTTP layer stays a thin shell around it.
+HTTP layer stays a thin shell around it. Both data-plane processes run it: the
+cache front before vLLM, the gateway's policy step before the picker hashes the
+prompt, so a tenant's salt, and every refusal, is the same in both.
+
+The steps, in the order `apply_policy` runs them (each a function of its own):
+`strip_client_fields` (the client's own salt and request id never pass), the
+field checks (`check_priority`, `check_engine_state`), `isolation_key` (the key),
+`max_len` (the uncacheable request), `check_route_isolated` and `require_key`
+(refusals), `salt` (the salt decision), `usage` (asking vLLM for the usage chunk)
+and `session` (the session header from `user`).
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ from promptcache.contract.front import (
     VLLM_PRIORITY_FIELD,
     VLLM_REQUEST_ID_FIELD,
 )
-from promptcache.front.errors import (
+from promptcache.tenancy.errors import (
     FIELD_NOT_ALLOWED,
     INVALID_FIELD,
     INVALID_ISOLATION_KEY,
@@ -35,9 +44,9 @@ from promptcache.front.errors import (
     ROUTE_NOT_ISOLATED,
     FrontError,
 )
-from promptcache.front.routes import Route, RouteClass
-from promptcache.front.salt import derive_salt, random_salt
-from promptcache.front.settings import FrontSettings
+from promptcache.tenancy.routes import Route, RouteClass
+from promptcache.tenancy.salt import derive_salt, random_salt
+from promptcache.tenancy.settings import PolicyReader
 
 MAX_ISOLATION_KEY_CHARS: Final[int] = 4096
 _OPTIONAL_INT: Final = TypeAdapter(int | None)
@@ -119,8 +128,8 @@ class Plan:
     """The body named its own `request_id` (vLLM's id for it); removed."""
 
 
-def _isolation_key(
-    headers: MultiMapping[str], body: dict[str, Any], settings: FrontSettings
+def isolation_key(
+    headers: MultiMapping[str], body: dict[str, Any], settings: PolicyReader
 ) -> str | None:
     """The key the client sent, from header or body, or None; malformed keys raise.
 
@@ -176,7 +185,7 @@ def _isolation_key(
     return key
 
 
-def _key_carriers(settings: FrontSettings) -> str:
+def _key_carriers(settings: PolicyReader) -> str:
     """Where a client may put the key, as a phrase ("the x header or the y field")."""
     carriers = []
     if settings.isolation_header:
@@ -186,7 +195,7 @@ def _key_carriers(settings: FrontSettings) -> str:
     return " or ".join(carriers)
 
 
-def _check_priority(body: dict[str, Any], settings: FrontSettings) -> None:
+def check_priority(body: dict[str, Any], settings: PolicyReader) -> None:
     """Refuse a scheduling priority unless the deployment lets clients set one.
 
     vLLM's `priority` (lower runs first under `--scheduling-policy priority`) would let
@@ -210,7 +219,7 @@ def _check_priority(body: dict[str, Any], settings: FrontSettings) -> None:
         )
 
 
-def _check_engine_state(body: dict[str, Any], settings: FrontSettings) -> None:
+def check_engine_state(body: dict[str, Any], settings: PolicyReader) -> None:
     """Refuse the fields through which a tenant reaches engine state beyond its request
     (another stored response, remote KV blocks, plugin arguments) unless the deployment
     allows them; a null one is removed."""
@@ -227,7 +236,7 @@ def _check_engine_state(body: dict[str, Any], settings: FrontSettings) -> None:
             )
 
 
-def _max_len(body: dict[str, Any], settings: FrontSettings) -> int | None:
+def max_len(body: dict[str, Any], settings: PolicyReader) -> int | None:
     """The client's prompt_cache_max_len, validated and removed from the body."""
     if PROMPT_CACHE_MAX_LEN_FIELD not in body:
         return None
@@ -245,30 +254,21 @@ def _max_len(body: dict[str, Any], settings: FrontSettings) -> int | None:
     return value
 
 
-def apply_policy(
-    route: Route,
-    headers: MultiMapping[str],
-    body: dict[str, Any],
-    settings: FrontSettings,
-    secret: bytes | None,
-) -> Plan:
-    """Rewrite `body` in place for vLLM and say what else the proxy must do.
-
-    `headers` must be a case-insensitive multidict (aiohttp's `CIMultiDictProxy`).
-    Raises `FrontError` for requests the policy refuses.
-    """
-    client_salt_removed = body.pop(CACHE_SALT_FIELD, None) is not None
-    # vLLM's id for the request (engine id, logs, the Responses API's stores): vLLM makes
-    # one; the front sends its own in X-Request-Id, which wins where vLLM reads both
+def strip_client_fields(body: dict[str, Any]) -> tuple[bool, bool]:
+    """Remove the client's own `cache_salt` (a forged salt must neither read another
+    tenant's cache nor steer routing) and `request_id` (vLLM's id for the request: vLLM
+    makes one; the front sends its own in X-Request-Id, which wins where vLLM reads both).
+    Whether each was there."""
+    salt_removed = body.pop(CACHE_SALT_FIELD, None) is not None
     request_id_removed = body.pop(VLLM_REQUEST_ID_FIELD, None) is not None
-    _check_priority(body, settings)
-    _check_engine_state(body, settings)
-    key = _isolation_key(headers, body, settings)
-    max_len = _max_len(body, settings)
-    mode = settings.isolation_mode
-    salted_path = route.kind is RouteClass.SALTED
+    return salt_removed, request_id_removed
+
+
+def check_route_isolated(route: Route, mode: IsolationMode) -> None:
+    """Refuse a salted route that fills the shared cache but has no `cache_salt` to carry
+    the tenant's salt, unless nothing is isolated anyway."""
     if (
-        salted_path
+        route.kind is RouteClass.SALTED
         and mode is not IsolationMode.SHARED
         and route.reaches_kv_cache
         and not route.salt_field
@@ -281,7 +281,11 @@ def apply_policy(
             "/v1/chat/completions instead",
         )
 
-    if key is None and mode is IsolationMode.REQUIRED and salted_path:
+
+def require_key(route: Route, key: str | None, settings: PolicyReader) -> None:
+    """Mode Required: a salted request without a key is refused."""
+    required = settings.isolation_mode is IsolationMode.REQUIRED
+    if key is None and required and route.kind is RouteClass.SALTED:
         raise FrontError(
             400,
             ISOLATION_KEY_REQUIRED,
@@ -289,21 +293,31 @@ def apply_policy(
             "with a string that names who may share cached prompts",
             param=settings.isolation_field or settings.isolation_header,
         )
-    salt: str | None = None
-    use_cache = True
-    if salted_path and max_len == 0:
-        isolation, salt, use_cache = Isolation.UNCACHEABLE, random_salt(), False
-    elif mode is IsolationMode.SHARED:
-        isolation = Isolation.SHARED
-    elif key is None:
-        isolation = Isolation.UNKEYED
-    else:
-        if secret is None:  # settings guarantee a secret in salting modes
-            raise RuntimeError("a salting isolation mode is running without its secret")
-        isolation, salt = Isolation.KEYED, derive_salt(secret, key)
-    if salt is not None and salted_path and route.salt_field:
-        body[CACHE_SALT_FIELD] = salt
 
+
+def salt(
+    route: Route, key: str | None, limit: int | None, mode: IsolationMode, secret: bytes | None
+) -> tuple[Isolation, str | None]:
+    """What isolates the request, and the salt vLLM gets (None: no salt at all).
+
+    `prompt_cache_max_len: 0` on a salted route gets a one-off salt (it shares nothing);
+    Shared mode salts nothing; PerKey without a key is the unsalted shared scope; a key
+    becomes the HMAC of the secret."""
+    if route.kind is RouteClass.SALTED and limit == 0:
+        return Isolation.UNCACHEABLE, random_salt()
+    if mode is IsolationMode.SHARED:
+        return Isolation.SHARED, None
+    if key is None:
+        return Isolation.UNKEYED, None
+    if secret is None:  # settings guarantee a secret in salting modes
+        raise RuntimeError("a salting isolation mode is running without its secret")
+    return Isolation.KEYED, derive_salt(secret, key)
+
+
+def usage(route: Route, body: dict[str, Any], settings: PolicyReader) -> tuple[bool, bool]:
+    """Read `stream` and `stream_options` as vLLM will; on a streamed route that carries
+    usage, ask vLLM for the usage chunk the usage headers need. Whether the request
+    streams, and whether the front must strip a usage chunk the client did not ask for."""
     stream = coerce_bool(body, "stream", "stream") is True
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
@@ -313,18 +327,24 @@ def apply_policy(
             'stream_options must be an object, e.g. {"include_usage": true}',
             param="stream_options",
         )
+    include = None
     if options is not None:
         include = coerce_bool(options, "include_usage", "stream_options.include_usage")
         coerce_bool(options, "continuous_usage_stats", "stream_options.continuous_usage_stats")
-    strip_usage = False
-    if stream and route.usage_stream and settings.usage_headers_enabled:
-        if options is None:
-            body["stream_options"] = {"include_usage": True}
-            strip_usage = True
-        elif not include:
-            options["include_usage"] = True
-            strip_usage = True
+    if not (stream and route.usage_stream and settings.usage_headers_enabled):
+        return stream, False
+    if options is None:
+        body["stream_options"] = {"include_usage": True}
+        return stream, True
+    if not include:
+        options["include_usage"] = True
+        return stream, True
+    return stream, False
 
+
+def session(headers: MultiMapping[str], body: dict[str, Any], settings: PolicyReader) -> str | None:
+    """The session header value to copy from `user`, when the deployment does that and
+    the client sent no header; a `user` a header could not carry is refused."""
     user = body.get(SESSION_USER_FIELD)
     if isinstance(user, str) and (_has_control(user) or has_lone_surrogate(user)):
         raise FrontError(
@@ -334,7 +354,6 @@ def apply_policy(
             "invalid Unicode",
             param=SESSION_USER_FIELD,
         )
-    session_value: str | None = None
     if (
         settings.session_from_user
         and settings.session_header
@@ -342,16 +361,42 @@ def apply_policy(
         and isinstance(user, str)
         and user
     ):
-        session_value = user
+        return user
+    return None
 
+
+def apply_policy(
+    route: Route,
+    headers: MultiMapping[str],
+    body: dict[str, Any],
+    settings: PolicyReader,
+    secret: bytes | None,
+) -> Plan:
+    """Rewrite `body` in place for vLLM and say what else the proxy must do.
+
+    `headers` must be a case-insensitive multidict (aiohttp's `CIMultiDictProxy`).
+    Raises `FrontError` for requests the policy refuses.
+    """
+    client_salt_removed, request_id_removed = strip_client_fields(body)
+    check_priority(body, settings)
+    check_engine_state(body, settings)
+    key = isolation_key(headers, body, settings)
+    limit = max_len(body, settings)
+    check_route_isolated(route, settings.isolation_mode)
+    require_key(route, key, settings)
+    isolation, salt_value = salt(route, key, limit, settings.isolation_mode, secret)
+    salted_path = route.kind is RouteClass.SALTED
+    if salt_value is not None and salted_path and route.salt_field:
+        body[CACHE_SALT_FIELD] = salt_value
+    stream, strip_usage = usage(route, body, settings)
     return Plan(
         isolation=isolation,
-        salt=salt if salted_path else None,
-        use_embeds_cache=use_cache,
+        salt=salt_value if salted_path else None,
+        use_embeds_cache=isolation is not Isolation.UNCACHEABLE,
         client_salt_removed=client_salt_removed,
         stream=stream,
         strip_usage_chunk=strip_usage,
-        session_header_value=session_value,
-        max_len_not_enforced=max_len is not None and max_len > 0,
+        session_header_value=session(headers, body, settings),
+        max_len_not_enforced=limit is not None and limit > 0,
         client_request_id_removed=request_id_removed,
     )

@@ -1,0 +1,137 @@
+"""What the request policy reads, and the isolation settings' own checks: defined once.
+
+Both data-plane processes run the same policy (`tenancy.policy`): the cache front in the
+model-server pod, and the gateway's policy step beside the picker. Each has a
+configuration of its own (`FrontSettings`, `ShimSettings`), so the policy names only what
+it reads (`PolicyReader`), both check the isolation settings with `check_isolation`, and
+the step builds a `PolicySettings` instead of borrowing the front's whole configuration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, Protocol
+
+from promptcache.contract import (
+    DEFAULT_ISOLATION_FIELD,
+    DEFAULT_ISOLATION_HEADER,
+    SALT_KEY_FILE,
+    GrammarError,
+    IsolationMode,
+    SettingInputError,
+    check_body_field,
+    check_header_name,
+    needs_salt_key,
+)
+from promptcache.contract.front import (
+    DEFAULT_ALLOW_CLIENT_PRIORITY,
+    DEFAULT_ALLOW_ENGINE_STATE,
+    DEFAULT_HONOR_MAX_LEN,
+    DEFAULT_ISOLATION_MODE,
+)
+
+MIN_SALT_KEY_BYTES: Final[int] = 16
+"""A shorter HMAC key would make per-tenant salts guessable."""
+
+
+class SettingsError(ValueError):
+    """A setting that can never work; the message names the setting and the fix."""
+
+
+class PolicyReader(Protocol):
+    """The settings `tenancy.policy.apply_policy` reads (`FrontSettings` has them all)."""
+
+    @property
+    def isolation_mode(self) -> IsolationMode: ...
+    @property
+    def isolation_header(self) -> str: ...
+    @property
+    def isolation_field(self) -> str: ...
+    @property
+    def honor_prompt_cache_max_len(self) -> bool: ...
+    @property
+    def allow_client_priority(self) -> bool: ...
+    @property
+    def allow_engine_state(self) -> bool: ...
+    @property
+    def session_header(self) -> str: ...
+    @property
+    def session_from_user(self) -> bool: ...
+    @property
+    def usage_headers_enabled(self) -> bool: ...
+
+
+class SaltKeySource(Protocol):
+    """Where a process finds its salt key, and whether its mode needs one."""
+
+    @property
+    def isolation_mode(self) -> IsolationMode: ...
+    @property
+    def salt_key_file(self) -> str: ...
+
+
+def check_isolation(mode: IsolationMode, header: str, field: str) -> None:
+    """The isolation settings either process refuses to start with."""
+    try:
+        check_header_name("isolation header", header, optional=True)
+        check_body_field("isolation field", field, optional=True)
+    except (GrammarError, SettingInputError) as exc:
+        raise SettingsError(str(exc)) from None
+    if mode is IsolationMode.REQUIRED and not (header or field):
+        raise SettingsError(
+            "isolation mode Required needs an isolation header or an isolation field "
+            "to carry the key; both are empty"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySettings:
+    """The policy's settings on their own: what the gateway's policy step runs with.
+
+    The step names no session header and asks for no usage (those are the front's
+    business after the pick), so those default off."""
+
+    isolation_mode: IsolationMode = DEFAULT_ISOLATION_MODE
+    isolation_header: str = DEFAULT_ISOLATION_HEADER
+    isolation_field: str = DEFAULT_ISOLATION_FIELD
+    salt_key_file: str = SALT_KEY_FILE
+    honor_prompt_cache_max_len: bool = DEFAULT_HONOR_MAX_LEN
+    allow_client_priority: bool = DEFAULT_ALLOW_CLIENT_PRIORITY
+    allow_engine_state: bool = DEFAULT_ALLOW_ENGINE_STATE
+    session_header: str = ""
+    session_from_user: bool = False
+    usage_headers_enabled: bool = False
+
+    def __post_init__(self) -> None:
+        check_isolation(self.isolation_mode, self.isolation_header, self.isolation_field)
+
+
+def read_salt_key(settings: SaltKeySource) -> bytes | None:
+    """Load the HMAC secret, refusing to start a salting mode without a usable one.
+
+    Without the secret, PerKey would have to either share every tenant's cache
+    (a silent privacy failure) or use the raw key as the salt (guessable), so
+    the process stops instead.
+    """
+    if not needs_salt_key(settings.isolation_mode):
+        return None
+    path = Path(settings.salt_key_file)
+    mode = settings.isolation_mode.value
+    try:
+        secret = path.read_bytes().strip()
+    except FileNotFoundError:
+        raise SettingsError(
+            f"isolation mode {mode} needs the salt key, but {path} does not exist; "
+            "mount the salt Secret there or point --salt-key-file at it"
+        ) from None
+    except OSError as exc:
+        raise SettingsError(
+            f"isolation mode {mode} needs the salt key, but {path} cannot be read: {exc.strerror}"
+        ) from None
+    if len(secret) < MIN_SALT_KEY_BYTES:
+        raise SettingsError(
+            f"the salt key in {path} has {len(secret)} bytes; isolation mode {mode} needs "
+            f"at least {MIN_SALT_KEY_BYTES} random bytes"
+        )
+    return secret

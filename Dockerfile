@@ -5,7 +5,7 @@
 #   docker build --target front    -t ghcr.io/promptcache/promptcache-front:0.1.0 .
 #
 # The operator image carries only the operator's dependencies and the `gateway` extra for
-# the session shim (no torch). The front image
+# the gateway policy step (no torch). The front image
 # adds the `front` extra with the CPU build of torch: the cache front decodes prompt-embeds
 # payloads on CPU, next to a vLLM container that owns the GPU.
 # Both run as the unprivileged user 65532 and need nothing writable but /tmp.
@@ -23,7 +23,7 @@ COPY pyproject.toml README.md ./
 COPY operator/ operator/
 
 FROM build-base AS build-operator
-# The `gateway` extra (grpcio) too: the renderer runs the Endpoint Picker's session shim
+# The `gateway` extra (grpcio) too: the renderer runs the Endpoint Picker's gateway policy step
 # (`promptcache session-shim`) from this image.
 RUN /opt/promptcache/bin/pip install ".[gateway]"
 

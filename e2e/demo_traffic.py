@@ -47,7 +47,7 @@ from e2e.engine.pods import SERVED_NAME, engine_resource
 from e2e.epp.pool import PoolOnCluster
 from e2e.epp.process import EppProcess
 from e2e.epp.rendered import Rendered, render_resource
-from e2e.epp.shim import ShimProcess
+from e2e.epp.shim import GatewayPolicyProcess
 from e2e.epp.traffic import (
     LOAD_ONLY,
     Pick,
@@ -231,7 +231,7 @@ def _warm_up(targets: list[Target]) -> None:
             resp.read()
 
 
-def _gateway_path(shim: ShimProcess | None, epp: EppProcess) -> str:
+def _gateway_path(shim: GatewayPolicyProcess | None, epp: EppProcess) -> str:
     picker = f"picker {'TLS' if epp.secure else 'plain gRPC'} on 127.0.0.1:{epp.ports.grpc}"
     if shim is None:
         return f"ext_proc -> {picker} (alone on its port, as rendered)"

@@ -178,7 +178,7 @@ def _die_with_parent(argv: list[str]) -> list[str]:
     its test), through util-linux's `setpriv --pdeathsig` rather than a `preexec_fn`.
 
     A `preexec_fn` forces a plain fork() of the multi-threaded pytest process and runs
-    Python in the child: grpc (imported by the session shim's tests) then runs its fork
+    Python in the child: grpc (imported by the gateway policy step's tests) then runs its fork
     handlers there, and under load its poller aborted the child with "epoll_wait error:
     Bad file descriptor" (SIGABRT, exit -6) before the operator was even exec'd. Without
     a preexec_fn, subprocess uses vfork/exec, which runs no fork handlers."""

@@ -421,17 +421,18 @@ def test_user_field_reaches_the_epp_through_the_policy_step(llmd_launch: Launche
     the rendered EPP pod puts the gateway's policy step (`promptcache gateway-policy`) on
     the port the gateway dials. Here both run as rendered: the EPP with its rendered args
     (its `--grpc-port` moved off the Service's port, plain gRPC), the step with the
-    rendered container's args and env, relaying to the EPP (see PoolOnCluster.start_shim)."""
+    rendered container's args and env, relaying to the EPP (see
+    PoolOnCluster.start_gateway_policy)."""
     pool = llmd_launch(spec_patch=routing_patch(session=True))
     assert pool.epp is not None
-    shim_container = pool.rendered.session_shim_container
-    assert shim_container is not None, "sessionAffinity renders the policy step"
+    gateway_policy_container = pool.rendered.gateway_policy_container
+    assert gateway_policy_container is not None, "sessionAffinity renders the policy step"
     assert pool.rendered.epp_grpc_port != 9002  # the Service's port belongs to the shim
     session = next(
         p for p in pool.rendered.epp_config["plugins"] if p["type"] == "session-affinity-filter"
     )
     header = session["parameters"]["sessionIdConfig"]["sources"][0]["header"]
-    shim = pool.start_shim()
+    shim = pool.start_gateway_policy()
     with shim.client() as gateway, pool.epp.client() as direct:
         answer = gateway.pick(chat_body(unique_text(300), user="alice"))
         home = pod_at(pool, answer.endpoint)

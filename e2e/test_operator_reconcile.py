@@ -469,3 +469,48 @@ def test_the_picker_network_policy_follows_the_policy_step(
     patch({"gateway": {"networkPolicy": False}})
     wait_for(lambda: policy() is None, f"pruned when turned off\n{op.log_tail()}")
     assert op.alive()
+
+
+def test_the_deprecated_policy_step_image_field_still_works_and_says_so(
+    cluster: Cluster, env: dict[str, Any]
+) -> None:
+    """`spec.gateway.sessionShimImage` (the policy step was the "session shim") is accepted
+    by the API server and honoured; status says it is deprecated (DeprecatedFields, with a
+    Warning event) until the resource moves to `gatewayPolicyImage`."""
+    ns, op = env["ns"], env["op"]
+    name = "oldname"
+    old = "registry.example/promptcache-operator:0.0.1"
+    apply_yaml(cluster.kubectl, resource(name, ns, gateway={"sessionShimImage": old}))
+    obj = wait_ready(cluster, ns, name, op)
+
+    def step_image() -> str | None:
+        epp = get_json(cluster.kubectl, "deployment", f"{name}-epp", "-n", ns)
+        containers = epp["spec"]["template"]["spec"]["containers"]
+        return next((c["image"] for c in containers if c["name"] == "gateway-policy"), None)
+
+    assert step_image() == old
+    deprecated = condition(obj, "DeprecatedFields")
+    assert deprecated is not None, obj["status"]["conditions"]
+    assert deprecated["status"] == "True"
+    assert deprecated["reason"] == "DeprecatedFieldSet"
+    assert "spec.gateway.sessionShimImage" in deprecated["message"]
+    assert "gatewayPolicyImage" in deprecated["message"]
+
+    def warned() -> Any:
+        events = get_json(cluster.kubectl, "events", "-n", ns,
+                          "--field-selector", f"involvedObject.name={name}")["items"]  # fmt: skip
+        return [e for e in events if e["reason"] == "DeprecatedFieldSet" and e["type"] == "Warning"]
+
+    wait_for(warned, f"a Warning event for the old field name\n{op.log_tail()}")
+
+    new = "registry.example/promptcache-operator:0.0.2"
+    cluster.kubectl("patch", "pcd", name, "-n", ns, "--type=json", "-p", json.dumps([
+        {"op": "remove", "path": "/spec/gateway/sessionShimImage"},
+        {"op": "add", "path": "/spec/gateway/gatewayPolicyImage", "value": new},
+    ]))  # fmt: skip
+    wait_for(lambda: step_image() == new, f"the new field's image\n{op.log_tail()}")
+    wait_for(
+        lambda: condition(pcd(cluster, ns, name), "DeprecatedFields") is None,
+        f"DeprecatedFields removed once the old name is gone\n{op.log_tail()}",
+    )
+    assert op.alive()

@@ -4,7 +4,7 @@ The check is the API server's own PodSecurity admission on a namespace labelled
 `pod-security.kubernetes.io/enforce: restricted`: each rendered Deployment is created
 there for real and its ReplicaSet must create its pods (a rejected pod never exists, and
 the ReplicaSet says `ReplicaFailure`), for every example and the shapes the renderer
-knows (with and without the session shim, without the front, an HA picker, a model-cache
+knows (with and without the gateway policy step, without the front, an HA picker, a model-cache
 claim, no fixed UID). The chart's operator pod goes through the same admission. A pod
 missing one of the profile's settings is refused by the same namespace, so the namespace
 does enforce.
@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from e2e.pytest_cluster import Cluster
-from promptcache.render.epp import SESSION_SHIM_CONTAINER
+from promptcache.render.epp import GATEWAY_POLICY_CONTAINER
 from promptcache.render.front import FRONT_CONTAINER
 
 pytestmark = [pytest.mark.cluster]
@@ -144,7 +144,7 @@ def test_every_rendered_pod_is_admitted_as_restricted(
     containers = {
         c["name"] for d in deployments for c in d["spec"]["template"]["spec"]["containers"]
     }
-    assert {"vllm", FRONT_CONTAINER, "epp", SESSION_SHIM_CONTAINER} <= containers
+    assert {"vllm", FRONT_CONTAINER, "epp", GATEWAY_POLICY_CONTAINER} <= containers
     for d in deployments:
         for c in d["spec"]["template"]["spec"]["containers"]:
             assert c["securityContext"]["readOnlyRootFilesystem"] is True, (

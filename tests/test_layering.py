@@ -51,7 +51,7 @@ def test_the_tree_keeps_every_contract(tmp_path: Path) -> None:
         ("contract/names.py", "import promptcache.api", "the contract imports nothing"),
         ("front/app.py", "import harness.vllm", "the product never imports test code"),
         ("gateway/command.py", "from e2e import pytest_cluster", "the product never imports"),
-        ("gateway/session_shim.py", "import promptcache.front.app", "the cache front and the"),
+        ("gateway/policy_step.py", "import promptcache.front.app", "the cache front and the"),
         ("front/app.py", "import promptcache.gateway.settings", "the cache front and the"),
         ("tenancy/routes.py", "import promptcache.front.settings", "tenancy is below both"),
     ],

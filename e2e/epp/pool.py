@@ -28,7 +28,7 @@ from .fake_pod import FakePod, VllmMetrics
 from .front import FrontProcess
 from .process import EppProcess
 from .rendered import Rendered
-from .shim import ShimProcess
+from .shim import GatewayPolicyProcess
 
 
 class ClusterLike(Protocol):
@@ -80,7 +80,7 @@ class PoolOnCluster:
     metrics: Callable[[int], VllmMetrics] = lambda i: VllmMetrics()
     pods: list[PodHandle] = field(default_factory=list)
     epp: EppProcess | None = None
-    shim: ShimProcess | None = None
+    shim: GatewayPolicyProcess | None = None
     _starts: int = 0
 
     @property
@@ -246,18 +246,18 @@ class PoolOnCluster:
         ).start()
         self.epp.wait_ready(ready_timeout_s)
         if with_policy_step and self.rendered.policy_step_container is not None:
-            self.start_shim()
+            self.start_gateway_policy()
         if wait_scraped:
             self.wait_scraped()
         return self.epp
 
-    def start_shim(self) -> ShimProcess:
+    def start_gateway_policy(self) -> GatewayPolicyProcess:
         """Run the rendered `gateway-policy` container in front of the running EPP.
 
         The rendered wiring is checked, then kept: the shim must relay to
         `127.0.0.1:<the EPP's rendered --grpc-port>` and listen on its `grpc` port; here
         both ports become the free loopback ports the harness really uses."""
-        container = self.rendered.session_shim_container
+        container = self.rendered.gateway_policy_container
         if container is None:
             raise LookupError("the rendered EPP pod has no gateway-policy container")
         assert self.epp is not None, "start the EPP first"
@@ -271,7 +271,7 @@ class PoolOnCluster:
             raise AssertionError(f"the step listens on {env.get(GatewayPolicyEnv.LISTEN)!r}")
         if self.shim is not None:
             self.shim.stop()
-        self.shim = ShimProcess(
+        self.shim = GatewayPolicyProcess(
             container["args"],
             env,
             self.epp.ports.grpc,

@@ -122,14 +122,14 @@ class Rendered:
         return int(port)
 
     @property
-    def session_shim_container(self) -> dict[str, Any] | None:
+    def gateway_policy_container(self) -> dict[str, Any] | None:
         """The EPP pod's container that runs `promptcache gateway-policy`, if any."""
         for c in self.epp_deployment["spec"]["template"]["spec"]["containers"]:
             if list(c.get("args", []))[:1] in (["gateway-policy"], ["session-shim"]):
                 return dict(c)
         return None
 
-    policy_step_container = session_shim_container
+    policy_step_container = gateway_policy_container
 
     @property
     def picker(self) -> PickerTarget:

@@ -28,7 +28,7 @@ from .process import terminate
 STARTED_LINE = "gateway policy step listening on"
 
 
-class ShimProcess:
+class GatewayPolicyProcess:
     """One running shim; `stop()` sends SIGTERM and returns its exit code."""
 
     def __init__(
@@ -63,7 +63,7 @@ class ShimProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
-    def start(self) -> ShimProcess:
+    def start(self) -> GatewayPolicyProcess:
         self._log = self.log_path.open("wb")
         self._proc = subprocess.Popen(
             self.args, stdout=self._log, stderr=subprocess.STDOUT, env=self.env

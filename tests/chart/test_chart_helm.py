@@ -104,7 +104,7 @@ def test_default_install_is_cluster_wide_and_hardened() -> None:
     # Operator-wide defaults for the resources: this release's images, the picker's role.
     assert "--front-image=ghcr.io/promptcache/promptcache-front:0.1.0" in container["args"]
     assert (
-        "--session-shim-image=ghcr.io/promptcache/promptcache-operator:0.1.0" in container["args"]
+        "--gateway-policy-image=ghcr.io/promptcache/promptcache-operator:0.1.0" in container["args"]
     )
     assert (
         "--endpoint-picker-cluster-role=promptcache-operator-endpoint-picker" in container["args"]
@@ -249,26 +249,31 @@ def test_clusterrole_rules_are_the_rules_files() -> None:
 def test_default_images_follow_the_registry_and_may_be_pinned() -> None:
     def args(*values: str) -> list[str]:
         (container,) = one(render(*values), "Deployment")["spec"]["template"]["spec"]["containers"]
-        return [a for a in container["args"] if a.startswith(("--front-", "--session-"))] + [
+        return [a for a in container["args"] if a.startswith(("--front-", "--gateway-policy-"))] + [
             container["image"]
         ]
 
     digest = "sha256:" + "ab" * 32
     assert args("--set", "image.registry=reg.example:5000/mirror") == [
         "--front-image=reg.example:5000/mirror/promptcache-front:0.1.0",
-        "--session-shim-image=reg.example:5000/mirror/promptcache-operator:0.1.0",
+        "--gateway-policy-image=reg.example:5000/mirror/promptcache-operator:0.1.0",
         "reg.example:5000/mirror/promptcache-operator:0.1.0",
     ]
     assert args(
         "--set", f"defaultImages.front.digest={digest}",
-        "--set", "defaultImages.sessionShim.repository=shim",
-        "--set", "defaultImages.sessionShim.registry=other.example",
-        "--set-string", "defaultImages.sessionShim.tag=7",
+        "--set", "defaultImages.gatewayPolicy.repository=shim",
+        "--set", "defaultImages.gatewayPolicy.registry=other.example",
+        "--set-string", "defaultImages.gatewayPolicy.tag=7",
     ) == [
         f"--front-image=ghcr.io/promptcache/promptcache-front@{digest}",
-        "--session-shim-image=other.example/shim:7",
+        "--gateway-policy-image=other.example/shim:7",
         "ghcr.io/promptcache/promptcache-operator:0.1.0",
     ]  # fmt: skip
+    # The deprecated old name of the value still works where the new one is empty.
+    assert args(
+        "--set", "defaultImages.sessionShim.repository=old",
+        "--set-string", "defaultImages.sessionShim.tag=3",
+    )[1] == "--gateway-policy-image=ghcr.io/promptcache/old:3"  # fmt: skip
     (container,) = one(render("--set", "modelServerUser=null"), "Deployment")["spec"]["template"][
         "spec"
     ]["containers"]

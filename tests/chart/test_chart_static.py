@@ -86,8 +86,8 @@ def test_default_images_are_what_the_dockerfile_publishes() -> None:
         "digest": "",
     }
     assert published["front"] == DEFAULT_FRONT_IMAGE
-    # The session shim runs from the operator image unless a repository is named.
-    assert values()["defaultImages"]["sessionShim"]["repository"] == ""
+    # The gateway policy step runs from the operator image unless a repository is named.
+    assert values()["defaultImages"]["gatewayPolicy"]["repository"] == ""
 
 
 def _stages(dockerfile: str) -> dict[str, str]:
@@ -121,10 +121,10 @@ def test_dockerfile_keeps_torch_out_of_the_operator_image() -> None:
 
 def test_session_shim_runs_from_the_operator_image() -> None:
     """The renderer's default shim image is the operator image, which carries its extra."""
-    from promptcache.api.constants import DEFAULT_SESSION_SHIM_IMAGE
+    from promptcache.api.constants import DEFAULT_GATEWAY_POLICY_IMAGE
     from promptcache.cli import build_parser
 
-    assert f"{OPERATOR_IMAGE}:{__version__}" == DEFAULT_SESSION_SHIM_IMAGE
+    assert f"{OPERATOR_IMAGE}:{__version__}" == DEFAULT_GATEWAY_POLICY_IMAGE
     assert build_parser().parse_args(["session-shim"]).command == "session-shim"
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
         "optional-dependencies"
@@ -240,7 +240,7 @@ def test_rendered_front_container_runs_on_the_front_images_entrypoint() -> None:
 
 def test_one_version_everywhere() -> None:
     """The package version is the one source: chart, default image tags, release tag."""
-    from promptcache.api.constants import DEFAULT_SESSION_SHIM_IMAGE
+    from promptcache.api.constants import DEFAULT_GATEWAY_POLICY_IMAGE
 
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["version"] == chart["appVersion"] == __version__
@@ -248,7 +248,7 @@ def test_one_version_everywhere() -> None:
     assert values()["image"]["tag"] == ""
     assert {v["tag"] for v in values()["defaultImages"].values()} == {""}
     assert DEFAULT_FRONT_IMAGE.endswith(f":{__version__}")
-    assert DEFAULT_SESSION_SHIM_IMAGE.endswith(f":{__version__}")
+    assert DEFAULT_GATEWAY_POLICY_IMAGE.endswith(f":{__version__}")
     # The release workflow refuses a tag other than v<package version>, and publishes the
     # Dockerfile's two targets under the names the chart and the renderer default to.
     release = yaml.safe_load((ROOT / ".github" / "workflows" / "release.yaml").read_text())

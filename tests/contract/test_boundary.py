@@ -20,11 +20,11 @@ from promptcache.contract.front import DEFAULT_MAX_IN_FLIGHT
 from promptcache.contract.picker import PickerTarget
 from promptcache.front.command import settings_from as front_settings_from
 from promptcache.front.settings import FrontSettings
-from promptcache.gateway.command import settings_from as shim_settings_from
-from promptcache.gateway.settings import ShimSettings
+from promptcache.gateway.command import settings_from as gateway_policy_settings_from
+from promptcache.gateway.settings import GatewayPolicySettings
 from promptcache.loading import load_resources
 from promptcache.render import render
-from promptcache.render.epp import POLICY_COMMAND, SESSION_SHIM_CONTAINER, uses_policy_step
+from promptcache.render.epp import GATEWAY_POLICY_CONTAINER, POLICY_COMMAND, uses_policy_step
 from promptcache.render.epp_config import picker_of
 from promptcache.render.front import FRONT_CONTAINER
 from promptcache.yamlio import dump
@@ -116,8 +116,10 @@ def _check_front_limits(spec: Any, s: FrontSettings) -> None:
     assert s.max_prompt_embeds_references == front.max_prompt_embeds_references
 
 
-def _check_shim(pcd: PromptCacheDeployment, pod: dict[str, Any], c: dict[str, Any]) -> None:
-    s: ShimSettings = shim_settings_from(_start(c), _env(c))
+def _check_gateway_policy(
+    pcd: PromptCacheDeployment, pod: dict[str, Any], c: dict[str, Any]
+) -> None:
+    s: GatewayPolicySettings = gateway_policy_settings_from(_start(c), _env(c))
     session = pcd.spec.session_affinity
     # Only a picker with a session plugin is told the session header (GIE refuses sessions).
     names_sessions = session.enabled and picker_of(pcd) is PickerTarget.LLM_D_ROUTER
@@ -129,7 +131,7 @@ def _check_shim(pcd: PromptCacheDeployment, pod: dict[str, Any], c: dict[str, An
     assert s.max_buffered_bytes >= s.max_body_bytes
 
 
-CHECKS = {"front": _check_front, POLICY_COMMAND: _check_shim}
+CHECKS = {"front": _check_front, POLICY_COMMAND: _check_gateway_policy}
 """Our processes, by the sub-command the container runs."""
 
 
@@ -149,7 +151,7 @@ def test_every_rendered_process_parses_what_the_spec_says(doc: dict[str, Any]) -
             CHECKS[command](pcd, pod, c)
             checked.add(c["name"])
     assert (FRONT_CONTAINER in checked) is pcd.spec.front.enabled
-    assert (SESSION_SHIM_CONTAINER in checked) is uses_policy_step(pcd)
+    assert (GATEWAY_POLICY_CONTAINER in checked) is uses_policy_step(pcd)
 
 
 @given(

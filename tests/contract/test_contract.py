@@ -14,10 +14,11 @@ from promptcache.api import PromptCacheDeployment
 from promptcache.api.spec import IsolationSpec, PromptCacheDeploymentSpec
 from promptcache.contract import (
     FRONT_SETTINGS,
+    GATEWAY_POLICY_SETTINGS,
     HEADER_NAME_PATTERN,
     SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR,
-    SHIM_SETTINGS,
     FrontEnv,
+    GatewayPolicyEnv,
     IsolationMode,
     SessionShimEnv,
     SettingInputError,
@@ -30,7 +31,7 @@ from promptcache.embeds import build_cache_from_env
 from promptcache.embeds.cache import cache_capacity_from_env
 from promptcache.front.command import settings_from as front_settings
 from promptcache.front.settings import SettingsError
-from promptcache.gateway.command import settings_from as shim_settings
+from promptcache.gateway.command import settings_from as gateway_policy_settings
 from promptcache.render import render
 from promptcache.render.front import FRONT_CONTAINER
 
@@ -75,7 +76,7 @@ def test_the_api_the_front_and_the_shim_accept_the_same_header_names(name: str) 
         front_ok = False
     shim_ok = True
     try:
-        shim_settings(NO_FLAGS, {SessionShimEnv.SESSION_HEADER: name})
+        gateway_policy_settings(NO_FLAGS, {GatewayPolicyEnv.SESSION_HEADER: name})
     except ValueError:
         shim_ok = False
     # the processes fold case (HTTP compares names case-insensitively); the API stores lower case
@@ -193,7 +194,9 @@ def test_needs_salt_key_is_decided_by_the_mode() -> None:
     assert not _pcd(isolation={"mode": "Shared"}).spec.needs_salt_key
 
 
-@pytest.mark.parametrize("declared", [FRONT_SETTINGS, SHIM_SETTINGS], ids=["front", "shim"])
+@pytest.mark.parametrize(
+    "declared", [FRONT_SETTINGS, GATEWAY_POLICY_SETTINGS], ids=["front", "shim"]
+)
 def test_each_setting_is_declared_once(declared: tuple[object, ...]) -> None:
     for attr in ("field", "flag", "env"):
         values = [getattr(s, attr) for s in declared]
@@ -202,9 +205,23 @@ def test_each_setting_is_declared_once(declared: tuple[object, ...]) -> None:
 
 def test_every_front_default_parses_as_its_own_variable() -> None:
     """A default is a value the process would accept from its variable."""
-    for s in FRONT_SETTINGS + SHIM_SETTINGS:
+    for s in FRONT_SETTINGS + GATEWAY_POLICY_SETTINGS:
         raw = s.default.value if isinstance(s.default, IsolationMode) else s.default
         text = format_cache_gib(raw) if isinstance(raw, float) else str(raw)
         if isinstance(raw, bool):
             text = str(raw).lower()
         assert s.parse(s.env, text) == s.default, s.env
+
+
+def test_the_old_names_of_the_gateway_policy_step_still_work() -> None:
+    """`SessionShimEnv` and `--session-shim-image` are deprecated names, kept working."""
+    import argparse
+
+    from promptcache.api.defaults import add_default_flags, defaults_from_args
+
+    assert SessionShimEnv is GatewayPolicyEnv
+    parser = argparse.ArgumentParser()
+    add_default_flags(parser)
+    for flag in ("--gateway-policy-image", "--session-shim-image"):
+        args = parser.parse_args([flag, "mirror.example/op:1"])
+        assert defaults_from_args(args).gateway_policy_image == "mirror.example/op:1"

@@ -1,4 +1,4 @@
-"""A recording stand-in Endpoint Picker and the real session shim in front of it.
+"""A recording stand-in Endpoint Picker and the real gateway policy step in front of it.
 
 The stand-in is at the system boundary (the EPP is not this project's code): a gRPC
 ExternalProcessor on 127.0.0.1 that records every message it receives and, like the EPP,
@@ -21,8 +21,8 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from promptcache.gateway.session_shim import RunningShim, start
-from promptcache.gateway.settings import ShimSettings
+from promptcache.gateway.policy_step import RunningGatewayPolicy, start
+from promptcache.gateway.settings import GatewayPolicySettings
 from promptcache.tenancy.canonical import encode_body
 
 SESSION = "x-session-affinity"
@@ -216,15 +216,15 @@ async def upstream() -> AsyncIterator[Upstream]:
         await up.server.stop(0)
 
 
-ShimFactory = Callable[..., Awaitable[RunningShim]]
+GatewayPolicyFactory = Callable[..., Awaitable[RunningGatewayPolicy]]
 
 
 @pytest.fixture
-async def make_shim(upstream: Upstream) -> AsyncIterator[ShimFactory]:
-    running: list[RunningShim] = []
+async def make_gateway_policy(upstream: Upstream) -> AsyncIterator[GatewayPolicyFactory]:
+    running: list[RunningGatewayPolicy] = []
 
-    async def factory(secret: bytes | None = None, **overrides: Any) -> RunningShim:
-        settings = ShimSettings(
+    async def factory(secret: bytes | None = None, **overrides: Any) -> RunningGatewayPolicy:
+        settings = GatewayPolicySettings(
             **{"listen": "127.0.0.1:0", "upstream": upstream.target, **overrides}
         )
         shim = await start(settings, secret)
@@ -239,10 +239,10 @@ async def make_shim(upstream: Upstream) -> AsyncIterator[ShimFactory]:
 
 
 @pytest.fixture
-async def gateway_for() -> AsyncIterator[Callable[[RunningShim], Gateway]]:
+async def gateway_for() -> AsyncIterator[Callable[[RunningGatewayPolicy], Gateway]]:
     opened: list[Gateway] = []
 
-    def factory(shim: RunningShim) -> Gateway:
+    def factory(shim: RunningGatewayPolicy) -> Gateway:
         gw = Gateway(shim.target)
         opened.append(gw)
         return gw

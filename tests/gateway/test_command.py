@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from promptcache.cli import build_parser
-from promptcache.contract import EPP_EXT_PROC_PORT, EPP_LOCAL_GRPC_PORT, SessionShimEnv
+from promptcache.contract import EPP_EXT_PROC_PORT, EPP_LOCAL_GRPC_PORT, GatewayPolicyEnv
 from promptcache.gateway.command import settings_from
-from promptcache.gateway.settings import ShimSettings, ShimSettingsError
+from promptcache.gateway.settings import GatewayPolicySettings, GatewayPolicySettingsError
 
 from .conftest import TIMEOUT
 
@@ -27,7 +27,7 @@ def parse(*argv: str) -> argparse.Namespace:
 
 def test_defaults_are_the_rendered_pod_shape() -> None:
     settings = settings_from(parse(), {})
-    assert settings == ShimSettings()
+    assert settings == GatewayPolicySettings()
     assert settings.listen == f"0.0.0.0:{EPP_EXT_PROC_PORT}"
     assert settings.upstream == f"127.0.0.1:{EPP_LOCAL_GRPC_PORT}"
     assert settings.session_header == "x-session-affinity"
@@ -36,16 +36,16 @@ def test_defaults_are_the_rendered_pod_shape() -> None:
 
 def test_environment_then_flags_win() -> None:
     env = {
-        SessionShimEnv.LISTEN: "127.0.0.1:7000",
-        SessionShimEnv.UPSTREAM: "127.0.0.1:7001",
-        SessionShimEnv.SESSION_HEADER: "X-Session-Id",
-        SessionShimEnv.MAX_BODY_BYTES: "1000",
-        SessionShimEnv.MAX_BUFFERED_BYTES: "5000",
-        SessionShimEnv.DRAIN_SECONDS: "2.5",
-        SessionShimEnv.USER_FIELD: "session",
+        GatewayPolicyEnv.LISTEN: "127.0.0.1:7000",
+        GatewayPolicyEnv.UPSTREAM: "127.0.0.1:7001",
+        GatewayPolicyEnv.SESSION_HEADER: "X-Session-Id",
+        GatewayPolicyEnv.MAX_BODY_BYTES: "1000",
+        GatewayPolicyEnv.MAX_BUFFERED_BYTES: "5000",
+        GatewayPolicyEnv.DRAIN_SECONDS: "2.5",
+        GatewayPolicyEnv.USER_FIELD: "session",
     }
     from_env = settings_from(parse(), env)
-    assert from_env == ShimSettings(
+    assert from_env == GatewayPolicySettings(
         listen="127.0.0.1:7000",
         upstream="127.0.0.1:7001",
         session_header="x-session-id",
@@ -64,7 +64,7 @@ def test_environment_then_flags_win() -> None:
     ("argv", "env", "message"),
     [
         (["--listen", "9002"], {}, "--listen='9002' is not HOST:PORT (e.g. 0.0.0.0:8000)"),
-        ([], {SessionShimEnv.UPSTREAM: "epp"},
+        ([], {GatewayPolicyEnv.UPSTREAM: "epp"},
          "PROMPTCACHE_GATEWAY_POLICY_UPSTREAM='epp' is not HOST:PORT (e.g. 0.0.0.0:8000)"),
         (["--upstream", "127.0.0.1:99999"], {},
          "--upstream='127.0.0.1:99999' is not HOST:PORT (e.g. 0.0.0.0:8000)"),
@@ -72,7 +72,7 @@ def test_environment_then_flags_win() -> None:
          "--session-header='x session' is not an HTTP header name: use lower-case letters, "
          "digits and !#$%&'*+-.^_`|~ (at most 256 characters) (empty: do not read one)"),
         (["--max-body-bytes", "lots"], {}, "--max-body-bytes='lots' is not an integer"),
-        ([], {SessionShimEnv.MAX_BODY_BYTES: "1e6"},
+        ([], {GatewayPolicyEnv.MAX_BODY_BYTES: "1e6"},
          "PROMPTCACHE_GATEWAY_POLICY_MAX_BODY_BYTES='1e6' is not an integer"),
         (["--max-body-bytes", "0"], {}, "--max-body-bytes=0 must be at least 1"),
         (["--max-body-bytes", "100", "--max-buffered-bytes", "10"], {},
@@ -87,7 +87,7 @@ def test_environment_then_flags_win() -> None:
     ],
 )  # fmt: skip
 def test_bad_settings_name_the_setting(argv: list[str], env: dict[str, str], message: str) -> None:
-    with pytest.raises(ShimSettingsError) as caught:
+    with pytest.raises(GatewayPolicySettingsError) as caught:
         settings_from(parse(*argv), env)
     assert str(caught.value) == message
 
@@ -146,9 +146,9 @@ def test_process_logs_its_setup_and_stops_on_sigterm(tmp_path: Path) -> None:
     log = tmp_path / "shim.log"
     env = {
         **os.environ,
-        SessionShimEnv.LISTEN: "127.0.0.1:0",
-        SessionShimEnv.UPSTREAM: "127.0.0.1:9",
-        SessionShimEnv.DRAIN_SECONDS: "5",
+        GatewayPolicyEnv.LISTEN: "127.0.0.1:0",
+        GatewayPolicyEnv.UPSTREAM: "127.0.0.1:9",
+        GatewayPolicyEnv.DRAIN_SECONDS: "5",
     }
     with log.open("wb") as out:
         proc = subprocess.Popen(

@@ -28,12 +28,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from promptcache.contract import IsolationMode
-from promptcache.gateway.session_shim import decide
+from promptcache.gateway.policy_step import decide
 from promptcache.tenancy.canonical import GO_FOLDS_TO_ASCII
 from promptcache.tenancy.salt import derive_salt
 from promptcache.tenancy.settings import PolicySettings
 
-from .conftest import JSON, ShimFactory, Upstream, body_msg, headers_msg
+from .conftest import JSON, GatewayPolicyFactory, Upstream, body_msg, headers_msg
 
 SECRET = b"p" * 32
 KEY_HEADER = "x-prompt-cache-isolation-key"
@@ -230,7 +230,7 @@ def test_the_picker_reads_the_salt_the_step_set(
 )
 @pytest.mark.parametrize("trailers", [False, True], ids=["eos", "trailers"])
 async def test_over_sockets_the_picker_never_reads_a_salt_the_step_did_not_set(
-    make_shim: ShimFactory,
+    make_gateway_policy: GatewayPolicyFactory,
     upstream: Upstream,
     gateway_for: Any,
     picker_decode: PickerDecoder,
@@ -238,7 +238,7 @@ async def test_over_sockets_the_picker_never_reads_a_salt_the_step_did_not_set(
     mode: IsolationMode,
     trailers: bool,
 ) -> None:
-    shim = await make_shim(isolation_mode=mode, secret=SECRET)
+    shim = await make_gateway_policy(isolation_mode=mode, secret=SECRET)
     gw = gateway_for(shim)
     messages = [headers_msg({}), body_msg(raw, end_of_stream=not trailers)]
     if trailers:

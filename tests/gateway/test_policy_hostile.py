@@ -17,9 +17,9 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from promptcache.contract import IsolationMode
-from promptcache.gateway import session_shim
+from promptcache.gateway import policy_step
 
-from .conftest import ShimFactory, Upstream, body_msg
+from .conftest import GatewayPolicyFactory, Upstream, body_msg
 
 SECRET = b"h" * 32
 MODES = [IsolationMode.SHARED, IsolationMode.PER_KEY, IsolationMode.REQUIRED]
@@ -93,7 +93,7 @@ CASES: list[tuple[str, list[Any], str | None]] = [
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize(("name", "messages", "code"), CASES, ids=[c[0] for c in CASES])
 async def test_hostile_case(
-    make_shim: ShimFactory,
+    make_gateway_policy: GatewayPolicyFactory,
     upstream: Upstream,
     gateway_for: Any,
     mode: IsolationMode,
@@ -103,7 +103,7 @@ async def test_hostile_case(
 ) -> None:
     if name == "keyless" and mode is not IsolationMode.REQUIRED:
         code = None  # only Required refuses a keyless request
-    shim = await make_shim(isolation_mode=mode, secret=SECRET)
+    shim = await make_gateway_policy(isolation_mode=mode, secret=SECRET)
     responses = await gateway_for(shim).exchange(*messages)
     if code is None:
         (stream,) = upstream.fake.streams
@@ -120,13 +120,13 @@ async def test_hostile_case(
         code, 415 if "unsupported" in code else 400
     )
     assert upstream.fake.streams == []  # the picker is never asked
-    assert shim.shim.metrics.value("promptcache_gateway_policy_refusals_total", code=code) == 1
-    assert shim.shim.budget.used == 0
+    assert shim.servicer.metrics.value("promptcache_gateway_policy_refusals_total", code=code) == 1
+    assert shim.servicer.budget.used == 0
 
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_a_failure_inside_the_step_is_a_refusal(
-    make_shim: ShimFactory,
+    make_gateway_policy: GatewayPolicyFactory,
     upstream: Upstream,
     gateway_for: Any,
     mode: IsolationMode,
@@ -139,8 +139,8 @@ async def test_a_failure_inside_the_step_is_a_refusal(
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(session_shim, "decide", broken)
-    shim = await make_shim(isolation_mode=mode, secret=SECRET)
+    monkeypatch.setattr(policy_step, "decide", broken)
+    shim = await make_gateway_policy(isolation_mode=mode, secret=SECRET)
     responses = await gateway_for(shim).exchange(raw_headers(KEYED), body_msg(b"{" + CHAT + b"}"))
     (only,) = responses
     answer = only.immediate_response
@@ -148,14 +148,14 @@ async def test_a_failure_inside_the_step_is_a_refusal(
     assert json.loads(answer.body)["error"]["code"] == "internal_error"
     assert b"boom" not in answer.body
     assert upstream.fake.streams == []
-    assert shim.shim.metrics.value("promptcache_gateway_policy_internal_errors_total") == 1
+    assert shim.servicer.metrics.value("promptcache_gateway_policy_internal_errors_total") == 1
     assert "failed on a request" in caplog.text
 
 
 async def test_a_stalled_body_is_cut_after_the_body_timeout(
-    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
+    make_gateway_policy: GatewayPolicyFactory, upstream: Upstream, gateway_for: Any
 ) -> None:
-    shim = await make_shim(body_timeout_seconds=0.5)
+    shim = await make_gateway_policy(body_timeout_seconds=0.5)
     call = gateway_for(shim).open()
     await call.write(raw_headers(JSON))
     await call.write(body_msg(b'{"messages":[', end_of_stream=False))
@@ -163,5 +163,5 @@ async def test_a_stalled_body_is_cut_after_the_body_timeout(
     (only,) = responses
     assert only.immediate_response.status.code == 408
     assert json.loads(only.immediate_response.body)["error"]["code"] == "body_timeout"
-    assert shim.shim.budget.used == 0
+    assert shim.servicer.budget.used == 0
     assert upstream.fake.streams == []

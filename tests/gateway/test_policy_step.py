@@ -17,14 +17,14 @@ from hypothesis import strategies as st
 from multidict import CIMultiDict
 
 from promptcache.contract import IsolationMode
-from promptcache.gateway.session_shim import decide
+from promptcache.gateway.policy_step import decide
 from promptcache.tenancy.errors import FrontError
 from promptcache.tenancy.policy import apply_policy
 from promptcache.tenancy.routes import check_route
 from promptcache.tenancy.salt import derive_salt
 from promptcache.tenancy.settings import PolicySettings
 
-from .conftest import JSON, SESSION, ShimFactory, Upstream, body_msg, headers_msg
+from .conftest import JSON, SESSION, GatewayPolicyFactory, Upstream, body_msg, headers_msg
 
 SECRET = b"s" * 32
 CHAT = check_route("POST", "/v1/chat/completions")
@@ -47,9 +47,9 @@ def request(**fields: Any) -> bytes:
 
 
 async def test_the_picker_hashes_the_fronts_salt_and_never_the_clients(
-    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
+    make_gateway_policy: GatewayPolicyFactory, upstream: Upstream, gateway_for: Any
 ) -> None:
-    gw = gateway_for(await make_shim(isolation_mode=IsolationMode.PER_KEY, secret=SECRET))
+    gw = gateway_for(await make_gateway_policy(isolation_mode=IsolationMode.PER_KEY, secret=SECRET))
     await gw.exchange(headers_msg({KEY_HEADER: "tenant-a"}), body_msg(request(cache_salt="forged")))
     assert sent_body(upstream)["cache_salt"] == derive_salt(SECRET, "tenant-a")
     # The key in the body field gives the same salt; the field stays for the front.
@@ -69,9 +69,11 @@ async def test_the_picker_hashes_the_fronts_salt_and_never_the_clients(
 
 
 async def test_required_refuses_keyless_with_the_fronts_error(
-    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
+    make_gateway_policy: GatewayPolicyFactory, upstream: Upstream, gateway_for: Any
 ) -> None:
-    gw = gateway_for(await make_shim(isolation_mode=IsolationMode.REQUIRED, secret=SECRET))
+    gw = gateway_for(
+        await make_gateway_policy(isolation_mode=IsolationMode.REQUIRED, secret=SECRET)
+    )
     (answer,) = await gw.exchange(headers_msg({}), body_msg(request()))
     refused = answer.immediate_response
     front = PolicySettings(isolation_mode=IsolationMode.REQUIRED)
@@ -87,9 +89,9 @@ async def test_required_refuses_keyless_with_the_fronts_error(
 
 
 async def test_sessions_from_prompt_cache_key_then_user_never_isolation(
-    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
+    make_gateway_policy: GatewayPolicyFactory, upstream: Upstream, gateway_for: Any
 ) -> None:
-    gw = gateway_for(await make_shim(isolation_mode=IsolationMode.PER_KEY, secret=SECRET))
+    gw = gateway_for(await make_gateway_policy(isolation_mode=IsolationMode.PER_KEY, secret=SECRET))
     await gw.exchange(headers_msg({}), body_msg(request(prompt_cache_key="conv-1", user="u")))
     assert upstream.fake.streams[-1].session() == ["conv-1"]
     assert "cache_salt" not in sent_body(upstream)  # a session is routing, never isolation
@@ -100,10 +102,10 @@ async def test_sessions_from_prompt_cache_key_then_user_never_isolation(
 
 
 async def test_large_bodies_keep_their_session_and_salt(
-    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
+    make_gateway_policy: GatewayPolicyFactory, upstream: Upstream, gateway_for: Any
 ) -> None:
     """A body bigger than the old 4 MiB inspection cap is read, not passed on unnamed."""
-    gw = gateway_for(await make_shim(isolation_mode=IsolationMode.PER_KEY, secret=SECRET))
+    gw = gateway_for(await make_gateway_policy(isolation_mode=IsolationMode.PER_KEY, secret=SECRET))
     raw = request(user="big", padding="x" * (5 * 1024**2))
     chunks = [raw[i : i + 1024**2] for i in range(0, len(raw), 1024**2)]
     messages = [headers_msg({KEY_HEADER: "t"})]

@@ -16,9 +16,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from promptcache.api import BUILT_IN_DEFAULTS, OperatorDefaults, parse_resource
-from promptcache.api.constants import DEFAULT_FRONT_IMAGE, DEFAULT_SESSION_SHIM_IMAGE
+from promptcache.api.constants import DEFAULT_FRONT_IMAGE, DEFAULT_GATEWAY_POLICY_IMAGE
 from promptcache.render import render
-from promptcache.render.epp import SESSION_SHIM_CONTAINER
+from promptcache.render.epp import GATEWAY_POLICY_CONTAINER
 from promptcache.render.front import FRONT_CONTAINER
 from tests.cli.test_bad_input import run_cli
 from tests.render.strategies import resources
@@ -33,7 +33,7 @@ def resource(**spec: Any) -> dict[str, Any]:
         "metadata": {"name": "m", "namespace": "team"},
         "spec": {
             "model": {"name": "Qwen/Qwen2.5-0.5B-Instruct"},
-            # useUserField (the default) puts the session shim into the picker's pod.
+            # useUserField (the default) puts the gateway policy step into the picker's pod.
             "sessionAffinity": {"enabled": True},
             **spec,
         },
@@ -53,24 +53,24 @@ def images(manifests: list[dict[str, Any]]) -> dict[str, str]:
 def test_a_resource_without_image_fields_gets_the_built_in_images_of_this_release() -> None:
     got = images(render(parse_resource(resource())))
     assert got[FRONT_CONTAINER] == DEFAULT_FRONT_IMAGE
-    assert got[SESSION_SHIM_CONTAINER] == DEFAULT_SESSION_SHIM_IMAGE
+    assert got[GATEWAY_POLICY_CONTAINER] == DEFAULT_GATEWAY_POLICY_IMAGE
     assert OperatorDefaults() == BUILT_IN_DEFAULTS
 
 
 def test_a_resource_without_image_fields_gets_the_operators_defaults() -> None:
     defaults = OperatorDefaults(
-        front_image="mirror.example/pc/front:9.9.9", session_shim_image="mirror.example/pc/op:9"
+        front_image="mirror.example/pc/front:9.9.9", gateway_policy_image="mirror.example/pc/op:9"
     )
     got = images(render(parse_resource(resource()), defaults))
     assert got[FRONT_CONTAINER] == "mirror.example/pc/front:9.9.9"
-    assert got[SESSION_SHIM_CONTAINER] == "mirror.example/pc/op:9"
+    assert got[GATEWAY_POLICY_CONTAINER] == "mirror.example/pc/op:9"
 
 
 @given(
     own_front=st.none() | st.just("own.example/front:1"),
     own_shim=st.none() | st.just("own.example/shim:1"),
     default_front=st.sampled_from(["a.example/f:1", DEFAULT_FRONT_IMAGE]),
-    default_shim=st.sampled_from(["a.example/s@sha256:" + "a" * 64, DEFAULT_SESSION_SHIM_IMAGE]),
+    default_shim=st.sampled_from(["a.example/s@sha256:" + "a" * 64, DEFAULT_GATEWAY_POLICY_IMAGE]),
 )
 def test_the_resources_own_image_wins_over_any_default(
     own_front: str | None, own_shim: str | None, default_front: str, default_shim: str
@@ -79,11 +79,11 @@ def test_the_resources_own_image_wins_over_any_default(
     if own_front:
         spec["front"] = {"image": own_front}
     if own_shim:
-        spec["gateway"] = {"sessionShimImage": own_shim}
-    defaults = OperatorDefaults(front_image=default_front, session_shim_image=default_shim)
+        spec["gateway"] = {"gatewayPolicyImage": own_shim}
+    defaults = OperatorDefaults(front_image=default_front, gateway_policy_image=default_shim)
     got = images(render(parse_resource(resource(**spec)), defaults))
     assert got[FRONT_CONTAINER] == (own_front or default_front)
-    assert got[SESSION_SHIM_CONTAINER] == (own_shim or default_shim)
+    assert got[GATEWAY_POLICY_CONTAINER] == (own_shim or default_shim)
 
 
 def test_the_crd_does_not_freeze_a_default_image_into_stored_resources() -> None:
@@ -95,9 +95,9 @@ def test_the_crd_does_not_freeze_a_default_image_into_stored_resources() -> None
     front = spec["properties"]["front"]
     gateway = spec["properties"]["gateway"]
     assert "default" not in front["properties"]["image"]
-    assert "default" not in gateway["properties"]["sessionShimImage"]
+    assert "default" not in gateway["properties"]["gatewayPolicyImage"]
     assert "image" not in front["default"]
-    assert "sessionShimImage" not in gateway["default"]
+    assert "gatewayPolicyImage" not in gateway["default"]
 
 
 def test_render_takes_the_same_defaults_from_flags(tmp_path: Path) -> None:
@@ -109,14 +109,14 @@ def test_render_takes_the_same_defaults_from_flags(tmp_path: Path) -> None:
         str(source),
         "--front-image",
         "mirror.example/front:2",
-        "--session-shim-image",
+        "--gateway-policy-image",
         "mirror.example/operator:2",
         cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr
     got = images([d for d in yaml.safe_load_all(result.stdout) if d])
     assert got[FRONT_CONTAINER] == "mirror.example/front:2"
-    assert got[SESSION_SHIM_CONTAINER] == "mirror.example/operator:2"
+    assert got[GATEWAY_POLICY_CONTAINER] == "mirror.example/operator:2"
 
 
 @pytest.mark.parametrize("command", ["render", "run"])

@@ -68,13 +68,15 @@ registry host (a first segment with "." or ":", or localhost) is used as it is.
 {{- include "promptcache-operator.imageRef" (dict "image" .Values.image "root" .) }}
 {{- end }}
 
-{{/* Default images of the resources: the front's, and the session shim's (the operator image unless set). */}}
+{{/* Default images of the resources: the front's, and the gateway policy step's (the operator image unless set; defaultImages.sessionShim is its deprecated old name). */}}
 {{- define "promptcache-operator.frontImage" -}}
 {{- include "promptcache-operator.imageRef" (dict "image" .Values.defaultImages.front "root" .) }}
 {{- end }}
 
-{{- define "promptcache-operator.sessionShimImage" -}}
-{{- if .Values.defaultImages.sessionShim.repository }}
+{{- define "promptcache-operator.gatewayPolicyImage" -}}
+{{- if .Values.defaultImages.gatewayPolicy.repository }}
+{{- include "promptcache-operator.imageRef" (dict "image" .Values.defaultImages.gatewayPolicy "root" .) }}
+{{- else if .Values.defaultImages.sessionShim.repository }}
 {{- include "promptcache-operator.imageRef" (dict "image" .Values.defaultImages.sessionShim "root" .) }}
 {{- else }}
 {{- include "promptcache-operator.image" . }}

@@ -29,10 +29,10 @@ OPERATOR_IMAGE_REPOSITORY: Final[str] = "promptcache-operator"
 FRONT_IMAGE_REPOSITORY: Final[str] = "promptcache-front"
 DEFAULT_FRONT_IMAGE: Final[str] = f"{DEFAULT_IMAGE_REGISTRY}/{FRONT_IMAGE_REPOSITORY}:{__version__}"
 """The cache-front image the Dockerfile's `front` target publishes, tagged with this version."""
-DEFAULT_SESSION_SHIM_IMAGE: Final[str] = (
+DEFAULT_GATEWAY_POLICY_IMAGE: Final[str] = (
     f"{DEFAULT_IMAGE_REGISTRY}/{OPERATOR_IMAGE_REPOSITORY}:{__version__}"
 )
-"""The Endpoint Picker's session shim runs from the operator image (its `gateway` extra):
+"""The Endpoint Picker's gateway policy step runs from the operator image (its `gateway` extra):
 no torch, and one image less to publish and pin."""
 
 DEFAULT_MODEL_SERVER_USER: Final[int] = 1000

@@ -37,6 +37,7 @@ from promptcache.api.rules import rules_for
 from promptcache.api.spec import (
     AutoscalingSpec,
     EngineSpec,
+    GatewaySpec,
     IsolationSpec,
     LoraAdapter,
     ModelSpec,
@@ -56,6 +57,7 @@ _RULE_SCOPES: dict[type[BaseModel], str] = {
     ModelContainerOverlay: "modelContainer",
     GatewayPodSpecOverlay: "gatewayPodSpec",
     GatewayContainerOverlay: "gatewayContainer",
+    GatewaySpec: "gateway",
     IsolationSpec: "isolation",
     PrefixCacheSpec: "prefixCache",
 }

@@ -21,8 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from promptcache.api.base import ImageRef, ObjectName
 from promptcache.api.constants import (
     DEFAULT_FRONT_IMAGE,
+    DEFAULT_GATEWAY_POLICY_IMAGE,
     DEFAULT_MODEL_SERVER_USER,
-    DEFAULT_SESSION_SHIM_IMAGE,
 )
 from promptcache.api.spec import PickerName
 from promptcache.contract import DEFAULT_PICKER
@@ -37,8 +37,8 @@ class OperatorDefaults(BaseModel):
 
     front_image: ImageRef = DEFAULT_FRONT_IMAGE
     """Cache-front image for resources without `spec.front.image`."""
-    session_shim_image: ImageRef = DEFAULT_SESSION_SHIM_IMAGE
-    """Session-shim image for resources without `spec.gateway.sessionShimImage`."""
+    gateway_policy_image: ImageRef = DEFAULT_GATEWAY_POLICY_IMAGE
+    """Gateway policy step image for resources without `spec.gateway.gatewayPolicyImage`."""
     endpoint_picker_cluster_role: ObjectName | None = None
     """The Endpoint Picker's static ClusterRole (the chart installs it); each picker gets a
     RoleBinding to it in its namespace. Empty: each picker gets a Role of its own (what
@@ -75,14 +75,20 @@ def flag_of(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
+DEPRECATED_FLAGS: dict[str, str] = {"gateway_policy_image": "--session-shim-image"}
+"""Old flag names still accepted (the gateway policy step was the "gateway policy step")."""
+
+
 def add_default_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per field of OperatorDefaults, so `run` and `render` can never differ."""
     group = parser.add_argument_group(
         "operator-wide defaults", "used where a resource leaves the field empty"
     )
     for name, info in OperatorDefaults.model_fields.items():
+        old = (DEPRECATED_FLAGS[name],) if name in DEPRECATED_FLAGS else ()
         group.add_argument(
             flag_of(name),
+            *old,
             dest=f"default_{name}",
             metavar=_METAVARS.get(name, "REF"),
             default=None,

@@ -308,6 +308,27 @@ LORA_RULES: tuple[CrossFieldRule, ...] = (
 )
 
 
+GATEWAY_RULES: tuple[CrossFieldRule, ...] = (
+    CrossFieldRule(
+        scope="gateway",
+        cel=(
+            "!has(self.sessionShimImage) || !has(self.gatewayPolicyImage) || "
+            "self.sessionShimImage == self.gatewayPolicyImage"
+        ),
+        message=(
+            "gateway.sessionShimImage is the deprecated name of gateway.gatewayPolicyImage and "
+            "names another image: remove sessionShimImage"
+        ),
+        holds=lambda m: (
+            m.session_shim_image is None
+            or m.gateway_policy_image is None
+            or m.session_shim_image == m.gateway_policy_image
+        ),
+        field_path=".sessionShimImage",
+    ),
+)
+
+
 ENGINE_RULES: tuple[CrossFieldRule, ...] = (
     *(_owned_flags_rule(group) for group in OWNED_ENGINE_FLAGS),
     _no_extra_arg_matches(
@@ -475,6 +496,7 @@ RULES: tuple[CrossFieldRule, ...] = (
         field_path=".image",
     ),
     *ENGINE_RULES,
+    *GATEWAY_RULES,
     *POD_TEMPLATE_RULES,
     CrossFieldRule(
         scope="isolation",

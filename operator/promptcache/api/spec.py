@@ -422,12 +422,32 @@ class GatewaySpec(ApiModel):
     """What the gateway does when the Endpoint Picker is unreachable."""
     extra_flags: Annotated[list[str], Field(max_length=32)] = Field(default_factory=list)
     """Extra Endpoint Picker flags, appended last (e.g. `-v=4`)."""
-    session_shim_image: ImageRef | None = None
+    gateway_policy_image: ImageRef | None = None
     """Image of the gateway's policy step, the Endpoint Picker pod's second container when
     isolation is not `Shared` or sessions are on (it puts the tenant's salt and the session
     into the request before the Endpoint Picker routes); the operator image runs it. Empty:
-    the operator's default (the chart's `defaultImages.sessionShim`, else the operator image
-    of this release)."""
+    the operator's default (the chart's `defaultImages.gatewayPolicy`, else the operator
+    image of this release)."""
+    session_shim_image: ImageRef | None = None
+    """Deprecated: the old name of `gatewayPolicyImage` (the step was the "gateway policy step").
+    Still honoured when `gatewayPolicyImage` is empty; status says it is deprecated."""
+
+    @property
+    def policy_step_image(self) -> str | None:
+        """The image the resource names for the step, under either name."""
+        return self.gateway_policy_image or self.session_shim_image
+
+    @property
+    def deprecated_fields(self) -> list[str]:
+        """`old (use new)` for each field this object sets under a deprecated name."""
+        if self.session_shim_image is None:
+            return []
+        return ["spec.gateway.sessionShimImage (use spec.gateway.gatewayPolicyImage)"]
+
+    @model_validator(mode="after")
+    def _rules(self) -> GatewaySpec:
+        return enforce_rules(self, "gateway")
+
     route: RouteSpec = Field(default_factory=RouteSpec)
     pod_template: GatewayPodTemplate | None = None
     """Merged onto each Endpoint Picker pod, like model.podTemplate (the `epp` container)."""

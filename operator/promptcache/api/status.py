@@ -20,6 +20,8 @@ class ConditionType:
     GATEWAY_READY: Final[str] = "GatewayReady"
     MONITORING_READY: Final[str] = "MonitoringReady"
     """Present only while monitoring is enabled (spec.monitoring.enabled or the default)."""
+    DEPRECATED_FIELDS: Final[str] = "DeprecatedFields"
+    """Present (True) only while the spec sets a field under a deprecated name."""
 
 
 class Reason:
@@ -57,6 +59,8 @@ class Reason:
     # MonitoringReady.
     POD_MONITORS_APPLIED: Final[str] = "PodMonitorsApplied"
     PROMETHEUS_OPERATOR_NOT_INSTALLED: Final[str] = "PrometheusOperatorNotInstalled"
+    # DeprecatedFields.
+    DEPRECATED_FIELD_SET: Final[str] = "DeprecatedFieldSet"
 
 
 class Condition(ApiModel):

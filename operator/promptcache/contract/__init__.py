@@ -1,6 +1,6 @@
 """The contract between the planes: everything that crosses from the resource to a process.
 
-The renderer writes, and the cache front and the session shim read, the same
+The renderer writes, and the cache front and the gateway policy step read, the same
 names with the same grammar, parsers and defaults; the API model checks the
 same grammar and bounds. None of them defines its own copy.
 
@@ -37,6 +37,11 @@ from promptcache.contract.engine import (
     owned_flag_pattern,
 )
 from promptcache.contract.front import FRONT_SETTINGS, FrontEnv
+from promptcache.contract.gateway_policy import (
+    GATEWAY_POLICY_SETTINGS,
+    GatewayPolicyEnv,
+    SessionShimEnv,
+)
 from promptcache.contract.grammar import (
     BODY_FIELD_PATTERN,
     HEADER_NAME_PATTERN,
@@ -85,7 +90,6 @@ from promptcache.contract.pods import (
     OwnedPodParts,
 )
 from promptcache.contract.settings import Setting, SettingInputError, format_bool, format_float
-from promptcache.contract.shim import SHIM_SETTINGS, GatewayPolicyEnv, SessionShimEnv
 
 __all__ = [
     "API_GROUP",
@@ -106,6 +110,7 @@ __all__ = [
     "FRONT_READY_PATH",
     "FRONT_SETTINGS",
     "GATEWAY_POLICY_METRICS_PORT",
+    "GATEWAY_POLICY_SETTINGS",
     "HEADER_NAME_PATTERN",
     "MAX_CACHE_GIB",
     "MISSING_PROMPT_EMBEDS_IDS_FIELD",
@@ -125,7 +130,6 @@ __all__ = [
     "SERVING_PORT",
     "SESSION_USER_FIELD",
     "SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR",
-    "SHIM_SETTINGS",
     "VLLM_LOCAL_PORT",
     "FrontEnv",
     "GatewayPolicyEnv",

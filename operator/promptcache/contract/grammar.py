@@ -1,6 +1,6 @@
 """What a header name and a body-field name may be: one grammar for every plane.
 
-The API model (and so the CRD pattern), the cache front and the session shim all
+The API model (and so the CRD pattern), the cache front and the gateway policy step all
 check names with these functions, so a name the API accepts is a name the
 processes start with, and a name they refuse the API refuses first.
 

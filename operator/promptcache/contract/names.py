@@ -66,11 +66,11 @@ SALT_KEY_FILE: Final[str] = f"{SALT_KEY_MOUNT_DIR}/{SALT_KEY_SECRET_KEY}"
 """Where the front reads the salt key in a rendered pod (and its default)."""
 
 
-# --- the Endpoint Picker pod with the session shim (spec/004 `user` field) -------
+# --- the Endpoint Picker pod with the gateway policy step (spec/004 `user` field) -------
 EPP_EXT_PROC_PORT: Final[int] = 9002
 """The ext_proc port the gateway dials through the EPP Service (the shim's, when present)."""
 EPP_LOCAL_GRPC_PORT: Final[int] = 9012
-"""The EPP's own ext_proc port behind the session shim (`--grpc-port`), inside the pod."""
+"""The EPP's own ext_proc port behind the gateway policy step (`--grpc-port`), inside the pod."""
 GATEWAY_POLICY_METRICS_PORT: Final[int] = 9092
 """The policy step's Prometheus metrics (refusals, internal errors), beside the EPP's 9090."""
 

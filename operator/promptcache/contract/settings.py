@@ -1,9 +1,9 @@
 """Settings that come from a flag or an environment variable, the flag winning.
 
-The data-plane processes (the cache front, the session shim) are configured by
+The data-plane processes (the cache front, the gateway policy step) are configured by
 the renderer through environment variables and by people through flags. Each
 setting is declared once, as a `Setting` (flag, variable, parser, default),
-in `contract.front` or `contract.shim`; the renderer writes the variable with
+in `contract.front` or `contract.gateway_policy`; the renderer writes the variable with
 the matching `format_*` function and the process reads it back with the
 setting's parser. Env is read when the command runs, not when the parser is
 built, and every flag's help names its variable and default.

@@ -58,3 +58,5 @@ class Observation:
     gateway_addresses: list[str] = field(default_factory=list)
     monitoring: Desired | None = None
     """MonitoringReady while monitoring is enabled; None removes the condition."""
+    deprecated_fields: list[str] = field(default_factory=list)
+    """Fields the spec sets under a deprecated name; empty removes DeprecatedFields."""

@@ -85,6 +85,11 @@ def compute_status(
         wanted.append(obs.monitoring)
     elif obs.blocked is None:
         conditions = [c for c in conditions if c.get("type") != ConditionType.MONITORING_READY]
+    deprecated = conditions_of.deprecated_fields(obs)
+    if deprecated is not None:
+        wanted.append(deprecated)
+    elif obs.blocked is None:
+        conditions = [c for c in conditions if c.get("type") != ConditionType.DEPRECATED_FIELDS]
     for desired in wanted:
         conditions, _ = set_condition(conditions, desired, generation=obs.generation, now=now)
     st = dict((obs.model_server or {}).get("status") or {})

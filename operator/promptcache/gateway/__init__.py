@@ -1,4 +1,4 @@
-"""The gateway side of promptcache that runs as code: the Endpoint Picker's session shim.
+"""The gateway side of promptcache that runs as code: the Endpoint Picker's gateway policy step.
 
 Everything else on the gateway path (the InferencePool, the EPP's config) is rendered
 configuration. This package holds the one program promptcache ships there: an ext_proc

@@ -1,4 +1,4 @@
-"""`promptcache gateway-policy`: flags and environment variables into `ShimSettings`.
+"""`promptcache gateway-policy`: flags and environment variables into `GatewayPolicySettings`.
 
 Every setting has a flag and an environment variable (`contract.GatewayPolicyEnv`, set by
 the renderer on the EPP pod's `gateway-policy` container); the flag wins. This module
@@ -14,9 +14,9 @@ import os
 import sys
 from collections.abc import Mapping
 
+from promptcache.contract.gateway_policy import GATEWAY_POLICY_SETTINGS
 from promptcache.contract.settings import add_flags, collect
-from promptcache.contract.shim import SHIM_SETTINGS
-from promptcache.gateway.settings import ShimSettings, ShimSettingsError
+from promptcache.gateway.settings import GatewayPolicySettings, GatewayPolicySettingsError
 from promptcache.tenancy.settings import SettingsError, read_salt_key
 
 EXIT_BAD_SETTINGS = 2
@@ -25,9 +25,11 @@ COMMAND = "gateway-policy"
 DEPRECATED_ALIAS = "session-shim"
 
 
-def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> ShimSettings:
+def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> GatewayPolicySettings:
     """Flags over environment over built-in defaults, validated."""
-    return ShimSettings(**collect(SHIM_SETTINGS, args, environ, error=ShimSettingsError))
+    return GatewayPolicySettings(
+        **collect(GATEWAY_POLICY_SETTINGS, args, environ, error=GatewayPolicySettingsError)
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,12 +37,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = settings_from(args, os.environ)
         secret = read_salt_key(settings.policy())
-    except (ShimSettingsError, SettingsError) as error:
+    except (GatewayPolicySettingsError, SettingsError) as error:
         print(f"promptcache {COMMAND}: {error}", file=sys.stderr)
         return EXIT_BAD_SETTINGS
     try:
         # gRPC only when the step really runs: `promptcache` works without the extra.
-        from promptcache.gateway.session_shim import serve  # noqa: PLC0415
+        from promptcache.gateway.policy_step import serve  # noqa: PLC0415
     except ModuleNotFoundError as error:
         print(
             f"promptcache {COMMAND}: needs {error.name!r}; install the gateway extra: "
@@ -66,5 +68,5 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "header is absent. Every flag can also be set by its environment variable; the flag "
         f"wins. `{DEPRECATED_ALIAS}` is a deprecated name of this command.",
     )
-    add_flags(parser, SHIM_SETTINGS)
+    add_flags(parser, GATEWAY_POLICY_SETTINGS)
     parser.set_defaults(func=run)

@@ -2,7 +2,7 @@
 
 Kept apart from the proxy so `promptcache gateway-policy --help` and settings errors work
 without the `gateway` extra, and so the renderer's defaults and the step's agree by
-importing the same definitions from `promptcache.contract.shim`. The isolation settings
+importing the same definitions from `promptcache.contract.gateway_policy`. The isolation settings
 are the policy's own (`tenancy.settings.PolicySettings`), checked by the same rules as the
 cache front's: both processes run `tenancy.policy`.
 """
@@ -29,41 +29,41 @@ from promptcache.contract.front import (
     DEFAULT_HONOR_MAX_LEN,
     DEFAULT_ISOLATION_MODE,
 )
-from promptcache.contract.settings import split_host_port
-from promptcache.contract.shim import (
-    DEFAULT_SHIM_BODY_TIMEOUT_SECONDS,
-    DEFAULT_SHIM_DRAIN_SECONDS,
-    DEFAULT_SHIM_LISTEN,
-    DEFAULT_SHIM_MAX_BODY_BYTES,
-    DEFAULT_SHIM_MAX_BUFFERED_BYTES,
-    DEFAULT_SHIM_METRICS_LISTEN,
-    DEFAULT_SHIM_UPSTREAM,
-    MAX_SHIM_DRAIN_SECONDS,
+from promptcache.contract.gateway_policy import (
+    DEFAULT_GATEWAY_POLICY_BODY_TIMEOUT_SECONDS,
+    DEFAULT_GATEWAY_POLICY_DRAIN_SECONDS,
+    DEFAULT_GATEWAY_POLICY_LISTEN,
+    DEFAULT_GATEWAY_POLICY_MAX_BODY_BYTES,
+    DEFAULT_GATEWAY_POLICY_MAX_BUFFERED_BYTES,
+    DEFAULT_GATEWAY_POLICY_METRICS_LISTEN,
+    DEFAULT_GATEWAY_POLICY_UPSTREAM,
+    MAX_GATEWAY_POLICY_DRAIN_SECONDS,
 )
+from promptcache.contract.settings import split_host_port
 from promptcache.tenancy.settings import PolicySettings, SettingsError
 
 
-class ShimSettingsError(ValueError):
+class GatewayPolicySettingsError(ValueError):
     """A setting the policy step cannot run with; the message names it and the fix."""
 
 
 @dataclass(frozen=True, slots=True)
-class ShimSettings:
+class GatewayPolicySettings:
     """The policy step's whole configuration (flags over environment over these defaults)."""
 
-    listen: str = DEFAULT_SHIM_LISTEN
-    upstream: str = DEFAULT_SHIM_UPSTREAM
+    listen: str = DEFAULT_GATEWAY_POLICY_LISTEN
+    upstream: str = DEFAULT_GATEWAY_POLICY_UPSTREAM
     session_header: str = DEFAULT_SESSION_HEADER
     """Empty: the step names no sessions (the picker has no session plugin, or sessions
     are off)."""
     user_field: str = SESSION_USER_FIELD
     """Empty: the body's `user` does not name sessions (`prompt_cache_key` still does)."""
-    max_body_bytes: int = DEFAULT_SHIM_MAX_BODY_BYTES
-    max_buffered_bytes: int = DEFAULT_SHIM_MAX_BUFFERED_BYTES
-    drain_seconds: float = DEFAULT_SHIM_DRAIN_SECONDS
-    body_timeout_seconds: float = DEFAULT_SHIM_BODY_TIMEOUT_SECONDS
+    max_body_bytes: int = DEFAULT_GATEWAY_POLICY_MAX_BODY_BYTES
+    max_buffered_bytes: int = DEFAULT_GATEWAY_POLICY_MAX_BUFFERED_BYTES
+    drain_seconds: float = DEFAULT_GATEWAY_POLICY_DRAIN_SECONDS
+    body_timeout_seconds: float = DEFAULT_GATEWAY_POLICY_BODY_TIMEOUT_SECONDS
     """A body still arriving this long after its headers is refused with HTTP 408."""
-    metrics_listen: str = DEFAULT_SHIM_METRICS_LISTEN
+    metrics_listen: str = DEFAULT_GATEWAY_POLICY_METRICS_LISTEN
     """Empty: serve no metrics."""
     isolation_mode: IsolationMode = DEFAULT_ISOLATION_MODE
     isolation_header: str = DEFAULT_ISOLATION_HEADER
@@ -84,22 +84,25 @@ class ShimSettings:
             check_header_name("--session-header", self.session_header, optional=True)
             check_body_field("--user-field", self.user_field, optional=True)
         except (SettingInputError, GrammarError) as exc:
-            raise ShimSettingsError(str(exc)) from None
+            raise GatewayPolicySettingsError(str(exc)) from None
         if self.max_body_bytes < 1:
-            raise ShimSettingsError(f"--max-body-bytes={self.max_body_bytes} must be at least 1")
+            raise GatewayPolicySettingsError(
+                f"--max-body-bytes={self.max_body_bytes} must be at least 1"
+            )
         if self.max_buffered_bytes < self.max_body_bytes:
-            raise ShimSettingsError(
+            raise GatewayPolicySettingsError(
                 f"--max-buffered-bytes={self.max_buffered_bytes} must be at least "
                 f"--max-body-bytes={self.max_body_bytes}"
             )
-        if not 0 < self.body_timeout_seconds <= MAX_SHIM_DRAIN_SECONDS:
-            raise ShimSettingsError(
+        if not 0 < self.body_timeout_seconds <= MAX_GATEWAY_POLICY_DRAIN_SECONDS:
+            raise GatewayPolicySettingsError(
                 f"--body-timeout-seconds={self.body_timeout_seconds} must be in "
-                f"(0, {MAX_SHIM_DRAIN_SECONDS:g}]"
+                f"(0, {MAX_GATEWAY_POLICY_DRAIN_SECONDS:g}]"
             )
-        if not 0 <= self.drain_seconds <= MAX_SHIM_DRAIN_SECONDS:
-            raise ShimSettingsError(
-                f"--drain-seconds={self.drain_seconds} must be in [0, {MAX_SHIM_DRAIN_SECONDS:g}]"
+        if not 0 <= self.drain_seconds <= MAX_GATEWAY_POLICY_DRAIN_SECONDS:
+            raise GatewayPolicySettingsError(
+                f"--drain-seconds={self.drain_seconds} must be in "
+                f"[0, {MAX_GATEWAY_POLICY_DRAIN_SECONDS:g}]"
             )
         self.policy()  # the isolation settings, checked by the policy's own rules
 
@@ -117,4 +120,4 @@ class ShimSettings:
                 allow_engine_state=self.allow_engine_state,
             )
         except SettingsError as error:
-            raise ShimSettingsError(str(error)) from None
+            raise GatewayPolicySettingsError(str(error)) from None

@@ -18,16 +18,16 @@ from promptcache.contract import (
     GatewayPolicyEnv,
     PickerTarget,
 )
-from promptcache.contract.settings import format_float
-from promptcache.contract.shim import (
-    DEFAULT_SHIM_LISTEN,
-    DEFAULT_SHIM_MAX_BUFFERED_BYTES,
-    DEFAULT_SHIM_METRICS_LISTEN,
-    DEFAULT_SHIM_UPSTREAM,
+from promptcache.contract.gateway_policy import (
+    DEFAULT_GATEWAY_POLICY_LISTEN,
+    DEFAULT_GATEWAY_POLICY_MAX_BUFFERED_BYTES,
+    DEFAULT_GATEWAY_POLICY_METRICS_LISTEN,
+    DEFAULT_GATEWAY_POLICY_UPSTREAM,
+    GATEWAY_POLICY_BUDGET_PER_MAX_BODY,
+    GATEWAY_POLICY_SETTINGS,
     ISOLATION_FIELDS,
-    SHIM_BUDGET_PER_MAX_BODY,
-    SHIM_SETTINGS,
 )
+from promptcache.contract.settings import format_float
 from promptcache.render.epp_config import (
     endpoint_picker_config,
     endpoint_picker_config_text,
@@ -41,19 +41,19 @@ from promptcache.render.quantities import mebibytes
 from promptcache.render.security import container_security_context, pod_security_context
 
 GRPC_PORT: Final[int] = EPP_EXT_PROC_PORT
-"""What the gateway dials through the Service: the EPP's port, or the session shim's."""
+"""What the gateway dials through the Service: the EPP's port, or the gateway policy step's."""
 GRPC_HEALTH_PORT: Final[int] = 9003
 METRICS_PORT: Final[int] = 9090
 CONFIG_DIR: Final[str] = "/config"
 CONFIG_KEY: Final[str] = "config.yaml"
 POOL_GROUP: Final[str] = "inference.networking.k8s.io"
 _READ: Final[list[str]] = ["get", "list", "watch"]
-SESSION_SHIM_CONTAINER: Final[str] = "gateway-policy"
-"""The policy step's container (it was the session shim)."""
+GATEWAY_POLICY_CONTAINER: Final[str] = "gateway-policy"
+"""The policy step's container (it was the gateway policy step)."""
 POLICY_COMMAND: Final[str] = "gateway-policy"
 """`promptcache gateway-policy` (`promptcache.gateway.command.COMMAND`)."""
 TERMINATION_GRACE_SECONDS: Final[int] = 130
-SHIM_DRAIN_SECONDS: Final[int] = TERMINATION_GRACE_SECONDS - 10
+GATEWAY_POLICY_DRAIN_SECONDS: Final[int] = TERMINATION_GRACE_SECONDS - 10
 """Open ext_proc streams (one per in-flight request) may finish before the pod is killed."""
 DEFAULT_IMAGES: Final[dict[PickerTarget, str]] = {
     PickerTarget.LLM_D_ROUTER: DEFAULT_EPP_IMAGE,
@@ -74,7 +74,7 @@ def epp_image(pcd: PromptCacheDeployment) -> str:
     return pcd.spec.gateway.epp_image or DEFAULT_IMAGES[picker_of(pcd)]
 
 
-def uses_session_shim(pcd: PromptCacheDeployment) -> bool:
+def uses_gateway_policy(pcd: PromptCacheDeployment) -> bool:
     """Whether the gateway's policy step fronts the picker: whenever isolation derives salts
     (the tenant's salt must be in the body the picker hashes, and a client's own must not)
     or the body names sessions (`prompt_cache_key`, `user`; the picker reads headers only).
@@ -82,7 +82,7 @@ def uses_session_shim(pcd: PromptCacheDeployment) -> bool:
     return pcd.spec.isolation.mode != "Shared" or pcd.spec.session_affinity.enabled
 
 
-uses_policy_step = uses_session_shim
+uses_policy_step = uses_gateway_policy
 
 
 def epp_args(pcd: PromptCacheDeployment, names: Names) -> list[str]:
@@ -93,15 +93,15 @@ def epp_args(pcd: PromptCacheDeployment, names: Names) -> list[str]:
         "--pool-namespace", names.namespace,
         "--pool-group", POOL_GROUP,
         "--config-file", f"{CONFIG_DIR}/{CONFIG_KEY}",
-        # Behind the session shim the EPP takes another port; the shim dials it on localhost.
-        "--grpc-port", str(EPP_LOCAL_GRPC_PORT if uses_session_shim(pcd) else GRPC_PORT),
+        # Behind the gateway policy step the EPP takes another port; the shim dials it on localhost.
+        "--grpc-port", str(EPP_LOCAL_GRPC_PORT if uses_gateway_policy(pcd) else GRPC_PORT),
         "--grpc-health-port", str(GRPC_HEALTH_PORT),
         "--metrics-port", str(METRICS_PORT),
         # Scrapers need no TokenReview rights; the operator then needs no ClusterRoles per pool.
         "--metrics-endpoint-auth=false",
         "--tracing=false",
     ]  # fmt: skip
-    if uses_session_shim(pcd):
+    if uses_gateway_policy(pcd):
         # The policy step dials the picker in plain gRPC over the pod's loopback (the two
         # containers share it); without this flag the picker would serve TLS there and no
         # request would route. Alone on the Service's port the picker keeps its TLS default.
@@ -120,25 +120,28 @@ def _probe(service: str, period: int) -> dict[str, Any]:
     return {"grpc": {"port": GRPC_HEALTH_PORT, "service": service}, "periodSeconds": period}
 
 
-def session_shim_image(pcd: PromptCacheDeployment, defaults: OperatorDefaults) -> str:
-    """The resource's `gateway.sessionShimImage`, else the operator's default."""
-    return pcd.spec.gateway.session_shim_image or defaults.session_shim_image
+def gateway_policy_image(pcd: PromptCacheDeployment, defaults: OperatorDefaults) -> str:
+    """The resource's `gateway.gatewayPolicyImage` (or its deprecated old name), else the
+    operator's default."""
+    return pcd.spec.gateway.policy_step_image or defaults.gateway_policy_image
 
 
 _ISOLATION_ENV: Final[frozenset[str]] = frozenset(
-    s.env for s in SHIM_SETTINGS if s.field in ISOLATION_FIELDS
+    s.env for s in GATEWAY_POLICY_SETTINGS if s.field in ISOLATION_FIELDS
 )
 
 
 def _policy_body_limits(pcd: PromptCacheDeployment) -> tuple[int, int]:
     """(per request, all requests): the front's own limit, so the step refuses with 413
     only what the front would; all requests together hold at least the default budget and
-    `SHIM_BUDGET_PER_MAX_BODY` largest bodies (one stalled body never holds all of it)."""
+    `GATEWAY_POLICY_BUDGET_PER_MAX_BODY` largest bodies (one stalled body never holds all of it)."""
     per_request = pcd.spec.front.max_request_bytes
-    return per_request, max(DEFAULT_SHIM_MAX_BUFFERED_BYTES, SHIM_BUDGET_PER_MAX_BODY * per_request)
+    return per_request, max(
+        DEFAULT_GATEWAY_POLICY_MAX_BUFFERED_BYTES, GATEWAY_POLICY_BUDGET_PER_MAX_BODY * per_request
+    )
 
 
-def session_shim_container(
+def gateway_policy_container(
     pcd: PromptCacheDeployment, names: Names, defaults: OperatorDefaults = BUILT_IN_DEFAULTS
 ) -> dict[str, Any]:
     """The gateway's policy step: tenant salt, sessions from the body, Required refusals.
@@ -151,16 +154,16 @@ def session_shim_container(
     per_request, budget = _policy_body_limits(pcd)
     names_sessions = session.enabled and picker_of(pcd) is PickerTarget.LLM_D_ROUTER
     env = {
-        GatewayPolicyEnv.LISTEN: DEFAULT_SHIM_LISTEN,
-        GatewayPolicyEnv.UPSTREAM: DEFAULT_SHIM_UPSTREAM,
+        GatewayPolicyEnv.LISTEN: DEFAULT_GATEWAY_POLICY_LISTEN,
+        GatewayPolicyEnv.UPSTREAM: DEFAULT_GATEWAY_POLICY_UPSTREAM,
         GatewayPolicyEnv.SESSION_HEADER: session.header if names_sessions else "",
         GatewayPolicyEnv.USER_FIELD: SESSION_USER_FIELD if session.use_user_field else "",
         GatewayPolicyEnv.MAX_BODY_BYTES: str(per_request),
         GatewayPolicyEnv.MAX_BUFFERED_BYTES: str(budget),
-        GatewayPolicyEnv.DRAIN_SECONDS: str(SHIM_DRAIN_SECONDS),
+        GatewayPolicyEnv.DRAIN_SECONDS: str(GATEWAY_POLICY_DRAIN_SECONDS),
         # the front's own body timeout: a body too slow for the front is refused here first
         GatewayPolicyEnv.BODY_TIMEOUT_SECONDS: format_float(pcd.spec.front.body_timeout_seconds),
-        GatewayPolicyEnv.METRICS_LISTEN: DEFAULT_SHIM_METRICS_LISTEN,
+        GatewayPolicyEnv.METRICS_LISTEN: DEFAULT_GATEWAY_POLICY_METRICS_LISTEN,
         # The front's own isolation variables, with the very values the front gets.
         **{k: v for k, v in front_env(pcd, names).items() if k in _ISOLATION_ENV},
     }
@@ -169,8 +172,8 @@ def session_shim_container(
         mounts.append({"name": SALT_VOLUME, "mountPath": SALT_KEY_MOUNT_DIR, "readOnly": True})
     tcp = {"tcpSocket": {"port": "grpc"}}
     container: dict[str, Any] = {
-        "name": SESSION_SHIM_CONTAINER,
-        "image": session_shim_image(pcd, defaults),
+        "name": GATEWAY_POLICY_CONTAINER,
+        "image": gateway_policy_image(pcd, defaults),
         "imagePullPolicy": "IfNotPresent",
         "args": [POLICY_COMMAND],
         "env": [{"name": k, "value": v} for k, v in env.items()],
@@ -200,7 +203,7 @@ def epp_deployment(
     pcd: PromptCacheDeployment, names: Names, defaults: OperatorDefaults = BUILT_IN_DEFAULTS
 ) -> dict[str, Any]:
     replicas = pcd.spec.gateway.replicas
-    shim = uses_session_shim(pcd)
+    shim = uses_gateway_policy(pcd)
     # With leader election only the leader serves; probes then name the role they check.
     liveness, readiness = (
         ("liveness", "readiness") if replicas > 1 else ("inference-extension",) * 2
@@ -255,7 +258,7 @@ def epp_deployment(
                         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
                         "containers": [
                             container,
-                            *([session_shim_container(pcd, names, defaults)] if shim else []),
+                            *([gateway_policy_container(pcd, names, defaults)] if shim else []),
                         ],
                         "volumes": volumes,
                     },
@@ -302,7 +305,7 @@ def epp_network_policy(pcd: PromptCacheDeployment, names: Names) -> dict[str, An
     llm-d-router v0.10.0 have no bind-address flag), so without this any pod could dial it
     directly, with a forged `cache_salt`, past the tenant rules. Traffic over the pod's own
     loopback and from its node (kubelet probes) is not subject to NetworkPolicy."""
-    if not (uses_session_shim(pcd) and pcd.spec.gateway.network_policy):
+    if not (uses_gateway_policy(pcd) and pcd.spec.gateway.network_policy):
         return None
     ports = (GRPC_PORT, GRPC_HEALTH_PORT, METRICS_PORT, GATEWAY_POLICY_METRICS_PORT)
     return {

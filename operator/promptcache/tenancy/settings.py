@@ -2,7 +2,7 @@
 
 Both data-plane processes run the same policy (`tenancy.policy`): the cache front in the
 model-server pod, and the gateway's policy step beside the picker. Each has a
-configuration of its own (`FrontSettings`, `ShimSettings`), so the policy names only what
+configuration of its own (`FrontSettings`, `GatewayPolicySettings`), so the policy names only what
 it reads (`PolicyReader`), both check the isolation settings with `check_isolation`, and
 the step builds a `PolicySettings` instead of borrowing the front's whole configuration.
 """

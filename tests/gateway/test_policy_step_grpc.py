@@ -1,4 +1,4 @@
-"""The session shim over real gRPC on loopback, in front of a recording stand-in EPP.
+"""The gateway policy step over real gRPC on loopback, in front of a recording stand-in EPP.
 
 What the gateway and the EPP must see: the session header added from `user` only when
 the client sent none, every other byte unchanged and in order, messages streamed (not
@@ -20,7 +20,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from hypothesis import given
 from hypothesis import strategies as st
 
-from promptcache.gateway.session_shim import (
+from promptcache.gateway.policy_step import (
     MAX_SESSION_ID_CHARS,
     decide,
     decide_cost,
@@ -33,7 +33,7 @@ from .conftest import (
     SESSION,
     TIMEOUT,
     Gateway,
-    ShimFactory,
+    GatewayPolicyFactory,
     Upstream,
     body_msg,
     canonical,
@@ -62,9 +62,9 @@ BAD_USERS: list[Any] = [
 
 
 async def test_user_becomes_the_session_header(
-    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
+    make_gateway_policy: GatewayPolicyFactory, upstream: Upstream, gateway_for: Any
 ) -> None:
-    gw: Gateway = gateway_for(await make_shim())
+    gw: Gateway = gateway_for(await make_gateway_policy())
     raw = chat("alice")
     responses = await gw.exchange(headers_msg({"x-request-id": "r1"}), body_msg(raw))
     (stream,) = upstream.fake.streams
@@ -78,17 +78,17 @@ async def test_user_becomes_the_session_header(
 
 
 async def test_user_is_trimmed(
-    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
+    make_gateway_policy: GatewayPolicyFactory, upstream: Upstream, gateway_for: Any
 ) -> None:
-    gw = gateway_for(await make_shim())
+    gw = gateway_for(await make_gateway_policy())
     await gw.exchange(headers_msg({}), body_msg(chat("  bob  ")))
     assert upstream.fake.streams[0].session() == ["bob"]
 
 
 async def test_explicit_header_wins(
-    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
+    make_gateway_policy: GatewayPolicyFactory, upstream: Upstream, gateway_for: Any
 ) -> None:
-    gw = gateway_for(await make_shim())
+    gw = gateway_for(await make_gateway_policy())
     sent = headers_msg({SESSION: "bob"})
     responses = await gw.exchange(sent, body_msg(chat("alice")))
     (stream,) = upstream.fake.streams
@@ -98,21 +98,21 @@ async def test_explicit_header_wins(
 
 
 async def test_empty_header_is_replaced_by_user(
-    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
+    make_gateway_policy: GatewayPolicyFactory, upstream: Upstream, gateway_for: Any
 ) -> None:
-    gw = gateway_for(await make_shim())
+    gw = gateway_for(await make_gateway_policy())
     await gw.exchange(headers_msg({SESSION: ""}), body_msg(chat("alice")))
     assert upstream.fake.streams[0].session() == ["alice"]  # one entry, not two
 
 
 @pytest.mark.parametrize("user", BAD_USERS, ids=repr)
 async def test_unusable_user_is_ignored(
-    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any, user: Any
+    make_gateway_policy: GatewayPolicyFactory, upstream: Upstream, gateway_for: Any, user: Any
 ) -> None:
     """Never a session; either passed on (headers as sent, the body in its canonical
     encoding), or refused with the error the front itself gives that body (e.g. control
     characters in `user`)."""
-    gw = gateway_for(await make_shim())
+    gw = gateway_for(await make_gateway_policy())
     raw = json.dumps({"model": "m", "user": user}).encode()
     sent = [headers_msg({}), body_msg(raw)]
     responses = await gw.exchange(*sent)
@@ -135,18 +135,18 @@ async def test_unusable_user_is_ignored(
     "raw", [b"", b"not json", b"\xff\xfe{", b"[1, 2]", b'"alice"', b'{"user": "al', b"{" * 5000]
 )
 async def test_unreadable_body_is_refused_as_the_front_refuses_it(
-    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any, raw: bytes
+    make_gateway_policy: GatewayPolicyFactory, upstream: Upstream, gateway_for: Any, raw: bytes
 ) -> None:
     """A body the front would refuse never reaches the picker undecided (it would route
     without the tenant's salt): the front's status and error body, at the gateway."""
-    shim = await make_shim()
+    shim = await make_gateway_policy()
     gw = gateway_for(shim)
     status, body = refusal(await gw.exchange(headers_msg({}), body_msg(raw)))
     assert status == 400
     assert body["error"]["code"] in {"invalid_json", "body_not_object", "json_too_deep"}
     assert upstream.fake.streams == []
     assert (
-        shim.shim.metrics.value(
+        shim.servicer.metrics.value(
             "promptcache_gateway_policy_refusals_total", code=body["error"]["code"]
         )
         == 1
@@ -154,17 +154,17 @@ async def test_unreadable_body_is_refused_as_the_front_refuses_it(
 
 
 async def test_another_field_can_be_configured(
-    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
+    make_gateway_policy: GatewayPolicyFactory, upstream: Upstream, gateway_for: Any
 ) -> None:
-    gw = gateway_for(await make_shim(user_field="session", session_header="x-sid"))
+    gw = gateway_for(await make_gateway_policy(user_field="session", session_header="x-sid"))
     await gw.exchange(headers_msg({}), body_msg(b'{"session": "s1", "user": "u"}'))
     assert ("x-sid", "s1") in upstream.fake.streams[0].headers()
 
 
 async def test_body_in_chunks_is_joined_and_forwarded_in_order(
-    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
+    make_gateway_policy: GatewayPolicyFactory, upstream: Upstream, gateway_for: Any
 ) -> None:
-    gw = gateway_for(await make_shim())
+    gw = gateway_for(await make_gateway_policy())
     raw = chat("carol", pad=3000)
     parts = [raw[:1000], raw[1000:2000], raw[2000:]]
     chunks = [body_msg(p, end_of_stream=i == 2) for i, p in enumerate(parts)]
@@ -178,10 +178,10 @@ async def test_body_in_chunks_is_joined_and_forwarded_in_order(
 
 
 async def test_body_without_end_of_stream_is_refused_on_half_close(
-    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
+    make_gateway_policy: GatewayPolicyFactory, upstream: Upstream, gateway_for: Any
 ) -> None:
     """A request whose body never ended is not forwarded undecided."""
-    gw = gateway_for(await make_shim())
+    gw = gateway_for(await make_gateway_policy())
     sent = [headers_msg({}), body_msg(chat("dave"), end_of_stream=False)]
     status, body = refusal(await gw.exchange(*sent))
     assert (status, body["error"]["code"]) == (400, "invalid_json")
@@ -189,9 +189,9 @@ async def test_body_without_end_of_stream_is_refused_on_half_close(
 
 
 async def test_request_without_body_is_not_held(
-    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
+    make_gateway_policy: GatewayPolicyFactory, upstream: Upstream, gateway_for: Any
 ) -> None:
-    gw = gateway_for(await make_shim())
+    gw = gateway_for(await make_gateway_policy())
     call = gw.open()
     sent = headers_msg({":method": "GET", ":path": "/v1/models"}, end_of_stream=True)
     await call.write(sent)
@@ -211,11 +211,11 @@ def refusal(responses: list[Any]) -> tuple[int, dict[str, Any]]:
 
 
 async def test_body_over_the_cap_gets_the_fronts_413_never_passes_unread(
-    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
+    make_gateway_policy: GatewayPolicyFactory, upstream: Upstream, gateway_for: Any
 ) -> None:
     """A body the step cannot read would route without its salt or session: refused, with
     the front's own error, and the picker is never asked."""
-    shim = await make_shim(max_body_bytes=100, max_buffered_bytes=1000)
+    shim = await make_gateway_policy(max_body_bytes=100, max_buffered_bytes=1000)
     gw = gateway_for(shim)
     raw = chat("erin", pad=300)
     call = gw.open()
@@ -227,22 +227,22 @@ async def test_body_over_the_cap_gets_the_fronts_413_never_passes_unread(
     assert body["error"]["code"] == "request_too_large"
     assert "accepts at most 100" in body["error"]["message"]
     assert upstream.fake.streams == []
-    assert shim.shim.budget.used == 0
+    assert shim.servicer.budget.used == 0
 
 
 async def test_shared_budget_bounds_all_streams(
-    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
+    make_gateway_policy: GatewayPolicyFactory, upstream: Upstream, gateway_for: Any
 ) -> None:
     raw_a = chat("alice", pad=200)
     need_a = len(raw_a) + decide_cost(raw_a)  # its bytes, then deciding on them
-    shim = await make_shim(max_body_bytes=need_a, max_buffered_bytes=need_a)
+    shim = await make_gateway_policy(max_body_bytes=need_a, max_buffered_bytes=need_a)
     gw = gateway_for(shim)
     raw_b = chat("bob", pad=need_a - 200)
     assert 250 + len(raw_b) > need_a >= len(raw_b)
     a = gw.open()
     await a.write(headers_msg({}))
     await a.write(body_msg(raw_a[:250], end_of_stream=False))  # held: budget partly used
-    await eventually(lambda: shim.shim.budget.used == 250)
+    await eventually(lambda: shim.servicer.budget.used == 250)
     b = gw.open()
     await b.write(headers_msg({}))
     await b.write(body_msg(raw_b))  # does not fit beside a's bytes: 503, retryable
@@ -253,14 +253,14 @@ async def test_shared_budget_bounds_all_streams(
     await a.write(body_msg(raw_a[250:]))
     await a.done_writing()
     assert echoed([r async for r in a]) == "alice"
-    assert shim.shim.budget.used == 0
+    assert shim.servicer.budget.used == 0
 
 
 async def test_streaming_both_ways(
-    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
+    make_gateway_policy: GatewayPolicyFactory, upstream: Upstream, gateway_for: Any
 ) -> None:
     """Each response-phase message is answered before the next is sent: nothing is collected."""
-    gw = gateway_for(await make_shim())
+    gw = gateway_for(await make_gateway_policy())
     call = gw.open()
     await call.write(headers_msg({}))
     await call.write(body_msg(chat("frank")))
@@ -285,9 +285,9 @@ async def test_streaming_both_ways(
 
 
 async def test_call_metadata_reaches_the_epp(
-    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
+    make_gateway_policy: GatewayPolicyFactory, upstream: Upstream, gateway_for: Any
 ) -> None:
-    gw = gateway_for(await make_shim())
+    gw = gateway_for(await make_gateway_policy())
     call = gw.open(metadata=(("x-envoy-tag", "gw-1"),))
     await call.write(headers_msg({}))
     await call.write(body_msg(chat("gina")))
@@ -297,10 +297,10 @@ async def test_call_metadata_reaches_the_epp(
 
 
 async def test_epp_status_reaches_the_gateway(
-    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
+    make_gateway_policy: GatewayPolicyFactory, upstream: Upstream, gateway_for: Any
 ) -> None:
     upstream.fake.abort_after_body = (grpc.StatusCode.RESOURCE_EXHAUSTED, "pool saturated")
-    gw = gateway_for(await make_shim())
+    gw = gateway_for(await make_gateway_policy())
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await gw.exchange(headers_msg({}), body_msg(chat("hal")))
     assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -308,12 +308,12 @@ async def test_epp_status_reaches_the_gateway(
 
 
 async def test_epp_failing_at_once_fails_the_gateway_stream(
-    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
+    make_gateway_policy: GatewayPolicyFactory, upstream: Upstream, gateway_for: Any
 ) -> None:
     """While the shim still writes, grpc-python may report the EPP's status as INTERNAL;
     either way the gateway gets a failed stream (and its failure mode), never a hang."""
     upstream.fake.abort_with = (grpc.StatusCode.RESOURCE_EXHAUSTED, "pool saturated")
-    shim = await make_shim()
+    shim = await make_gateway_policy()
     gw = gateway_for(shim)
     for _ in range(5):
         with pytest.raises(grpc.aio.AioRpcError) as caught:
@@ -322,29 +322,29 @@ async def test_epp_failing_at_once_fails_the_gateway_stream(
             grpc.StatusCode.RESOURCE_EXHAUSTED,
             grpc.StatusCode.INTERNAL,
         }
-    await eventually(lambda: shim.shim.budget.used == 0)
+    await eventually(lambda: shim.servicer.budget.used == 0)
 
 
 async def test_gateway_going_away_frees_what_was_held(
-    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
+    make_gateway_policy: GatewayPolicyFactory, upstream: Upstream, gateway_for: Any
 ) -> None:
-    shim = await make_shim()
+    shim = await make_gateway_policy()
     gw = gateway_for(shim)
     call = gw.open()
     await call.write(headers_msg({}))
     await call.write(body_msg(b'{"user": "ivy", "messages": [', end_of_stream=False))
-    await eventually(lambda: shim.shim.budget.used > 0)  # the body is held, not yet sent
+    await eventually(lambda: shim.servicer.budget.used > 0)  # the body is held, not yet sent
     call.cancel()
     # The held bytes are freed, and the picker was never asked about a request that never
     # arrived whole.
-    await eventually(lambda: shim.shim.budget.used == 0)
+    await eventually(lambda: shim.servicer.budget.used == 0)
     assert upstream.fake.streams == []
 
 
 async def test_gateway_going_away_mid_answer_cancels_the_epp_stream(
-    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
+    make_gateway_policy: GatewayPolicyFactory, upstream: Upstream, gateway_for: Any
 ) -> None:
-    shim = await make_shim()
+    shim = await make_gateway_policy()
     gw = gateway_for(shim)
     call = gw.open()
     await call.write(headers_msg({}))
@@ -353,21 +353,21 @@ async def test_gateway_going_away_mid_answer_cancels_the_epp_stream(
     call.cancel()
     # The picker's stream ends too: no stream left open per departed client.
     await asyncio.wait_for(upstream.fake.streams[0].ended.wait(), TIMEOUT)
-    await eventually(lambda: shim.shim.budget.used == 0)
+    await eventually(lambda: shim.servicer.budget.used == 0)
 
 
 async def test_epp_down_fails_the_stream_cleanly_and_recovers(
-    make_shim: ShimFactory, gateway_for: Any
+    make_gateway_policy: GatewayPolicyFactory, gateway_for: Any
 ) -> None:
     probe = await start_upstream()
     port = probe.port
     await probe.server.stop(0)  # a port where nothing listens now
-    shim = await make_shim(upstream=f"127.0.0.1:{port}")
+    shim = await make_gateway_policy(upstream=f"127.0.0.1:{port}")
     gw = gateway_for(shim)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await asyncio.wait_for(gw.exchange(headers_msg({}), body_msg(chat("jo"))), TIMEOUT)
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
-    assert shim.shim.budget.used == 0
+    assert shim.servicer.budget.used == 0
     # The EPP comes back (same port): the same shim serves again.
     back = await start_upstream(port)
     codes: set[grpc.StatusCode] = set()
@@ -388,9 +388,9 @@ async def test_epp_down_fails_the_stream_cleanly_and_recovers(
 
 
 async def test_stop_refuses_new_streams_and_lets_open_ones_finish(
-    make_shim: ShimFactory, upstream: Upstream, gateway_for: Any
+    make_gateway_policy: GatewayPolicyFactory, upstream: Upstream, gateway_for: Any
 ) -> None:
-    shim = await make_shim()
+    shim = await make_gateway_policy()
     gw = gateway_for(shim)
     call = gw.open()
     await call.write(headers_msg({}))
@@ -429,18 +429,20 @@ def test_any_bytes_never_raise(raw: bytes) -> None:
     assert session is None or 0 < len(session) <= MAX_SESSION_ID_CHARS
 
 
-async def test_a_second_shim_cannot_share_the_port(make_shim: ShimFactory) -> None:
+async def test_a_second_shim_cannot_share_the_port(
+    make_gateway_policy: GatewayPolicyFactory,
+) -> None:
     """No SO_REUSEPORT: a leftover process must fail loudly, not take half the streams."""
-    first = await make_shim()
+    first = await make_gateway_policy()
     with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{first.port}"):
-        await make_shim(listen=f"127.0.0.1:{first.port}")
+        await make_gateway_policy(listen=f"127.0.0.1:{first.port}")
 
 
 async def test_a_gateway_without_a_deadline_is_served(
-    make_shim: ShimFactory, upstream: Upstream
+    make_gateway_policy: GatewayPolicyFactory, upstream: Upstream
 ) -> None:
     """Envoy keeps ext_proc streams open without a gRPC deadline; none is invented."""
-    shim = await make_shim()
+    shim = await make_gateway_policy()
     async with grpc.aio.insecure_channel(shim.target) as channel:
         call = pb_grpc.ExternalProcessorStub(channel).Process()
         await call.write(headers_msg({}))

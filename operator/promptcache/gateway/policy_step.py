@@ -23,7 +23,8 @@ unread, since that would route without the tenant's salt or session. Every other
 both ways, passes through unchanged, and the picker's status ends the gateway's stream as it
 is. See docs/endpoint-picker.md.
 
-    >>> running = await start(ShimSettings(listen="127.0.0.1:0", upstream="127.0.0.1:9012"))
+    >>> settings = GatewayPolicySettings(listen="127.0.0.1:0", upstream="127.0.0.1:9012")
+    >>> running = await start(settings)
     >>> running.port  # the gateway (or a test) dials 127.0.0.1:<port>
     >>> await running.stop(grace_s=5)
 """
@@ -53,7 +54,7 @@ from prometheus_client import CollectorRegistry, Counter, start_http_server
 
 from promptcache.contract import CACHE_SALT_FIELD, PROMPT_CACHE_KEY_FIELD, needs_salt_key
 from promptcache.contract.settings import split_host_port
-from promptcache.gateway.settings import ShimSettings
+from promptcache.gateway.settings import GatewayPolicySettings
 from promptcache.tenancy import errors as front_errors
 from promptcache.tenancy.canonical import (
     DENSE_TOKENS,
@@ -439,11 +440,14 @@ def _forwarded_metadata(context: grpc.aio.ServicerContext[Any, Any]) -> list[tup
     return out
 
 
-class SessionShim(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+class GatewayPolicyServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     """Relays ext_proc streams to the picker after applying the gateway's policy."""
 
     def __init__(
-        self, settings: ShimSettings, channel: grpc.aio.Channel, secret: bytes | None = None
+        self,
+        settings: GatewayPolicySettings,
+        channel: grpc.aio.Channel,
+        secret: bytes | None = None,
     ) -> None:
         self.settings = settings
         self.policy = settings.policy()
@@ -619,12 +623,12 @@ class SessionShim(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
 
 
 @dataclass
-class RunningShim:
-    """A started shim: where it listens, and how to stop it."""
+class RunningGatewayPolicy:
+    """A started policy step: where it listens, and how to stop it."""
 
     server: grpc.aio.Server
     channel: grpc.aio.Channel
-    shim: SessionShim
+    servicer: GatewayPolicyServicer
     port: int
 
     @property
@@ -633,13 +637,15 @@ class RunningShim:
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Refuse new streams, let open ones finish for `grace_s`, then close."""
-        grace = self.shim.settings.drain_seconds if grace_s is None else grace_s
+        grace = self.servicer.settings.drain_seconds if grace_s is None else grace_s
         await self.server.stop(grace)
         await self.channel.close()
-        self.shim.close()
+        self.servicer.close()
 
 
-async def start(settings: ShimSettings, secret: bytes | None = None) -> RunningShim:
+async def start(
+    settings: GatewayPolicySettings, secret: bytes | None = None
+) -> RunningGatewayPolicy:
     """Bind `settings.listen` (port 0 picks a free one) and relay to `settings.upstream`.
 
     `secret`: the salt HMAC key (`tenancy.settings.read_salt_key`), needed by salting modes."""
@@ -647,10 +653,10 @@ async def start(settings: ShimSettings, secret: bytes | None = None) -> RunningS
         raise ValueError(f"isolation mode {settings.isolation_mode.value} needs the salt key")
     # Plain gRPC: the picker is on the pod's loopback (docs/endpoint-picker.md, 'Transport').
     channel = grpc.aio.insecure_channel(settings.upstream)
-    shim = SessionShim(settings, channel, secret)
-    # No SO_REUSEPORT: a second shim on the port must fail, not take half the streams.
+    servicer = GatewayPolicyServicer(settings, channel, secret)
+    # No SO_REUSEPORT: a second policy step on the port must fail, not take half the streams.
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    pb_grpc.add_ExternalProcessorServicer_to_server(shim, server)
+    pb_grpc.add_ExternalProcessorServicer_to_server(servicer, server)
     try:
         port = server.add_insecure_port(settings.listen)
     except RuntimeError:
@@ -659,16 +665,16 @@ async def start(settings: ShimSettings, secret: bytes | None = None) -> RunningS
         await channel.close()
         raise OSError(f"cannot listen on {settings.listen}")
     await server.start()
-    return RunningShim(server, channel, shim, port)
+    return RunningGatewayPolicy(server, channel, servicer, port)
 
 
 async def _serve(
-    settings: ShimSettings, secret: bytes | None, signals: Sequence[signal.Signals]
+    settings: GatewayPolicySettings, secret: bytes | None, signals: Sequence[signal.Signals]
 ) -> None:
     running = await start(settings, secret)
     if settings.metrics_listen:
         host, port = split_host_port("--metrics-listen", settings.metrics_listen)
-        start_http_server(port, addr=host, registry=running.shim.metrics.registry)
+        start_http_server(port, addr=host, registry=running.servicer.metrics.registry)
     log.info(
         "gateway policy step listening on %s (port %d), relaying ext_proc to the Endpoint "
         "Picker at %s; isolation %s (header %r, field %r); session header %r from "
@@ -692,7 +698,7 @@ async def _serve(
         log.info("gateway policy step stopped")
 
 
-def serve(settings: ShimSettings, secret: bytes | None = None) -> int:
+def serve(settings: GatewayPolicySettings, secret: bytes | None = None) -> int:
     """Run until SIGTERM or SIGINT, then drain; the `gateway-policy` sub-command's body."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:

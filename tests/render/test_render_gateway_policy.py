@@ -19,7 +19,7 @@ from promptcache._version import __version__
 from promptcache.api import parse_resource
 from promptcache.contract import EPP_EXT_PROC_PORT, FrontEnv, GatewayPolicyEnv, IsolationMode
 from promptcache.gateway.command import settings_from
-from promptcache.gateway.settings import ShimSettings
+from promptcache.gateway.settings import GatewayPolicySettings
 from promptcache.render import render
 from promptcache.render.epp import CONFIG_HASH_ANNOTATION
 from tests.render.minimal import rendered
@@ -47,7 +47,7 @@ def env_of(container: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e["value"] for e in container["env"] if "value" in e}
 
 
-def shim_settings(container: dict[str, Any]) -> ShimSettings:
+def gateway_policy_settings(container: dict[str, Any]) -> GatewayPolicySettings:
     """What `promptcache gateway-policy` makes of the rendered container (args are the CLI's)."""
     assert container["args"] == ["gateway-policy"]
     return settings_from(argparse.Namespace(), env_of(container))
@@ -80,7 +80,7 @@ def test_the_policy_step_fronts_the_picker() -> None:
     # Transport as rendered: the step dials plain gRPC over loopback, so the picker must
     # not serve TLS there.
     assert "--secure-serving=false" in epp["args"]
-    settings = shim_settings(shim)
+    settings = gateway_policy_settings(shim)
     assert settings.upstream == f"127.0.0.1:{epp_port}"
     assert settings.listen == f"0.0.0.0:{EPP_EXT_PROC_PORT}"
     assert settings.session_header == "x-conversation"
@@ -120,7 +120,7 @@ def test_the_step_reads_the_fronts_salt_secret_and_settings() -> None:
     assert salt in model_pod["volumes"]  # the very Secret (and key) the front mounts
     shim = containers(manifests)["gateway-policy"]
     front = next(c for c in model_pod["containers"] if c["name"] != "vllm")
-    front_env, shim_env = env_of(front), env_of(shim)
+    front_env, gateway_policy_env = env_of(front), env_of(shim)
     for name in (
         FrontEnv.ISOLATION_MODE,
         FrontEnv.ISOLATION_HEADER,
@@ -128,11 +128,11 @@ def test_the_step_reads_the_fronts_salt_secret_and_settings() -> None:
         FrontEnv.HONOR_MAX_LEN,
         FrontEnv.SALT_KEY_FILE,
     ):
-        assert shim_env[name] == front_env[name], name
+        assert gateway_policy_env[name] == front_env[name], name
     (mount,) = shim["volumeMounts"]
     assert mount["name"] == salt["name"]
-    assert shim_env[FrontEnv.SALT_KEY_FILE].startswith(mount["mountPath"] + "/")
-    settings = shim_settings(shim)
+    assert gateway_policy_env[FrontEnv.SALT_KEY_FILE].startswith(mount["mountPath"] + "/")
+    settings = gateway_policy_settings(shim)
     assert settings.isolation_mode is IsolationMode.REQUIRED
     assert settings.session_header == ""  # sessions are off: the step names none
 
@@ -140,7 +140,7 @@ def test_the_step_reads_the_fronts_salt_secret_and_settings() -> None:
 def test_the_image_can_be_chosen() -> None:
     manifests = rendered(
         sessionAffinity={"enabled": True},
-        gateway={"sessionShimImage": "registry.example/promptcache-operator@sha256:" + "a" * 64},
+        gateway={"gatewayPolicyImage": "registry.example/promptcache-operator@sha256:" + "a" * 64},
     )
     assert containers(manifests)["gateway-policy"]["image"].startswith("registry.example/")
 
@@ -193,7 +193,7 @@ def test_the_gateway_always_reaches_one_ext_proc_port(doc: dict[str, Any], user:
     epp_port = int(flag(pods["epp"]["args"], "--grpc-port"))
     if step:
         assert target == ("gateway-policy", EPP_EXT_PROC_PORT)
-        assert shim_settings(pods["gateway-policy"]).upstream == f"127.0.0.1:{epp_port}"
+        assert gateway_policy_settings(pods["gateway-policy"]).upstream == f"127.0.0.1:{epp_port}"
         assert "--secure-serving=false" in pods["epp"]["args"]
     else:
         assert target == ("epp", epp_port)

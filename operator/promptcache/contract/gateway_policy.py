@@ -1,10 +1,10 @@
 """The gateway policy step's settings: each variable, flag, parser and default, declared once.
 
 The renderer writes these variables into the Endpoint Picker pod's `gateway-policy`
-container; `promptcache gateway-policy` reads them (flags winning) into `ShimSettings`.
+container; `promptcache gateway-policy` reads them (flags winning) into `GatewayPolicySettings`.
 The isolation settings are the cache front's own declarations (same variables, parsers and
 defaults), so the step and the front derive the same salt from the same configuration.
-(The step was the "session shim": `SessionShimEnv` and `promptcache session-shim` remain
+(The step was the "gateway policy step": `SessionShimEnv` and `promptcache session-shim` remain
 as deprecated names.)
 """
 
@@ -71,28 +71,28 @@ class GatewayPolicyEnv:
 SessionShimEnv = GatewayPolicyEnv
 """Deprecated name of `GatewayPolicyEnv`."""
 
-DEFAULT_SHIM_LISTEN: Final[str] = f"0.0.0.0:{EPP_EXT_PROC_PORT}"
+DEFAULT_GATEWAY_POLICY_LISTEN: Final[str] = f"0.0.0.0:{EPP_EXT_PROC_PORT}"
 """Where the gateway dials: the port the EPP Service targets."""
-DEFAULT_SHIM_UPSTREAM: Final[str] = f"127.0.0.1:{EPP_LOCAL_GRPC_PORT}"
+DEFAULT_GATEWAY_POLICY_UPSTREAM: Final[str] = f"127.0.0.1:{EPP_LOCAL_GRPC_PORT}"
 """The EPP's own ext_proc port, inside the pod."""
-DEFAULT_SHIM_MAX_BODY_BYTES: Final[int] = 32 * 1024**2
+DEFAULT_GATEWAY_POLICY_MAX_BODY_BYTES: Final[int] = 32 * 1024**2
 """The front's default; the renderer sets the resource's `front.maxRequestBytes`, so the
 step refuses with 413 exactly what the front would. Nothing passes unread (that would route
 without the tenant's salt or session)."""
-DEFAULT_SHIM_MAX_BUFFERED_BYTES: Final[int] = 64 * 1024**2
+DEFAULT_GATEWAY_POLICY_MAX_BUFFERED_BYTES: Final[int] = 64 * 1024**2
 """All streams together; with the per-request cap it bounds what the step holds. Charged
 for a body's bytes as they arrive, then for its parse and its re-encoding while it is
 decided (so a dense body is charged for what parsing it costs, not for its length)."""
-SHIM_BUDGET_PER_MAX_BODY: Final[int] = 4
+GATEWAY_POLICY_BUDGET_PER_MAX_BODY: Final[int] = 4
 """The renderer gives all streams together at least this many largest bodies, so one
 stalled body (it is cut after the body timeout anyway) never holds the whole budget."""
-DEFAULT_SHIM_BODY_TIMEOUT_SECONDS: Final[float] = DEFAULT_BODY_TIMEOUT_SECONDS
+DEFAULT_GATEWAY_POLICY_BODY_TIMEOUT_SECONDS: Final[float] = DEFAULT_BODY_TIMEOUT_SECONDS
 """The front's: a body arriving slower is refused by both with HTTP 408 `body_timeout`."""
-DEFAULT_SHIM_METRICS_LISTEN: Final[str] = f"0.0.0.0:{GATEWAY_POLICY_METRICS_PORT}"
+DEFAULT_GATEWAY_POLICY_METRICS_LISTEN: Final[str] = f"0.0.0.0:{GATEWAY_POLICY_METRICS_PORT}"
 """Where the step serves its Prometheus metrics (refusals by code, internal errors)."""
-DEFAULT_SHIM_DRAIN_SECONDS: Final[float] = 30.0
+DEFAULT_GATEWAY_POLICY_DRAIN_SECONDS: Final[float] = 30.0
 """In-flight streams may finish this long after SIGTERM (the EPP pod allows 130 s)."""
-MAX_SHIM_DRAIN_SECONDS: Final[float] = 3600.0
+MAX_GATEWAY_POLICY_DRAIN_SECONDS: Final[float] = 3600.0
 
 ISOLATION_FIELDS: Final[tuple[str, ...]] = (
     "isolation_mode",
@@ -105,11 +105,12 @@ ISOLATION_FIELDS: Final[tuple[str, ...]] = (
 )
 """The front's settings the step shares, declaration and all."""
 
-SHIM_SETTINGS: Final[tuple[Setting[Any], ...]] = (
-    Setting("listen", "--listen", GatewayPolicyEnv.LISTEN, parse_host_port, DEFAULT_SHIM_LISTEN,
+GATEWAY_POLICY_SETTINGS: Final[tuple[Setting[Any], ...]] = (
+    Setting("listen", "--listen", GatewayPolicyEnv.LISTEN, parse_host_port,
+            DEFAULT_GATEWAY_POLICY_LISTEN,
             "HOST:PORT to serve ext_proc on (what the gateway dials)"),
     Setting("upstream", "--upstream", GatewayPolicyEnv.UPSTREAM, parse_host_port,
-            DEFAULT_SHIM_UPSTREAM,
+            DEFAULT_GATEWAY_POLICY_UPSTREAM,
             "HOST:PORT of the Endpoint Picker's own ext_proc port (plain gRPC, loopback)"),
     Setting("session_header", "--session-header", GatewayPolicyEnv.SESSION_HEADER,
             parse_optional_header_name, DEFAULT_SESSION_HEADER,
@@ -120,17 +121,19 @@ SHIM_SETTINGS: Final[tuple[Setting[Any], ...]] = (
             "body field naming the session after prompt_cache_key; empty: none",
             empty_is_unset=False),
     Setting("max_body_bytes", "--max-body-bytes", GatewayPolicyEnv.MAX_BODY_BYTES, as_int,
-            DEFAULT_SHIM_MAX_BODY_BYTES, "largest request body; larger ones get HTTP 413"),
+            DEFAULT_GATEWAY_POLICY_MAX_BODY_BYTES,
+            "largest request body; larger ones get HTTP 413"),
     Setting("max_buffered_bytes", "--max-buffered-bytes", GatewayPolicyEnv.MAX_BUFFERED_BYTES,
-            as_int, DEFAULT_SHIM_MAX_BUFFERED_BYTES,
+            as_int, DEFAULT_GATEWAY_POLICY_MAX_BUFFERED_BYTES,
             "body bytes all requests together may hold; beyond, HTTP 503"),
     Setting("body_timeout_seconds", "--body-timeout-seconds",
-            GatewayPolicyEnv.BODY_TIMEOUT_SECONDS, as_float, DEFAULT_SHIM_BODY_TIMEOUT_SECONDS,
+            GatewayPolicyEnv.BODY_TIMEOUT_SECONDS, as_float,
+            DEFAULT_GATEWAY_POLICY_BODY_TIMEOUT_SECONDS,
             "seconds a body may take to arrive after its headers; then HTTP 408"),
     Setting("metrics_listen", "--metrics-listen", GatewayPolicyEnv.METRICS_LISTEN,
-            parse_optional_host_port, DEFAULT_SHIM_METRICS_LISTEN,
+            parse_optional_host_port, DEFAULT_GATEWAY_POLICY_METRICS_LISTEN,
             "HOST:PORT to serve Prometheus metrics on; empty: none", empty_is_unset=False),
     Setting("drain_seconds", "--drain-seconds", GatewayPolicyEnv.DRAIN_SECONDS, as_float,
-            DEFAULT_SHIM_DRAIN_SECONDS, "how long open streams may finish after SIGTERM"),
+            DEFAULT_GATEWAY_POLICY_DRAIN_SECONDS, "how long open streams may finish after SIGTERM"),
     *(s for s in FRONT_SETTINGS if s.field in ISOLATION_FIELDS),
 )  # fmt: skip

@@ -38,7 +38,7 @@ cores the front competes with it for every wake-up. The memory part does not dep
 the engine and is not repeated.
 
 Part 2, memory: a fresh front with a memory budget gets the amplification
-requests of `tests/front/amplification.py` (each a few MB that asks for
+requests of `harness/amplification.py` (each a few MB that asks for
 hundreds of MB to GBs), several at once; the kernel's peak RSS of the front
 (`VmHWM`) before and after is compared with the budget. Goal: growth under the
 budget plus a fixed margin.
@@ -66,7 +66,7 @@ import aiohttp
 
 from bench.local_processes import start, wait_ok
 from e2e.localcluster.state import free_port
-from tests.front.amplification import attacks, dense_payload
+from harness.amplification import attacks, dense_payload
 
 if TYPE_CHECKING:
     from harness.pod import ProcessPod

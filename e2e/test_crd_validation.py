@@ -21,11 +21,11 @@ from kubernetes.client.exceptions import ApiException
 
 from e2e.operator_harness import wait_established
 from e2e.pytest_cluster import Cluster
+from harness import pod_template_cases
 from promptcache.api import InvalidResourceError, parse_resource
 from promptcache.api.rules import default_max_loras
 from promptcache.loading import load_resources
 from promptcache.render import render
-from tests.render import test_pod_template as pod_template_cases
 
 pytestmark = pytest.mark.cluster
 

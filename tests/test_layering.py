@@ -78,3 +78,35 @@ def test_the_cli_imports_each_plane_where_the_contracts_see_it() -> None:
             importer="promptcache.cli", imported=f"promptcache.{plane}.command"
         ), plane
     assert "importlib" not in (ROOT / "operator" / "promptcache" / "cli.py").read_text()
+
+
+def _imports(path: Path) -> list[str]:
+    import ast
+
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found += [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+    return found
+
+
+def test_test_code_shares_helpers_through_the_harness_only() -> None:
+    """Tests, e2e, benches, tools and the harness never import a test module or another
+    test package's files: what two of them share lives in `harness/`."""
+    bad = []
+    for top in ("tests", "e2e", "bench", "harness", "tools"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            rel = path.relative_to(ROOT)
+            own = ".".join(rel.parts[:2]) if top == "tests" and len(rel.parts) > 2 else None
+            for name in _imports(path):
+                parts = name.split(".")
+                if parts[0] not in ("tests", "e2e"):
+                    continue
+                if any(p.startswith("test_") or p == "conftest" for p in parts[1:]):
+                    bad.append(f"{rel}: imports {name}")
+                elif parts[0] == "tests" and not (own and name.startswith(own + ".")):
+                    bad.append(f"{rel}: imports {name} (another test package's file)")
+    assert not bad, "\n".join(bad)

@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from e2e.engine.pods import SaltSecrets, engine_resource, front_only_pod, process_pod
+from e2e.engine.pods import FrontFor, SaltSecrets, engine_resource, front_only_pod, process_pod
 from harness.pod import ProcessPod
 from harness.vllm import engine_unavailable, tiny_model
 
@@ -55,9 +55,6 @@ def engine_pod(
 def engine_url(engine_pod: ProcessPod) -> str:
     """The engine itself (inside the pod, behind the front)."""
     return f"http://{engine_pod.ip}:8001"
-
-
-FrontFor = Callable[..., str]
 
 
 @pytest.fixture(scope="session")

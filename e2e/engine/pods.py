@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import secrets
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,9 @@ from promptcache.contract import SERVING_PORT, VLLM_LOCAL_PORT, FrontEnv
 from promptcache.render import render
 
 SERVED_NAME = "tiny"
+FrontFor = Callable[..., str]
+"""The `front_for` fixture: a front of the given isolation mode before the session's engine,
+by its URL."""
 ENGINE_ARGS = ["--enforce-eager", "--dtype=float32"]
 """Chosen by the test resource, not translated: eager mode skips minutes of CPU kernel
 compilation at start, float32 is faster than bfloat16 on CPUs without AVX512-BF16."""

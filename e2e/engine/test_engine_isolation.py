@@ -23,8 +23,7 @@ import aiohttp
 import pytest
 
 from e2e.engine.client import Answer, chat_body, completion_body, post
-from e2e.engine.conftest import FrontFor
-from e2e.engine.pods import SERVED_NAME, SaltSecrets
+from e2e.engine.pods import SERVED_NAME, FrontFor, SaltSecrets
 from promptcache.tenancy.salt import derive_salt
 
 

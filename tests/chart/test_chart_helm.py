@@ -319,7 +319,7 @@ def test_monitoring_objects_only_when_asked_and_verbatim() -> None:
     )  # fmt: skip
     rule = one(docs, "PrometheusRule")
     assert rule["apiVersion"] == "monitoring.coreos.com/v1"
-    from tests.render.schemas import validate_manifest
+    from harness.schemas import validate_manifest
 
     validate_manifest(rule)  # the pinned Prometheus Operator CRD
     validate_manifest(one(render("--set", "metrics.serviceMonitor.enabled=true"), "ServiceMonitor"))

@@ -5,26 +5,14 @@ Each file in `bad_inputs/` carries the exact lines a user must see in `# expect:
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from harness.cli import run_cli
+
 BAD_INPUTS = Path(__file__).parent / "bad_inputs"
 CASES = sorted(BAD_INPUTS.glob("*.yaml"))
-
-
-def run_cli(*args: str, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "promptcache.cli", *args],
-        cwd=cwd,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def expected_lines(path: Path) -> list[str]:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import yaml
 
+from harness.cli import run_cli
 from promptcache._version import __version__
 from promptcache.api.crd import custom_resource_definition
-from tests.cli.test_bad_input import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 

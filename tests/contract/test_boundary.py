@@ -13,6 +13,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from harness.resource_strategies import resources
 from promptcache.api import PromptCacheDeployment, ceiling_of
 from promptcache.cli import build_parser
 from promptcache.contract import SALT_KEY_SECRET_KEY, IsolationMode
@@ -28,7 +29,6 @@ from promptcache.render.epp import GATEWAY_POLICY_CONTAINER, POLICY_COMMAND, use
 from promptcache.render.epp_config import picker_of
 from promptcache.render.front import FRONT_CONTAINER
 from promptcache.yamlio import dump
-from tests.render.strategies import resources
 
 
 def _containers(manifests: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:

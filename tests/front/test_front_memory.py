@@ -21,10 +21,10 @@ import aiohttp
 import pytest
 
 from e2e.localcluster.state import free_port
+from harness.amplification import JSON, Attack, attacks, dense_payload
 from harness.standin import StandinUpstream
 from promptcache.contract import IsolationMode
 
-from .amplification import JSON, Attack, attacks, dense_payload
 from .conftest import SECRET
 
 MAX_BODY = 16 << 20

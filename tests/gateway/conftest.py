@@ -1,210 +1,52 @@
-"""A recording stand-in Endpoint Picker and the real gateway policy step in front of it.
-
-The stand-in is at the system boundary (the EPP is not this project's code): a gRPC
-ExternalProcessor on 127.0.0.1 that records every message it receives and, like the EPP,
-answers the request body with a header mutation echoing the session header it saw. The
-shim is the product module, started on a kernel-chosen loopback port.
-"""
+"""Fixtures: the real gateway policy step in front of a recording stand-in Endpoint Picker
+(`harness.extproc_gateway`), started on kernel-chosen loopback ports."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import grpc
-import grpc.aio
 import pytest
-from envoy.config.core.v3 import base_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+from harness.extproc_gateway import (
+    ECHO,
+    JSON,
+    SESSION,
+    TIMEOUT,
+    FakeEpp,
+    Gateway,
+    Stream,
+    Upstream,
+    body_msg,
+    canonical,
+    chat,
+    echoed,
+    eventually,
+    headers_msg,
+    read_rest,
+    start_upstream,
+)
 from promptcache.gateway.policy_step import RunningGatewayPolicy, start
 from promptcache.gateway.settings import GatewayPolicySettings
-from promptcache.tenancy.canonical import encode_body
 
-SESSION = "x-session-affinity"
-ECHO = "x-seen-session"
-"""What the stand-in answers with: the session header value it received, or `-`."""
-TIMEOUT = 30.0
-JSON = {"content-type": "application/json"}
-"""What a gateway sends with a JSON body (the front refuses one without it)."""
-
-
-def canonical(raw: bytes) -> bytes:
-    """The body the step forwards for a JSON body it accepts: its canonical encoding."""
-    return encode_body(json.loads(raw))
-
-
-@dataclass
-class Stream:
-    """One stream as the stand-in saw it."""
-
-    received: list[Any] = field(default_factory=list)
-    metadata: dict[str, str] = field(default_factory=dict)
-    ended: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def headers(self) -> list[tuple[str, str]]:
-        first = self.received[0]
-        assert first.WhichOneof("request") == "request_headers", first
-        return [
-            (h.key, (h.raw_value or h.value.encode()).decode())
-            for h in first.request_headers.headers.headers
-        ]
-
-    def session(self) -> list[str]:
-        return [v for k, v in self.headers() if k == SESSION]
-
-
-class FakeEpp(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
-    """Records each stream; answers every message at once (so streaming is visible)."""
-
-    def __init__(self) -> None:
-        self.streams: list[Stream] = []
-        self.abort_with: tuple[grpc.StatusCode, str] | None = None
-        """Fail each stream at once with this status."""
-        self.abort_after_body: tuple[grpc.StatusCode, str] | None = None
-        """Fail each stream with this status once the whole request body has arrived."""
-
-    async def Process(
-        self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[Any]:
-        stream = Stream(metadata={k: str(v) for k, v in context.invocation_metadata() or ()})
-        self.streams.append(stream)
-        if self.abort_with is not None:
-            await context.abort(*self.abort_with)
-        seen = "-"
-        try:
-            async for msg in request_iterator:
-                stream.received.append(msg)
-                kind = msg.WhichOneof("request")
-                if kind == "request_headers":
-                    seen = next(
-                        (
-                            (h.raw_value or h.value.encode()).decode()
-                            for h in msg.request_headers.headers.headers
-                            if h.key == SESSION
-                        ),
-                        "-",
-                    )
-                    yield pb.ProcessingResponse(request_headers=pb.HeadersResponse())
-                elif kind == "request_body":
-                    if self.abort_after_body and msg.request_body.end_of_stream:
-                        await context.abort(*self.abort_after_body)
-                    mutation = pb.HeaderMutation(
-                        set_headers=[
-                            base_pb2.HeaderValueOption(
-                                header=base_pb2.HeaderValue(key=ECHO, raw_value=seen.encode())
-                            )
-                        ]
-                    )
-                    yield pb.ProcessingResponse(
-                        request_body=pb.BodyResponse(
-                            response=pb.CommonResponse(header_mutation=mutation)
-                        )
-                    )
-                elif kind == "response_headers":
-                    yield pb.ProcessingResponse(response_headers=pb.HeadersResponse())
-                elif kind == "response_body":
-                    yield pb.ProcessingResponse(response_body=pb.BodyResponse())
-        finally:
-            stream.ended.set()
-
-
-@dataclass
-class Upstream:
-    fake: FakeEpp
-    server: grpc.aio.Server
-    port: int
-
-    @property
-    def target(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-
-async def start_upstream(port: int = 0) -> Upstream:
-    fake = FakeEpp()
-    server = grpc.aio.server()
-    pb_grpc.add_ExternalProcessorServicer_to_server(fake, server)
-    bound = server.add_insecure_port(f"127.0.0.1:{port}")
-    await server.start()
-    return Upstream(fake, server, bound)
-
-
-def headers_msg(headers: Mapping[str, str], end_of_stream: bool = False) -> Any:
-    base = {":method": "POST", ":path": "/v1/chat/completions", "content-type": "application/json"}
-    return pb.ProcessingRequest(
-        request_headers=pb.HttpHeaders(
-            headers=base_pb2.HeaderMap(
-                headers=[
-                    base_pb2.HeaderValue(key=k, raw_value=v.encode())
-                    for k, v in {**base, **headers}.items()
-                ]
-            ),
-            end_of_stream=end_of_stream,
-        )
-    )
-
-
-def body_msg(raw: bytes, end_of_stream: bool = True) -> Any:
-    return pb.ProcessingRequest(request_body=pb.HttpBody(body=raw, end_of_stream=end_of_stream))
-
-
-def chat(user: Any = None, pad: int = 0) -> bytes:
-    body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "x" * pad}]}
-    if user is not None:
-        body["user"] = user
-    return json.dumps(body).encode()
-
-
-class Gateway:
-    """The gateway's side: a bidirectional stream whose messages the test sends one by one."""
-
-    def __init__(self, target: str) -> None:
-        self.channel = grpc.aio.insecure_channel(target)
-        self.stub = pb_grpc.ExternalProcessorStub(self.channel)
-
-    def open(self, metadata: Any = None) -> Any:
-        return self.stub.Process(metadata=metadata, timeout=TIMEOUT)
-
-    async def exchange(self, *messages: Any) -> list[Any]:
-        """Send the messages, half-close, and collect every response."""
-        call = self.open()
-        for m in messages:
-            await call.write(m)
-        await call.done_writing()
-        return [r async for r in call]
-
-    async def close(self) -> None:
-        await self.channel.close()
-
-
-async def read_rest(call: Any) -> list[Any]:
-    """Every remaining response, read with `read()` (gRPC forbids mixing it with `async for`)."""
-    out = []
-    while (r := await asyncio.wait_for(call.read(), TIMEOUT)) is not grpc.aio.EOF:
-        out.append(r)
-    return out
-
-
-def echoed(responses: list[Any]) -> str | None:
-    for r in responses:
-        if r.WhichOneof("response") == "request_body":
-            for opt in r.request_body.response.header_mutation.set_headers:
-                if opt.header.key == ECHO:
-                    return str(opt.header.raw_value.decode())
-    return None
-
-
-async def eventually(check: Callable[[], bool], within_s: float = TIMEOUT) -> None:
-    """Poll until `check()` holds; fail after `within_s` (no sleeps as synchronisation)."""
-    deadline = asyncio.get_running_loop().time() + within_s
-    while not check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
+__all__ = [
+    "ECHO",
+    "JSON",
+    "SESSION",
+    "TIMEOUT",
+    "FakeEpp",
+    "Gateway",
+    "Stream",
+    "Upstream",
+    "body_msg",
+    "canonical",
+    "chat",
+    "echoed",
+    "eventually",
+    "headers_msg",
+    "read_rest",
+    "start_upstream",
+]
 
 
 @pytest.fixture

@@ -6,12 +6,12 @@ from typing import Any
 
 import pytest
 
+from harness.resources import by_kind
+from harness.schemas import validate_manifest
 from promptcache.api import InvalidResourceError, parse_resource
 from promptcache.controller.checks import gpu_shortfall
 from promptcache.render import render
 from promptcache.render.model_server import vllm_args
-from tests.render.schemas import validate_manifest
-from tests.render.test_render import by_kind
 
 
 def resource(**model: Any) -> dict[str, Any]:

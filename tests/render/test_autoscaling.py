@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
+from harness.schemas import validate_manifest
 from promptcache.api import parse_resource
 from promptcache.api.crd import custom_resource_definition
 from promptcache.render import render
-from tests.render.schemas import validate_manifest
 
 
 def resource(**autoscaling: Any) -> dict[str, Any]:

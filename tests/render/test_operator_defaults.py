@@ -15,13 +15,13 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from harness.cli import run_cli
+from harness.resource_strategies import resources
 from promptcache.api import BUILT_IN_DEFAULTS, OperatorDefaults, parse_resource
 from promptcache.api.constants import DEFAULT_FRONT_IMAGE, DEFAULT_GATEWAY_POLICY_IMAGE
 from promptcache.render import render
 from promptcache.render.epp import GATEWAY_POLICY_CONTAINER
 from promptcache.render.front import FRONT_CONTAINER
-from tests.cli.test_bad_input import run_cli
-from tests.render.strategies import resources
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,78 +10,15 @@ from typing import Any
 
 import pytest
 
+from harness.pod_template_cases import AFFINITY, KINDS, MOUNT, PODS, VOLUME, resource
+from harness.resources import by_kind
+from harness.schemas import ROOT, validate_manifest
 from promptcache.api import InvalidResourceError, parse_resource
 from promptcache.contract import (
-    ENDPOINT_PICKER_POD,
-    MODEL_SERVER_POD,
     OPERATOR_ANNOTATION_PREFIX,
     OPERATOR_POD_LABELS,
 )
 from promptcache.render import render
-from tests.render.schemas import ROOT, validate_manifest
-from tests.render.test_render import by_kind
-
-PODS = {
-    "model": ("model-server", "vllm", MODEL_SERVER_POD),
-    "gateway": ("endpoint-picker", "epp", ENDPOINT_PICKER_POD),
-}
-VOLUME = {"name": "extra", "configMap": {"name": "my-config"}}
-MOUNT = {"name": "extra", "mountPath": "/etc/extra", "readOnly": True}
-AFFINITY: dict[str, Any] = {
-    "nodeAffinity": {
-        "requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [
-                {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["gpu-a"]}]}
-            ]
-        }
-    },
-    "podAntiAffinity": {
-        "preferredDuringSchedulingIgnoredDuringExecution": [
-            {
-                "weight": 100,
-                "podAffinityTerm": {
-                    "topologyKey": "kubernetes.io/hostname",
-                    "labelSelector": {"matchLabels": {"app.kubernetes.io/instance": "demo"}},
-                },
-            }
-        ]
-    },
-}
-SPREAD = {
-    "maxSkew": 1,
-    "topologyKey": "topology.kubernetes.io/zone",
-    "whenUnsatisfiable": "ScheduleAnyway",
-    "labelSelector": {"matchLabels": {"app.kubernetes.io/instance": "demo"}},
-}
-# (override, where it lands in the pod template, what must be there)
-KINDS: dict[str, tuple[dict[str, Any], tuple[str, ...], Any]] = {
-    "labels": ({"metadata": {"labels": {"team": "search"}}}, ("metadata", "labels", "team"),
-               "search"),
-    "annotations": ({"metadata": {"annotations": {"sidecar.istio.io/inject": "false"}}},
-                    ("metadata", "annotations", "sidecar.istio.io/inject"), "false"),
-    "affinity": ({"spec": {"affinity": AFFINITY}}, ("spec", "affinity"), AFFINITY),
-    "topologySpreadConstraints": ({"spec": {"topologySpreadConstraints": [SPREAD]}},
-                                  ("spec", "topologySpreadConstraints"), [SPREAD]),
-    "imagePullSecrets": ({"spec": {"imagePullSecrets": [{"name": "regcred"}]}},
-                         ("spec", "imagePullSecrets"), [{"name": "regcred"}]),
-    "priorityClassName": ({"spec": {"priorityClassName": "inference-high"}},
-                          ("spec", "priorityClassName"), "inference-high"),
-    "runtimeClassName": ({"spec": {"runtimeClassName": "nvidia"}}, ("spec", "runtimeClassName"),
-                         "nvidia"),
-    "schedulerName": ({"spec": {"schedulerName": "volcano"}}, ("spec", "schedulerName"),
-                      "volcano"),
-}  # fmt: skip
-
-
-def resource(where: str, overlay: dict[str, Any]) -> dict[str, Any]:
-    spec: dict[str, Any] = {"model": {"name": "org/model"}}
-    spec.setdefault(where, {})["podTemplate"] = overlay
-    return {
-        "apiVersion": "serving.promptcache.io/v1alpha1",
-        "kind": "PromptCacheDeployment",
-        "metadata": {"name": "demo", "namespace": "ns"},
-        "spec": spec,
-    }
 
 
 def pod_template(doc: dict[str, Any], component: str) -> dict[str, Any]:

@@ -10,14 +10,15 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 
+from harness.resource_strategies import resources
+from harness.resources import by_kind
+from harness.schemas import ROOT, validate_manifest
 from promptcache.api import parse_resource
 from promptcache.contract import SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR, FrontEnv
 from promptcache.loading import load_resources
 from promptcache.render import render
 from promptcache.render.epp_config import endpoint_picker_config
 from promptcache.yamlio import dump_all
-from tests.render.schemas import ROOT, validate_manifest
-from tests.render.strategies import resources
 
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 ACCEPTED = json.loads((ROOT / "e2e" / "epp" / "accepted_parameters.json").read_text())
@@ -25,21 +26,6 @@ ACCEPTED = json.loads((ROOT / "e2e" / "epp" / "accepted_parameters.json").read_t
 
 def example(name: str) -> Any:
     return load_resources((ROOT / "examples" / name).read_text(), source=name)[0]
-
-
-def by_kind(
-    manifests: list[dict[str, Any]], kind: str, component: str | None = None
-) -> dict[str, Any]:
-    found = [
-        m
-        for m in manifests
-        if m["kind"] == kind
-        and (
-            component is None or m["metadata"]["labels"]["app.kubernetes.io/component"] == component
-        )
-    ]
-    assert len(found) == 1, f"{kind}/{component}: {len(found)}"
-    return found[0]
 
 
 def env_of(container: dict[str, Any]) -> dict[str, str]:

@@ -15,6 +15,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from harness.resource_strategies import resources
+from harness.resources import rendered
+from harness.schemas import validate_manifest
 from promptcache._version import __version__
 from promptcache.api import parse_resource
 from promptcache.contract import EPP_EXT_PROC_PORT, FrontEnv, GatewayPolicyEnv, IsolationMode
@@ -22,9 +25,6 @@ from promptcache.gateway.command import settings_from
 from promptcache.gateway.settings import GatewayPolicySettings
 from promptcache.render import render
 from promptcache.render.epp import CONFIG_HASH_ANNOTATION
-from tests.render.minimal import rendered
-from tests.render.schemas import validate_manifest
-from tests.render.strategies import resources
 
 
 def epp_deployment(manifests: list[dict[str, Any]]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from typing import Any, get_args
 import pytest
 import yaml
 
+from harness.resources import BASE
 from promptcache.api import parse_resource
 from promptcache.api.spec import MaxLoraRank
 from promptcache.contract import VllmFlag
@@ -25,7 +26,6 @@ from promptcache.render import render
 from promptcache.render.epp_config import LORA_SCORER, endpoint_picker_config
 from promptcache.render.model_server import vllm_args
 from promptcache.tenancy.routes import VLLM_ROUTES_VERSION
-from tests.render.minimal import BASE
 from tools import vllm_flags, vllm_routes
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
+from harness.schemas import validate_manifest
 from promptcache.api import parse_resource
 from promptcache.render import render
 from promptcache.render.monitoring import RELABELINGS
-from tests.render.schemas import validate_manifest
 
 
 def doc(**monitoring: Any) -> Any:

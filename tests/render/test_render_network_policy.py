@@ -14,13 +14,13 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 
+from harness.resource_strategies import resources
+from harness.resources import rendered
+from harness.schemas import validate_manifest
 from promptcache.api import parse_resource
 from promptcache.contract import EPP_LOCAL_GRPC_PORT
 from promptcache.render import render
 from promptcache.render.epp import uses_policy_step
-from tests.render.minimal import rendered
-from tests.render.schemas import validate_manifest
-from tests.render.strategies import resources
 
 
 def one(manifests: list[dict[str, Any]], kind: str, suffix: str = "") -> dict[str, Any]:

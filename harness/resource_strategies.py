@@ -1,4 +1,4 @@
-"""Hypothesis strategies for valid PromptCacheDeployments, spanning the settings render branches on."""
+"""Hypothesis strategies for valid PromptCacheDeployments, spanning what render branches on."""
 
 from __future__ import annotations
 

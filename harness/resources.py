@@ -1,4 +1,5 @@
-"""The smallest valid resource and its manifests, for render tests that change one field."""
+"""The smallest valid resource and its manifests, for tests that change one field; and
+finding one manifest among them."""
 
 from __future__ import annotations
 
@@ -21,3 +22,19 @@ def rendered(**spec: Any) -> list[dict[str, Any]]:
     doc = copy.deepcopy(BASE)
     doc["spec"].update(spec)
     return render(parse_resource(doc))
+
+
+def by_kind(
+    manifests: list[dict[str, Any]], kind: str, component: str | None = None
+) -> dict[str, Any]:
+    """The one manifest of `kind` (and component label, when given) in `manifests`."""
+    found = [
+        m
+        for m in manifests
+        if m["kind"] == kind
+        and (
+            component is None or m["metadata"]["labels"]["app.kubernetes.io/component"] == component
+        )
+    ]
+    assert len(found) == 1, f"{kind}/{component}: {len(found)}"
+    return found[0]

@@ -17,7 +17,7 @@ import yaml
 
 from e2e.localcluster.crds import gateway_crd_files, monitoring_crd_files
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 KUBERNETES_VERSION = "1.35.0"
 
 

@@ -51,12 +51,20 @@ _LOCALHOSTS = ("127.0.0.1", "0.0.0.0")
 
 
 def pod_local(value: str, pod_ip: str, mounts: Mapping[str, Path]) -> str:
-    """`value` as seen from inside the pod, on this host: the pod's addresses and mounts."""
+    """`value` as seen from inside the pod, on this host: the pod's addresses and mounts.
+
+    One exception: a path that exists on this host and not in the pod's volume is left as
+    it is. Here the host's files stand in for what an image or a volume would carry (the
+    tiny model is a host directory named by `spec.model.name`), and a cache directory
+    under `/tmp` must not vanish behind the pod's `/tmp` emptyDir."""
     for local in _LOCALHOSTS:
         value = value.replace(local, pod_ip)
     for mount, host_dir in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
         if value == mount or value.startswith(mount.rstrip("/") + "/"):
-            return str(host_dir) + value[len(mount.rstrip("/")) :]
+            inside = str(host_dir) + value[len(mount.rstrip("/")) :]
+            if value != mount and Path(value).exists() and not Path(inside).exists():
+                return value
+            return inside
         value = value.replace("=" + mount, "=" + str(host_dir))
     return value
 

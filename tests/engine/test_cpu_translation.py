@@ -56,3 +56,22 @@ def test_pod_local_maps_the_pods_addresses_and_mounts() -> None:
     assert pod_local("/tmp", "127.50.0.2", mounts) == "/w/tmp"
     assert pod_local("/tmpfoo", "127.50.0.2", mounts) == "/tmpfoo"
     assert pod_local("--dtype=float32", "127.50.0.2", mounts) == "--dtype=float32"
+
+
+def test_pod_local_keeps_a_host_path_the_pods_volume_would_hide(tmp_path: Path) -> None:
+    """A model (or any cache) under the host's /tmp stays reachable: the pod's /tmp
+    emptyDir does not shadow a host path that exists and is absent from the volume."""
+    volume = tmp_path / "volume-tmp"
+    volume.mkdir()
+    (volume / "written-by-the-pod").write_text("x")
+    model = tmp_path / "cache" / "models" / "tiny"
+    model.mkdir(parents=True)
+    mount = str(tmp_path)  # stands for the pod's /tmp mount point
+    mounts = {mount: volume}
+    assert pod_local(str(model), "127.50.0.2", mounts) == str(model)
+    assert pod_local(f"{mount}/written-by-the-pod", "127.50.0.2", mounts) == str(
+        volume / "written-by-the-pod"
+    )
+    assert pod_local(f"{mount}/not-yet-there", "127.50.0.2", mounts) == str(
+        volume / "not-yet-there"
+    )

@@ -180,6 +180,7 @@ def test_front_limits_follow_the_engine_and_the_resource() -> None:
                 "bodyTimeoutSeconds": 12.5,
                 "maxPromptEmbedsReferences": 16,
                 "allowClientPriority": True,
+                "allowEngineState": True,
             },
         }
     )
@@ -190,8 +191,10 @@ def test_front_limits_follow_the_engine_and_the_resource() -> None:
     assert env[FrontEnv.BODY_TIMEOUT_SECONDS] == "12.5"
     assert env[FrontEnv.MAX_PROMPT_EMBEDS_REFERENCES] == "16"
     assert env[FrontEnv.ALLOW_CLIENT_PRIORITY] == "true"
+    assert env[FrontEnv.ALLOW_ENGINE_STATE] == "true"
     args, default_env = render_front({})
     assert default_env[FrontEnv.ALLOW_CLIENT_PRIORITY] == "false"
+    assert default_env[FrontEnv.ALLOW_ENGINE_STATE] == "false"
     assert "--max-num-seqs" not in args
     with pytest.raises(ValueError, match=r"memoryBudgetBytes is below front\.maxRequestBytes"):
         render_front({"front": {"memoryBudgetBytes": 1024**2, "maxRequestBytes": 2 * 1024**2}})

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -135,6 +136,21 @@ def test_the_step_reads_the_fronts_salt_secret_and_settings() -> None:
     settings = gateway_policy_settings(shim)
     assert settings.isolation_mode is IsolationMode.REQUIRED
     assert settings.session_header == ""  # sessions are off: the step names none
+
+
+@pytest.mark.parametrize("allowed", [False, True])
+def test_the_step_refuses_engine_state_fields_as_the_front_does(allowed: bool) -> None:
+    """`spec.front.allowEngineState` reaches both processes, so a field the front would
+    refuse is refused before routing too."""
+    manifests = rendered(front={"allowEngineState": allowed})
+    model = next(
+        m for m in manifests if m["kind"] == "Deployment" and m is not epp_deployment(manifests)
+    )
+    front = next(c for c in model["spec"]["template"]["spec"]["containers"] if c["name"] != "vllm")
+    step = containers(manifests)["gateway-policy"]
+    assert env_of(front)[FrontEnv.ALLOW_ENGINE_STATE] == ("true" if allowed else "false")
+    assert env_of(step)[FrontEnv.ALLOW_ENGINE_STATE] == env_of(front)[FrontEnv.ALLOW_ENGINE_STATE]
+    assert gateway_policy_settings(step).allow_engine_state is allowed
 
 
 def test_the_image_can_be_chosen() -> None:

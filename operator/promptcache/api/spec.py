@@ -43,6 +43,7 @@ from promptcache.contract.engine import (
 )
 from promptcache.contract.front import (
     DEFAULT_ALLOW_CLIENT_PRIORITY,
+    DEFAULT_ALLOW_ENGINE_STATE,
     DEFAULT_BODY_TIMEOUT_SECONDS,
     DEFAULT_HEADER_TIMEOUT_SECONDS,
     DEFAULT_MAX_BODY_READS,
@@ -519,6 +520,13 @@ class FrontSpec(ApiModel):
     It only matters with `--scheduling-policy priority` in `engine.extraArgs`, where it lets a
     client's requests overtake other tenants' in vLLM's queue. Off: the front removes the
     header and refuses a non-zero `priority` (HTTP 400 `priority_not_allowed`)."""
+    allow_engine_state: bool = DEFAULT_ALLOW_ENGINE_STATE
+    """Let clients send the request fields that reach the model server's state beyond their
+    own request (`previous_response_id`, `kv_transfer_params`, `vllm_xargs`, `session_id`):
+    another stored response, remote KV blocks, plugin arguments, a session identity. Off:
+    the front and the gateway's policy step refuse a non-null one (HTTP 400
+    `field_not_allowed`). Turn on only where every client is trusted, or the deployment has
+    one tenant."""
     usage_headers: UsageHeadersSpec = Field(default_factory=UsageHeadersSpec)
     resources: Resources = Field(
         default_factory=lambda: Resources(gpus=0, requests={"cpu": "500m", "memory": "512Mi"})

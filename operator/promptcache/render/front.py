@@ -23,7 +23,6 @@ from promptcache.contract import (
     format_float,
 )
 from promptcache.contract.front import (
-    DEFAULT_ALLOW_ENGINE_STATE,
     DEFAULT_LISTEN,
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_MAX_IN_FLIGHT_BYTES,
@@ -90,8 +89,7 @@ def _env(pcd: PromptCacheDeployment, has_salt: bool) -> list[dict[str, str]]:
         (FrontEnv.SEND_BUFFER_BYTES, str(spec.front.send_buffer_bytes)),
         (FrontEnv.MAX_PROMPT_EMBEDS_REFERENCES, str(spec.front.max_prompt_embeds_references)),
         (FrontEnv.ALLOW_CLIENT_PRIORITY, format_bool(spec.front.allow_client_priority)),
-        # no resource field yet: the process default, written so the step reads the same
-        (FrontEnv.ALLOW_ENGINE_STATE, format_bool(DEFAULT_ALLOW_ENGINE_STATE)),
+        (FrontEnv.ALLOW_ENGINE_STATE, format_bool(spec.front.allow_engine_state)),
         (FrontEnv.PROMPT_TOKENS_HEADER, usage.prompt_tokens_header if usage.enabled else ""),
         (
             FrontEnv.CACHED_PROMPT_TOKENS_HEADER,

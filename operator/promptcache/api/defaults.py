@@ -76,7 +76,7 @@ def flag_of(field: str) -> str:
 
 
 DEPRECATED_FLAGS: dict[str, str] = {"gateway_policy_image": "--session-shim-image"}
-"""Old flag names still accepted (the gateway policy step was the "gateway policy step")."""
+"""Old flag names still accepted (the gateway policy step was the "session shim")."""
 
 
 def add_default_flags(parser: argparse.ArgumentParser) -> None:

@@ -430,8 +430,19 @@ class GatewaySpec(ApiModel):
     the operator's default (the chart's `defaultImages.gatewayPolicy`, else the operator
     image of this release)."""
     session_shim_image: ImageRef | None = None
-    """Deprecated: the old name of `gatewayPolicyImage` (the step was the "gateway policy step").
+    """Deprecated: the old name of `gatewayPolicyImage` (the step was the "session shim").
     Still honoured when `gatewayPolicyImage` is empty; status says it is deprecated."""
+
+    route: RouteSpec = Field(default_factory=RouteSpec)
+    pod_template: GatewayPodTemplate | None = None
+    """Merged onto each Endpoint Picker pod, like model.podTemplate (the `epp` container)."""
+    network_policy: bool = True
+    """When the policy step fronts the picker, render a NetworkPolicy that admits only the
+    pod's served ports (ext_proc 9002, gRPC health 9003, metrics 9090) from any source, so
+    the picker's inner ext_proc port (9012, plaintext, no bind-address flag on either picker)
+    cannot be dialled from other pods, bypassing the policy step. NetworkPolicies add up: turn
+    this off when a policy of your own already restricts ingress to the picker pods (ours
+    would admit those three ports from anywhere). Needs a CNI that enforces NetworkPolicy."""
 
     @property
     def policy_step_image(self) -> str | None:
@@ -448,17 +459,6 @@ class GatewaySpec(ApiModel):
     @model_validator(mode="after")
     def _rules(self) -> GatewaySpec:
         return enforce_rules(self, "gateway")
-
-    route: RouteSpec = Field(default_factory=RouteSpec)
-    pod_template: GatewayPodTemplate | None = None
-    """Merged onto each Endpoint Picker pod, like model.podTemplate (the `epp` container)."""
-    network_policy: bool = True
-    """When the policy step fronts the picker, render a NetworkPolicy that admits only the
-    pod's served ports (ext_proc 9002, gRPC health 9003, metrics 9090) from any source, so
-    the picker's inner ext_proc port (9012, plaintext, no bind-address flag on either picker)
-    cannot be dialled from other pods, bypassing the policy step. NetworkPolicies add up: turn
-    this off when a policy of your own already restricts ingress to the picker pods (ours
-    would admit those three ports from anywhere). Needs a CNI that enforces NetworkPolicy."""
 
 
 class UsageHeadersSpec(ApiModel):

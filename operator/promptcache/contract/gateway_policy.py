@@ -4,7 +4,7 @@ The renderer writes these variables into the Endpoint Picker pod's `gateway-poli
 container; `promptcache gateway-policy` reads them (flags winning) into `GatewayPolicySettings`.
 The isolation settings are the cache front's own declarations (same variables, parsers and
 defaults), so the step and the front derive the same salt from the same configuration.
-(The step was the "gateway policy step": `SessionShimEnv` and `promptcache session-shim` remain
+(The step was the "session shim": `SessionShimEnv` and `promptcache session-shim` remain
 as deprecated names.)
 """
 

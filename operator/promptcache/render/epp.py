@@ -49,7 +49,7 @@ CONFIG_KEY: Final[str] = "config.yaml"
 POOL_GROUP: Final[str] = "inference.networking.k8s.io"
 _READ: Final[list[str]] = ["get", "list", "watch"]
 GATEWAY_POLICY_CONTAINER: Final[str] = "gateway-policy"
-"""The policy step's container (it was the gateway policy step)."""
+"""The policy step's container (it was the session shim)."""
 POLICY_COMMAND: Final[str] = "gateway-policy"
 """`promptcache gateway-policy` (`promptcache.gateway.command.COMMAND`)."""
 TERMINATION_GRACE_SECONDS: Final[int] = 130

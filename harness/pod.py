@@ -66,6 +66,8 @@ def pod_local(value: str, pod_ip: str, mounts: Mapping[str, Path]) -> str:
                 return value
             return inside
         value = value.replace("=" + mount, "=" + str(host_dir))
+        # A path inside a JSON argument (vLLM's `--lora-modules '{"path": ...}'`).
+        value = value.replace(f'"{mount.rstrip("/")}/', f'"{host_dir}/')
     return value
 
 
@@ -190,8 +192,11 @@ class ProcessPod:
 
     # --- building ------------------------------------------------------------------------
     def _materialise_volumes(self) -> dict[str, Path]:
-        out = {}
+        out: dict[str, Path] = {}
         for volume in self.spec.get("volumes", []):
+            if "hostPath" in volume:  # as a kubelet does: the node's own directory
+                out[volume["name"]] = Path(volume["hostPath"]["path"])
+                continue
             path = self.workdir / "volumes" / volume["name"]
             path.mkdir(parents=True, exist_ok=True)
             secret = volume.get("secret")

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,28 +63,33 @@ def cache_dir() -> Path:
 def tiny_model(params: TinyModel | None = None) -> Path:
     """The model folder for `params`, made once per machine (seconds) under the cache."""
     params = params or TinyModel()
-    root = cache_dir() / "models"
-    target = root / f"tiny-{params.architecture}-{params.key}"
+    target = cache_dir() / "models" / f"tiny-{params.architecture}-{params.key}"
+    return built_once(
+        target,
+        lambda scratch: [
+            str(engine_python()),
+            str(HERE / "tiny_model.py"),
+            "--out",
+            str(scratch),
+            "--params",
+            json.dumps(dataclasses.asdict(params)),
+        ],
+    )
+
+
+def built_once(target: Path, command: Callable[[Path], list[str]]) -> Path:
+    """`target`, made by running `command(scratch)` once per machine: two test processes
+    never build the same folder, and a build cut short is never taken for a finished one."""
     if (target / ".complete").is_file():
         return target
-    root.mkdir(parents=True, exist_ok=True)
-    with (root / f".{params.key}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # two test processes never build the same model
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with (target.parent / f".{target.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         if (target / ".complete").is_file():
             return target
         scratch = target.with_name(target.name + ".partial")
         shutil.rmtree(scratch, ignore_errors=True)
-        subprocess.run(
-            [
-                str(engine_python()),
-                str(HERE / "tiny_model.py"),
-                "--out",
-                str(scratch),
-                "--params",
-                json.dumps(dataclasses.asdict(params)),
-            ],
-            check=True,
-        )
+        subprocess.run(command(scratch), check=True)
         shutil.rmtree(target, ignore_errors=True)
         scratch.rename(target)
         (target / ".complete").touch()

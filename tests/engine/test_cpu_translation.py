@@ -56,6 +56,8 @@ def test_pod_local_maps_the_pods_addresses_and_mounts() -> None:
     assert pod_local("/tmp", "127.50.0.2", mounts) == "/w/tmp"
     assert pod_local("/tmpfoo", "127.50.0.2", mounts) == "/tmpfoo"
     assert pod_local("--dtype=float32", "127.50.0.2", mounts) == "--dtype=float32"
+    lora = '{"name":"sql","path":"/etc/salt/a","base_model_name":"m"}'
+    assert pod_local(lora, "127.50.0.2", mounts) == lora.replace("/etc/salt/a", "/w/salt/a")
 
 
 def test_pod_local_keeps_a_host_path_the_pods_volume_would_hide(tmp_path: Path) -> None:

@@ -110,13 +110,15 @@ def start_pool_pods(
     kv_cache_bytes: int,
     say: Callable[[str], None] = print,
     ready_timeout_s: float = 900,
+    first_core: int = 0,
 ) -> list[ProcessPod]:
     """One ProcessPod per kwok pod of `pool`'s model Deployment, on its IP, with the pool's
     salt Secret (the policy step reads the same key); all started at once (each waits for
     an engine slot), then waited for.
 
-    Each engine's worker is bound to a core of its own (`VLLM_CPU_OMP_THREADS_BIND`: the CPU
-    build otherwise binds every worker to core 0): a machine layout, not a translation of
+    Each engine's worker is bound to a core of its own, from `first_core` on (so two pools
+    need not share one) (`VLLM_CPU_OMP_THREADS_BIND`: the CPU build otherwise binds every
+    worker to core 0): a machine layout, not a translation of
     the rendered pod, which is otherwise run as the API server holds it."""
     secrets_ = SaltSecrets()
     pool.salt_key_file.write_bytes(secrets_.key)
@@ -129,7 +131,10 @@ def start_pool_pods(
             if c["name"] == "vllm":
                 env = c.setdefault("env", [])
                 env.append(
-                    {"name": "VLLM_CPU_OMP_THREADS_BIND", "value": str(cores[i % len(cores)])}
+                    {
+                        "name": "VLLM_CPU_OMP_THREADS_BIND",
+                        "value": str(cores[(first_core + i) % len(cores)]),
+                    }
                 )
         name, ip = obj["metadata"]["name"], obj["status"]["podIP"]
         pods.append(

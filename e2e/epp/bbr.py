@@ -58,6 +58,7 @@ class BbrProcess:
         args: Sequence[str],
         namespace: str | None = None,
     ) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
         ports = free_ports(["grpc", "health", "metrics"])
         self.ports = RouterPorts(ports["grpc"], ports["health"], ports["metrics"])
         self.log_path = workdir / "bbr.log"

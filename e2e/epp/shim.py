@@ -2,7 +2,7 @@
 
 The EPP pod's `gateway-policy` container is started here with the rendered args and
 environment. Only ports and file paths change, and only in a way that keeps the rendered
-wiring: its listen port becomes a free loopback port, its upstream becomes the port the
+wiring: its listen and metrics ports become free loopback ports, its upstream becomes the port the
 harness really gave the EPP in place of the rendered `--grpc-port` (the harness checks
 first that the rendered upstream is exactly `127.0.0.1:<rendered --grpc-port>`), and its
 salt key file becomes a local file holding the pool's salt Secret (the fronts read the
@@ -46,6 +46,9 @@ class GatewayPolicyProcess:
         full.update(env)
         full[GatewayPolicyEnv.LISTEN] = f"127.0.0.1:{self.port}"
         full[GatewayPolicyEnv.UPSTREAM] = f"127.0.0.1:{upstream_port}"
+        if GatewayPolicyEnv.METRICS_LISTEN in env:  # two pools' steps on one host
+            self.metrics_port = free_port()
+            full[GatewayPolicyEnv.METRICS_LISTEN] = f"127.0.0.1:{self.metrics_port}"
         if GatewayPolicyEnv.SALT_KEY_FILE in env:
             if salt_key_file is None:
                 raise AssertionError("the rendered step reads a salt key: pass the pool's")

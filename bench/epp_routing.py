@@ -83,10 +83,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from e2e import pytest_cluster  # e2e/: the same local control plane the tests use
-from e2e.epp.launch import Launcher, routing_patch
-from e2e.epp.pool import PoolOnCluster
-from e2e.epp.traffic import (
+from harness import pytest_cluster  # e2e/: the same local control plane the tests use
+from harness.epp.launch import Launcher, routing_patch
+from harness.epp.pool import PoolOnCluster
+from harness.epp.traffic import (
     LLMD_DEFAULT,
     LOAD_ONLY,
     REPORTED_BLOCK_SIZE,

@@ -2,7 +2,7 @@
 
 `python -m bench.epp_routing --real` (this module). The stand-in bench (`epp_routing.py`)
 models a GPU; this one asks the engines themselves. Each pod is the rendered model-server
-pod of a test resource (`e2e/engine/pods.py`: the tiny model, block size 32, PerKey
+pod of a test resource (`harness/engine/pods.py`: the tiny model, block size 32, PerKey
 isolation) run by `harness.pod.ProcessPod` on the IP kwok gave its pod object on the local
 control plane, so the GIE v1.5 picker (which needs an API server: it has no file discovery)
 finds it, scrapes the front's `/metrics` (vLLM's own, merged) and picks among the pods over
@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from e2e.epp.traffic import (
+from harness.epp.traffic import (
     LOAD_ONLY,
     Session,
     Stats,
@@ -75,7 +75,7 @@ from e2e.epp.traffic import (
 )
 
 if TYPE_CHECKING:
-    from e2e.epp.pool import PoolOnCluster
+    from harness.epp.pool import PoolOnCluster
     from harness.pod import ProcessPod
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -152,7 +152,7 @@ class Plan:
         return self.workload.tenants * self.workload.system_tokens
 
     def resource(self, model: Path, namespace: str) -> dict[str, Any]:
-        from e2e.engine.pods import engine_resource  # noqa: PLC0415
+        from harness.engine.pods import engine_resource  # noqa: PLC0415
 
         resource = engine_resource(
             model,
@@ -261,7 +261,7 @@ class Result:
 
 
 def start_pods(plan: Plan, pool: PoolOnCluster, workdir: Path) -> list[ProcessPod]:
-    from e2e.engine.cluster_pods import start_pool_pods  # noqa: PLC0415
+    from harness.engine.cluster_pods import start_pool_pods  # noqa: PLC0415
 
     return start_pool_pods(pool, workdir, plan.kv_cache_bytes, say=say)
 
@@ -327,10 +327,10 @@ def drive(
 
 def main(argv: list[str] | None = None) -> int:
     plan = parse(argv)
-    from e2e import pytest_cluster  # noqa: PLC0415
-    from e2e.epp.pool import PoolOnCluster  # noqa: PLC0415
-    from e2e.epp.rendered import Rendered, render_resource  # noqa: PLC0415
-    from e2e.epp.traffic import use_gie_picker  # noqa: PLC0415
+    from harness import pytest_cluster  # noqa: PLC0415
+    from harness.epp.pool import PoolOnCluster  # noqa: PLC0415
+    from harness.epp.rendered import Rendered, render_resource  # noqa: PLC0415
+    from harness.epp.traffic import use_gie_picker  # noqa: PLC0415
     from harness.vllm import engine_unavailable, tiny_model  # noqa: PLC0415
 
     why = engine_unavailable()

@@ -29,7 +29,7 @@ import aiohttp
 import torch
 
 from bench.local_processes import start, wait_ok
-from e2e.localcluster.state import free_port
+from harness.net import free_port
 from promptcache.front.client import EmbedsPayload, PromptCacheClient
 
 CHAT = "/v1/chat/completions"

@@ -65,8 +65,8 @@ from typing import TYPE_CHECKING
 import aiohttp
 
 from bench.local_processes import start, wait_ok
-from e2e.localcluster.state import free_port
 from harness.amplification import attacks, dense_payload
+from harness.net import free_port
 
 if TYPE_CHECKING:
     from harness.pod import ProcessPod
@@ -384,7 +384,7 @@ def pin(pids: list[int], cpus: frozenset[int] | None) -> None:
 def start_real_pod(workdir: Path) -> ProcessPod:
     """The rendered model-server pod (cache front + real `vllm serve`), Ready by its own
     probes; the engine slot it needs may first have to be waited for."""
-    from e2e.engine.pods import engine_resource, process_pod  # noqa: PLC0415 - real mode only
+    from harness.engine.pods import engine_resource, process_pod  # noqa: PLC0415 - real mode only
     from harness.vllm import engine_unavailable, tiny_model  # noqa: PLC0415
 
     why = engine_unavailable()
@@ -466,7 +466,7 @@ async def measure_real(
 
     At concurrency 1 the arms alternate request by request (in alternating order), so the
     two p50s see the same moments of a noisy machine; above, in `plan.rounds` blocks each."""
-    from e2e.engine.pods import SERVED_NAME  # noqa: PLC0415
+    from harness.engine.pods import SERVED_NAME  # noqa: PLC0415
 
     # An idle connection is dropped after 2 s, before uvicorn's 5 s keep-alive ends it (as
     # the front's own pool does): while the other arm runs, the direct arm's connections

@@ -44,8 +44,8 @@ import aiohttp
 import grpc.aio
 
 from bench.local_processes import start, wait_ok
-from e2e.localcluster.state import free_port
 from harness.extproc_gateway import Gateway, body_msg, headers_msg, start_upstream
+from harness.net import free_port
 
 FRONT_BUDGET = 256 * 1024**2
 """The front's `--max-in-flight-bytes`."""

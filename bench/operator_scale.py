@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from e2e.operator_harness import (
+from harness.operator import (
     CHILD_RESOURCES,
     OperatorProcess,
     apiserver_writes,
@@ -39,7 +39,7 @@ from e2e.operator_harness import (
     resource,
     wait_for,
 )
-from e2e.pytest_cluster import start_local_cluster, stop_cluster
+from harness.pytest_cluster import start_local_cluster, stop_cluster
 from promptcache.api import parse_resource
 from promptcache.controller.children import owned
 from promptcache.controller.kube import Kube, load_config

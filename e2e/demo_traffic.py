@@ -1,10 +1,10 @@
 """The demo's second half: real vLLM pods, traffic through the gateway path, the cache working.
 
 The demo applies a resource for the local tiny model (`demo_resource`: built like the
-real-engine tests' `e2e/engine/pods.engine_resource`, two replicas, block size 32) whose
+real-engine tests' `harness/engine/pods.engine_resource`, two replicas, block size 32) whose
 pod template asks for pods that really run. The operator renders it; kwok schedules the
 model-server pods and gives them loopback IPs but leaves their readiness alone; the
-harness runs each pod's containers as processes (`e2e/engine/cluster_pods.run_on_cluster`:
+harness runs each pod's containers as processes (`harness/engine/cluster_pods.run_on_cluster`:
 the real cache front in front of a real `vllm serve`, vLLM's CPU build, with the args,
 env, Secrets and probes the API server holds) and writes Ready from the rendered probes.
 Each engine's KV cache is small (`KV_CACHE_BYTES`) so that the workload does not fit in
@@ -41,14 +41,14 @@ from typing import Any
 
 import yaml
 
-from e2e import pytest_cluster
-from e2e.engine.cluster_pods import PROCESS_POD_TEMPLATE, run_on_cluster, stop_on_cluster
-from e2e.engine.pods import SERVED_NAME, engine_resource
-from e2e.epp.pool import PoolOnCluster
-from e2e.epp.process import EppProcess
-from e2e.epp.rendered import Rendered, render_resource
-from e2e.epp.shim import GatewayPolicyProcess
-from e2e.epp.traffic import (
+from harness import pytest_cluster
+from harness.engine.cluster_pods import PROCESS_POD_TEMPLATE, run_on_cluster, stop_on_cluster
+from harness.engine.pods import SERVED_NAME, engine_resource
+from harness.epp.pool import PoolOnCluster
+from harness.epp.process import EppProcess
+from harness.epp.rendered import Rendered, render_resource
+from harness.epp.shim import GatewayPolicyProcess
+from harness.epp.traffic import (
     LOAD_ONLY,
     Pick,
     Stats,

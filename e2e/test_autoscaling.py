@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.localcluster.state import free_port
-from e2e.operator_harness import (
+from harness.net import free_port
+from harness.operator import (
     OperatorProcess,
     apply_yaml,
     get_json,
@@ -33,7 +33,7 @@ from e2e.operator_harness import (
     resource,
     wait_for,
 )
-from e2e.pytest_cluster import Cluster, built_binary
+from harness.pytest_cluster import Cluster, built_binary
 from harness.standin import FakePod
 
 pytestmark = pytest.mark.cluster

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from e2e.epp.bbr import BbrProcess, chart_router_args, route_for
-from e2e.pytest_cluster import Cluster, built_binary
+from harness.epp.bbr import BbrProcess, chart_router_args, route_for
+from harness.pytest_cluster import Cluster, built_binary
 from promptcache.api import parse_resource
 from promptcache.contract.router import BASE_MODEL_HEADER, MAPPING_LABEL, MODEL_HEADER
 from promptcache.render import render

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from e2e.pytest_cluster import CLUSTER_CLI, Cluster, start_local_cluster, stop_cluster
+from harness.pytest_cluster import CLUSTER_CLI, Cluster, start_local_cluster, stop_cluster
 
 pytestmark = pytest.mark.cluster
 

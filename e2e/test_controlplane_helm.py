@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.pytest_cluster import Cluster
+from harness.pytest_cluster import Cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.helm]
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from e2e.pytest_cluster import Cluster
+from harness.pytest_cluster import Cluster
 
 pytestmark = pytest.mark.cluster
 

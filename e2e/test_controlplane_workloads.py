@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from e2e.pytest_cluster import Cluster
+from harness.pytest_cluster import Cluster
 
 pytestmark = pytest.mark.cluster
 

@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kubernetes.client.exceptions import ApiException
 
-from e2e.operator_harness import wait_established
-from e2e.pytest_cluster import Cluster
 from harness import pod_template_cases
+from harness.operator import wait_established
+from harness.pytest_cluster import Cluster
 from promptcache.api import InvalidResourceError, parse_resource
 from promptcache.api.rules import default_max_loras
 from promptcache.loading import load_resources

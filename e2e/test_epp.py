@@ -26,13 +26,13 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.epp.binary import find_epp_binary, missing_reason
-from e2e.epp.extproc import chat_body
-from e2e.epp.fake_pod import VllmMetrics
-from e2e.epp.launch import Launcher, routing_patch, shape_patch
-from e2e.epp.pool import PoolOnCluster
-from e2e.epp.rendered import example_files, load_example, render_resource
-from e2e.epp.scenarios import handicap, prefixed, settle_index, unique_text, wait_scrapes
+from harness.epp.binary import find_epp_binary, missing_reason
+from harness.epp.extproc import chat_body
+from harness.epp.fake_pod import VllmMetrics
+from harness.epp.launch import Launcher, routing_patch, shape_patch
+from harness.epp.pool import PoolOnCluster
+from harness.epp.rendered import example_files, load_example, render_resource
+from harness.epp.scenarios import handicap, prefixed, settle_index, unique_text, wait_scrapes
 from promptcache.api.rules import GIE_SESSIONS_MESSAGE, GIE_TIERS_MESSAGE
 from promptcache.contract import PickerTarget
 

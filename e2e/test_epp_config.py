@@ -1,7 +1,7 @@
 """The generated EndpointPickerConfig uses only parameters llm-d-router v0.10.0 accepts.
 
 The EPP decodes plugin parameters strictly and refuses to start on an unknown
-key; e2e/epp/accepted_parameters.json lists, per plugin type, the keys its Go
+key; harness/epp/accepted_parameters.json lists, per plugin type, the keys its Go
 struct takes (read from the source, docs/endpoint-picker.md). This check needs
 neither a cluster nor the binary, so it runs everywhere; test_epp.py then runs
 the real EPP on the same configs.
@@ -9,17 +9,15 @@ the real EPP on the same configs.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from e2e.epp.rendered import Rendered, example_files, load_example, render_resource
+from harness.epp import accepted_parameters
+from harness.epp.rendered import Rendered, example_files, load_example, render_resource
 
-ACCEPTED: dict[str, list[str]] = json.loads(
-    (Path(__file__).parent / "epp" / "accepted_parameters.json").read_text()
-)
+ACCEPTED: dict[str, list[str]] = accepted_parameters()
 
 VARIANTS = {
     "as-is": {},

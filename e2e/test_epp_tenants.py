@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 
-from e2e.epp.binary import find_epp_binary, missing_reason
-from e2e.epp.extproc import chat_body
-from e2e.epp.launch import Launcher, routing_patch
-from e2e.epp.pool import PodHandle, PoolOnCluster
-from e2e.epp.scenarios import prefixed, settle_index, unique_text, wait_scrapes
+from harness.epp.binary import find_epp_binary, missing_reason
+from harness.epp.extproc import chat_body
+from harness.epp.launch import Launcher, routing_patch
+from harness.epp.pool import PodHandle, PoolOnCluster
+from harness.epp.scenarios import prefixed, settle_index, unique_text, wait_scrapes
 from promptcache.contract import DEFAULT_ISOLATION_HEADER, PickerTarget
 from promptcache.tenancy.salt import derive_salt
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from e2e.epp.extproc import ExtProcClient, chat_body
-from e2e.epp.tls_relay import TlsRelay
-from e2e.localcluster.state import free_port
+from harness.epp.extproc import ExtProcClient, chat_body
+from harness.epp.tls_relay import TlsRelay
+from harness.net import free_port
 
 
 def test_a_picker_not_listening_is_named_not_just_socket_closed() -> None:

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.operator_harness import wait_established
-from e2e.pytest_cluster import Cluster
+from harness.operator import wait_established
+from harness.pytest_cluster import Cluster
 
 pytestmark = pytest.mark.cluster
 

@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.localcluster.state import free_port
-from e2e.operator_harness import OperatorProcess, wait_established, wait_for
-from e2e.pytest_cluster import Cluster
+from harness.net import free_port
+from harness.operator import OperatorProcess, wait_established, wait_for
+from harness.pytest_cluster import Cluster
 from promptcache.api.defaults import OperatorDefaults, flag_of
 
 pytestmark = [pytest.mark.cluster, pytest.mark.helm]

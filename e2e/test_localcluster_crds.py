@@ -11,7 +11,7 @@ import pytest
 
 from e2e.localcluster.crds import established, kubectl_getter, wait_established
 from e2e.localcluster.errors import ClusterError
-from e2e.pytest_cluster import Cluster, binary
+from harness.pytest_cluster import Cluster, binary
 
 pytestmark = pytest.mark.cluster
 

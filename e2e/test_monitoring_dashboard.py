@@ -23,11 +23,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from e2e.epp.extproc import chat_body
-from e2e.epp.launch import Launcher, routing_patch
-from e2e.epp.pool import PoolOnCluster
-from e2e.epp.scenarios import prefixed, unique_text
-from e2e.monitoring import (
+from harness.epp.extproc import chat_body
+from harness.epp.launch import Launcher, routing_patch
+from harness.epp.pool import PoolOnCluster
+from harness.epp.scenarios import prefixed, unique_text
+from harness.monitoring import (
     DASHBOARD,
     Prometheus,
     dashboard_queries,
@@ -35,7 +35,7 @@ from e2e.monitoring import (
     recorded_names,
     target_labels,
 )
-from e2e.pytest_cluster import Cluster
+from harness.pytest_cluster import Cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.prometheus]
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from e2e.localcluster.crds import MONITORING_CRD_NAMES, monitoring_crd_files
-from e2e.operator_harness import (
+from harness.operator import (
     OperatorProcess,
     apply_yaml,
     condition,
@@ -30,7 +30,7 @@ from e2e.operator_harness import (
     wait_established,
     wait_for,
 )
-from e2e.pytest_cluster import Cluster
+from harness.pytest_cluster import Cluster
 
 pytestmark = pytest.mark.cluster
 

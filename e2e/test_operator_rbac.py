@@ -18,7 +18,7 @@ import pytest
 import yaml
 from lightkube.config.kubeconfig import KubeConfig
 
-from e2e.operator_harness import (
+from harness.operator import (
     RULES_FILE,
     OperatorProcess,
     apply_yaml,
@@ -28,7 +28,7 @@ from e2e.operator_harness import (
     resource,
     wait_for,
 )
-from e2e.pytest_cluster import Cluster
+from harness.pytest_cluster import Cluster
 from promptcache.controller.errors import NotFoundError
 from promptcache.controller.kube import Kube
 from promptcache.controller.rbac import leader_election_role, load_rules, picker_cluster_role

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from e2e.localcluster.state import free_port
-from e2e.operator_harness import (
+from harness.net import free_port
+from harness.operator import (
     CHILD_KINDS,
     OperatorProcess,
     apiserver_writes,
@@ -31,7 +31,7 @@ from e2e.operator_harness import (
     resource,
     wait_for,
 )
-from e2e.pytest_cluster import Cluster
+from harness.pytest_cluster import Cluster
 from promptcache.contract import GATEWAY_POLICY_METRICS_PORT
 
 pytestmark = pytest.mark.cluster

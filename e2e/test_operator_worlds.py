@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from e2e.operator_harness import (
+from harness.operator import (
     CHILD_KINDS,
     OperatorProcess,
     apply_yaml,
@@ -24,7 +24,7 @@ from e2e.operator_harness import (
     resource,
     wait_for,
 )
-from e2e.pytest_cluster import Cluster
+from harness.pytest_cluster import Cluster
 
 pytestmark = pytest.mark.cluster
 

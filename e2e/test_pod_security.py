@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.pytest_cluster import Cluster
+from harness.pytest_cluster import Cluster
 from promptcache.render.epp import GATEWAY_POLICY_CONTAINER
 from promptcache.render.front import FRONT_CONTAINER
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench import epp_routing_real, front_overhead
-from e2e.engine.pods import rendered_pod_spec
+from harness.engine.pods import rendered_pod_spec
 
 
 def test_front_overhead_real_mode_measures_1_8_and_64_in_one_run() -> None:

@@ -80,5 +80,15 @@ def test_the_check_finds_each_form_of_path_edit() -> None:
 
 
 def test_the_helpers_are_packages() -> None:
-    for package in ("e2e", "e2e/epp", "e2e/localcluster", "tests", "tools", "bench"):
+    for package in (
+        "e2e",
+        "e2e/localcluster",
+        "harness",
+        "harness/epp",
+        "harness/engine",
+        "harness/vllm",
+        "tests",
+        "tools",
+        "bench",
+    ):
         assert (ROOT / package / "__init__.py").is_file(), package

@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from e2e.engine.pods import FrontFor, SaltSecrets, engine_resource, front_only_pod, process_pod
+from harness.engine.pods import FrontFor, SaltSecrets, engine_resource, front_only_pod, process_pod
 from harness.pod import ProcessPod
 from harness.vllm import engine_unavailable, tiny_model
 
@@ -97,6 +97,6 @@ _prompts = iter(range(1, 1 << 30))
 @pytest.fixture
 def fresh_prompt() -> Callable[[], str]:
     """A prompt no earlier request of this session sent (so nothing of it is cached)."""
-    from e2e.engine.client import long_text  # noqa: PLC0415
+    from harness.engine.client import long_text  # noqa: PLC0415
 
     return lambda: long_text(next(_prompts))

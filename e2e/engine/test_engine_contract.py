@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from e2e.engine.pods import BLOCK_SIZE, engine_resource, rendered_pod_spec
+from harness.engine.pods import BLOCK_SIZE, engine_resource, rendered_pod_spec
 from harness.vllm import cpu_engine_args, engine_python
 from promptcache.tenancy.routes import VLLM_ROUTES_VERSION, find_route
 from tools import vllm_routes

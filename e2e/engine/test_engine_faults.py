@@ -28,8 +28,8 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from e2e.engine.client import chat_body, long_text, post
-from e2e.engine.pods import SERVED_NAME, SaltSecrets, engine_resource, process_pod
+from harness.engine.client import chat_body, long_text, post
+from harness.engine.pods import SERVED_NAME, SaltSecrets, engine_resource, process_pod
 from harness.pod import ProcessPod
 from harness.vllm.server import START_TIMEOUT_S
 

@@ -22,8 +22,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from e2e.engine.client import Answer, chat_body, completion_body, post
-from e2e.engine.pods import SERVED_NAME, FrontFor, SaltSecrets
+from harness.engine.client import Answer, chat_body, completion_body, post
+from harness.engine.pods import SERVED_NAME, FrontFor, SaltSecrets
 from promptcache.tenancy.salt import derive_salt
 
 

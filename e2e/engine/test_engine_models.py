@@ -29,16 +29,16 @@ from typing import Any
 import aiohttp
 import pytest
 
-from e2e.engine.client import Answer, completion_body, long_text, post
-from e2e.engine.cluster_pods import start_pool_pods
-from e2e.engine.pods import engine_resource
-from e2e.epp.bbr import BbrProcess, chart_router_args, route_for
-from e2e.epp.binary import find_epp_binary, missing_reason
-from e2e.epp.extproc import DESTINATION_HEADER
-from e2e.epp.pool import PoolOnCluster
-from e2e.epp.rendered import Rendered, deep_merge, render_resource
-from e2e.pytest_cluster import Cluster, built_binary
+from harness.engine.client import Answer, completion_body, long_text, post
+from harness.engine.cluster_pods import start_pool_pods
+from harness.engine.pods import engine_resource
+from harness.epp.bbr import BbrProcess, chart_router_args, route_for
+from harness.epp.binary import find_epp_binary, missing_reason
+from harness.epp.extproc import DESTINATION_HEADER
+from harness.epp.pool import PoolOnCluster
+from harness.epp.rendered import Rendered, deep_merge, render_resource
 from harness.pod import ProcessPod
+from harness.pytest_cluster import Cluster, built_binary
 from harness.vllm import TinyModel, tiny_model
 from harness.vllm.adapters import TinyAdapter, tiny_adapter
 from promptcache.api import parse_resource

@@ -18,9 +18,9 @@ import aiohttp
 import pytest
 import yaml
 
-from e2e.engine.client import chat_body, long_text, post
-from e2e.engine.pods import engine_resource
-from e2e.monitoring import RULES, Prometheus, dashboard_queries, finite, target_labels
+from harness.engine.client import chat_body, long_text, post
+from harness.engine.pods import engine_resource
+from harness.monitoring import RULES, Prometheus, dashboard_queries, finite, target_labels
 from harness.pod import ProcessPod
 from promptcache.api import PromptCacheDeployment
 from promptcache.render import render

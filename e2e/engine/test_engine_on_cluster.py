@@ -25,12 +25,12 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.engine.client import chat_body, long_text
-from e2e.engine.cluster_pods import PROCESS_POD_TEMPLATE, run_on_cluster
-from e2e.engine.pods import engine_resource
-from e2e.operator_harness import condition, get_json, namespaced_operator, wait_for
-from e2e.pytest_cluster import Cluster
+from harness.engine.client import chat_body, long_text
+from harness.engine.cluster_pods import PROCESS_POD_TEMPLATE, run_on_cluster
+from harness.engine.pods import engine_resource
+from harness.operator import condition, get_json, namespaced_operator, wait_for
 from harness.pod import ProcessPod
+from harness.pytest_cluster import Cluster
 from harness.vllm.server import START_TIMEOUT_S
 
 pytestmark = pytest.mark.cluster

@@ -23,16 +23,16 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.engine.cluster_pods import start_pool_pods
-from e2e.engine.pods import BLOCK_SIZE, engine_resource
-from e2e.epp.binary import find_epp_binary, missing_reason
-from e2e.epp.extproc import chat_body
-from e2e.epp.pool import PoolOnCluster
-from e2e.epp.rendered import Rendered, render_resource
-from e2e.epp.scenarios import settle_index, unique_text
-from e2e.epp.traffic import for_gie
-from e2e.pytest_cluster import Cluster
+from harness.engine.cluster_pods import start_pool_pods
+from harness.engine.pods import BLOCK_SIZE, engine_resource
+from harness.epp.binary import find_epp_binary, missing_reason
+from harness.epp.extproc import chat_body
+from harness.epp.pool import PoolOnCluster
+from harness.epp.rendered import Rendered, render_resource
+from harness.epp.scenarios import settle_index, unique_text
+from harness.epp.traffic import for_gie
 from harness.pod import ProcessPod
+from harness.pytest_cluster import Cluster
 from promptcache.contract import PickerTarget
 from promptcache.render.epp_config import PREFIX_PRODUCER
 

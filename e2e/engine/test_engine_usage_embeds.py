@@ -15,8 +15,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from e2e.engine.client import CACHED_HEADER, PROMPT_HEADER, chat_body, completion_body, post
-from e2e.engine.pods import SERVED_NAME
+from harness.engine.client import CACHED_HEADER, PROMPT_HEADER, chat_body, completion_body, post
+from harness.engine.pods import SERVED_NAME
 
 torch = pytest.importorskip("torch")  # the `front` extra: always installed by scripts/test
 

@@ -19,8 +19,8 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from e2e.engine.client import chat_body, completion_body, long_text
-from e2e.engine.pods import BLOCK_SIZE, SERVED_NAME
+from harness.engine.client import chat_body, completion_body, long_text
+from harness.engine.pods import BLOCK_SIZE, SERVED_NAME
 from harness.standin import EngineConfig, StandinUpstream, start_standin
 
 

@@ -55,14 +55,6 @@ def cluster_dir(name: str, dir: str | None) -> Path:
     return CLUSTERS_ROOT / name
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port free on `host` right now, for a server the caller starts a moment later (the
-    one helper for every test, bench and harness that needs a loopback port)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 def free_ports(names: list[str]) -> dict[str, int]:
     """Distinct free loopback ports: all sockets stay open until every port is picked,
     so the kernel cannot hand the same port out twice."""

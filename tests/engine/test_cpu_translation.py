@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.engine.pods import engine_resource, rendered_pod_spec
+from harness.engine.pods import engine_resource, rendered_pod_spec
 from harness.pod import pod_local
 from harness.vllm import CPU_TRANSLATIONS, cpu_engine_args
 from harness.vllm.cpu import KV_CACHE_MEMORY_BYTES, CpuBuildRefusesError

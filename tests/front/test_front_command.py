@@ -13,7 +13,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from e2e.localcluster.state import free_port
+from harness.net import free_port
 from harness.standin import StandinUpstream
 from promptcache.contract import FrontEnv, IsolationMode
 from promptcache.contract.front import FRONT_SETTINGS

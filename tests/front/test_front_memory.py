@@ -20,8 +20,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from e2e.localcluster.state import free_port
 from harness.amplification import JSON, Attack, attacks, dense_payload
+from harness.net import free_port
 from harness.standin import StandinUpstream
 from promptcache.contract import IsolationMode
 

@@ -8,7 +8,7 @@ import json
 import aiohttp
 import pytest
 
-from e2e.localcluster.state import free_port
+from harness.net import free_port
 from harness.standin import StandinUpstream
 from promptcache.contract import IsolationMode
 from promptcache.front.client import parse_usage_comments

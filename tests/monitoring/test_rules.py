@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.pytest_cluster import built_binary
+from harness.pytest_cluster import built_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "charts" / "promptcache-operator" / "files" / "prometheus-rules.yaml"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +9,7 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 
+from harness.epp import accepted_parameters
 from harness.resource_strategies import resources
 from harness.resources import by_kind
 from harness.schemas import ROOT, validate_manifest
@@ -21,7 +21,7 @@ from promptcache.render.epp_config import endpoint_picker_config
 from promptcache.yamlio import dump_all
 
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
-ACCEPTED = json.loads((ROOT / "e2e" / "epp" / "accepted_parameters.json").read_text())
+ACCEPTED = accepted_parameters()
 
 
 def example(name: str) -> Any:

@@ -11,6 +11,7 @@ from typing import Any, get_args
 import pytest
 import yaml
 
+from harness.epp import accepted_parameters
 from harness.resources import BASE
 from promptcache.api import parse_resource
 from promptcache.api.spec import MaxLoraRank
@@ -29,7 +30,7 @@ from promptcache.tenancy.routes import VLLM_ROUTES_VERSION
 from tools import vllm_flags, vllm_routes
 
 ROOT = Path(__file__).resolve().parents[2]
-ACCEPTED = json.loads((ROOT / "e2e" / "epp" / "accepted_parameters.json").read_text())
+ACCEPTED = accepted_parameters()
 ADAPTERS = [
     {"name": "sql-lora", "path": "/model-cache/adapters/sql", "rank": 8},
     {"name": "chat-lora", "huggingFaceRepo": "org/chat-lora", "rank": 32},

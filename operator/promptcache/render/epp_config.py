@@ -4,7 +4,7 @@ Two targets (`spec.gateway.picker`): llm-d-router v0.10.0 and the upstream GIE E
 Every parameter emitted here is one the plugin's Go struct accepts (llm-d-router decodes
 strictly and refuses to start on an unknown key; GIE decodes leniently, which would hide a
 typo, so the same list guards both); the list is checked against
-`e2e/epp/accepted_parameters.json`, read from the sources (see docs/endpoint-picker.md).
+`harness/epp/accepted_parameters.json`, read from the sources (see docs/endpoint-picker.md).
 Values are emitted as the picker will really use them, and the comments say only what that
 picker does, so the config never promises what does not happen.
 """

@@ -19,15 +19,15 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from e2e.engine.pods import SaltSecrets
 from e2e.localcluster.lifecycle import PROCESS_POD_ANNOTATION
-from e2e.pytest_cluster import Cluster
+from harness.engine.pods import SaltSecrets
 from harness.pod import ProcessPod
+from harness.pytest_cluster import Cluster
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from e2e.epp.pool import PoolOnCluster
+    from harness.epp.pool import PoolOnCluster
 
 PROCESS_POD_TEMPLATE = {"metadata": {"annotations": {PROCESS_POD_ANNOTATION: "true"}}}
 """`spec.model.podTemplate` that makes the model-server pods run as processes."""

@@ -93,7 +93,7 @@ class FilePool:
         )
         self.epp.start()
         self.epp.wait_ready()
-        self.epp.wait_scraped({p.name: float(p.snapshot().waiting) for p in self.pods})
+        self.epp.wait_scraped({p.name: float(p.snapshot().waiting or 0) for p in self.pods})
         return self
 
     def close(self) -> None:

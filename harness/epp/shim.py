@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from e2e.localcluster.state import free_port
+from harness.net import free_port
 from promptcache.contract import GatewayPolicyEnv
 
 from .extproc import ExtProcClient

@@ -26,7 +26,7 @@ import contextlib
 import ssl
 import threading
 
-from e2e.localcluster.state import free_port
+from harness.net import free_port
 
 
 def _client_context() -> ssl.SSLContext:

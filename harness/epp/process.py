@@ -25,7 +25,7 @@ from typing import BinaryIO
 
 import grpc
 
-from e2e.localcluster.state import free_port
+from harness.net import free_port
 
 from .extproc import ExtProcClient
 

@@ -32,7 +32,7 @@ from .shim import GatewayPolicyProcess
 
 
 class ClusterLike(Protocol):
-    """The slice of e2e/pytest_cluster.Cluster the harness uses."""
+    """The slice of harness/pytest_cluster.Cluster the harness uses."""
 
     kubeconfig: Path
 
@@ -284,7 +284,7 @@ class PoolOnCluster:
     def wait_scraped(self, timeout_s: float = 60) -> None:
         """Until the EPP's metrics show every pod with the queue its stand-in reports."""
         assert self.epp is not None
-        expected = {p.name: float(p.server.snapshot().waiting) for p in self.pods}
+        expected = {p.name: float(p.server.snapshot().waiting or 0) for p in self.pods}
         self.epp.wait_scraped(expected, timeout_s)
 
     def stop_picker(self) -> None:

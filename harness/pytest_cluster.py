@@ -38,7 +38,7 @@ from kubernetes import client, config
 from e2e.localcluster.paths import CACHE, CLI
 from e2e.localcluster.state import State
 from e2e.localcluster.targets import binary_path
-from e2e.operator_harness import wait_for
+from harness.operator import wait_for
 
 CLUSTER_CLI = CLI
 BUILD_ON_REQUEST_TIMEOUT_S = 3600  # a cold Prometheus build on a loaded 2-core machine

@@ -64,7 +64,8 @@ class Answer:
     @property
     def error_code(self) -> str | None:
         if isinstance(self.body, dict) and isinstance(self.body.get("error"), dict):
-            return self.body["error"].get("code")
+            code = self.body["error"].get("code")
+            return None if code is None else str(code)
         return None
 
 

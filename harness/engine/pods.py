@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from e2e.epp.rendered import deep_merge
+from harness.epp.rendered import deep_merge
 from harness.pod import ProcessPod
 from promptcache.api import PromptCacheDeployment
 from promptcache.contract import SERVING_PORT, VLLM_LOCAL_PORT, FrontEnv

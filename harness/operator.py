@@ -28,7 +28,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.localcluster.crds import wait_established as crd_wait
-from e2e.localcluster.state import free_port
+from harness.net import free_port
 from promptcache.api.constants import API_VERSION, CRD_NAME, GROUP, KIND, PLURAL
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -347,7 +347,7 @@ def apply_yaml(kubectl: Callable[..., Any], *docs: dict[str, Any]) -> None:
 def namespaced_operator(cluster: Any, label: str, log_dir: Path) -> Iterator[dict[str, Any]]:
     """The CRD installed, a fresh namespace `label-…` and an operator watching only it
     (no leader election, 2 s resyncs); the operator stopped and the namespace deleted after.
-    `cluster` is e2e/pytest_cluster.Cluster. Yields `{"ns": ..., "op": ...}`."""
+    `cluster` is harness/pytest_cluster.Cluster. Yields `{"ns": ..., "op": ...}`."""
     install_crd(cluster.kubectl)
     ns = cluster.create_namespace(label)
     op = OperatorProcess(

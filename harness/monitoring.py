@@ -18,8 +18,8 @@ from typing import Any
 
 import yaml
 
-from e2e.localcluster.state import free_port
-from e2e.pytest_cluster import built_binary
+from harness.net import free_port
+from harness.pytest_cluster import built_binary
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = ROOT / "charts" / "promptcache-operator" / "files"

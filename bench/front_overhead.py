@@ -24,18 +24,21 @@ Two CPU layouts, each with its own processes (`--layout`, both by default):
 
 Real engine (`--engine real`, issue 22): the same chat workload sent straight to a real
 vLLM (its CPU build, the harness's tiny model) and through the real front, at concurrency
-1, 8 and 64, alternating in one run. Both run as the rendered model-server pod runs them
+1, 8 and 64, in one run. Both run as the rendered model-server pod runs them
 (`harness.pod.ProcessPod` on a loopback pod IP: the cache front on the serving port, `vllm
-serve` with the rendered args on 8001), so "direct" is the pod's engine port and "through"
-its serving port. The engine does the real work here (tokenising, scheduling, the model,
-detokenising), so the question is whether the front's cost shows next to a real engine's.
-Goals: throughput through the front >= 0.95x direct at 8 and 64; added p50 <= 2 % of the
-direct p50 at concurrency 1. At concurrency 1 the arms alternate request by request. The
-same `--layout`s, on the same processes re-pinned between them: `shared`, and `sidecar`
-(the client and every engine process on CPU 0, the front on CPU 1). The CPU build's engine
-spins while it works (about 100 ms of CPU per lone 8-token request here), so on shared
-cores the front competes with it for every wake-up. The memory part does not depend on
-the engine and is not repeated.
+serve` with the rendered args on 8001), so "direct" is the pod's engine port and "front"
+its serving port. A third arm, "relay" (`bench/byte_relay.py`, on the front's cores), only
+copies bytes: the floor of what any proxy process in the pod costs here. Goals: throughput
+through the front >= 0.95x direct at 8 and 64; added p50 <= 2 % of the direct p50 at
+concurrency 1. At concurrency 1 direct and each proxy take turns request by request (a pass
+per proxy, so the front idles as long between its requests as with two arms). Above it each arm
+in turn keeps the concurrency in flight for a ramp plus a window, 8 times, and only answers
+completed inside the windows count (steady-state throughput, not the drain of a batch);
+vLLM's own step counter gives the engine's steps per answer (fewer: larger batches). Every
+arm first opens the connections a point will use. The same `--layout`s, on the same
+processes re-pinned between them: `shared` (the engine bound as the CPU build binds itself,
+everything else on any core), and `sidecar` (the client and every engine process on CPU 0,
+the proxies on CPU 1). The memory part does not depend on the engine and is not repeated.
 
 Part 2, memory: a fresh front with a memory budget gets the amplification
 requests of `harness/amplification.py` (each a few MB that asks for
@@ -45,14 +48,15 @@ budget plus a fixed margin.
 
     python -m bench.front_overhead            # ~1-2 minutes
     python -m bench.front_overhead --quick    # fewer requests
-    python -m bench.front_overhead --engine real          # ~5 minutes, one real engine
-    python -m bench.front_overhead --engine real --quick  # ~2-3 minutes
+    python -m bench.front_overhead --engine real          # ~15 minutes, one real engine
+    python -m bench.front_overhead --engine real --quick  # ~3 minutes
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -92,6 +96,8 @@ class Run:
     """The stand-in's CPU, or the real engine's (API server, engine core and worker)."""
     client_cpu: float = 0.0
     """The load generator's own CPU (this process): it shares the cores with the others."""
+    steps: float = 0.0
+    """Engine steps (real engine, above concurrency 1): fewer per answer is larger batches."""
 
     def pct(self, q: float) -> float:
         ordered = sorted(self.latencies)
@@ -109,6 +115,7 @@ class Run:
         self.front_cpu += other.front_cpu
         self.upstream_cpu += other.upstream_cpu
         self.client_cpu += other.client_cpu
+        self.steps += other.steps
 
     def cpu_ms(self, seconds: float) -> float:
         return 1e3 * seconds / max(1, len(self.latencies) + self.refused)
@@ -177,14 +184,8 @@ async def _one(
         run.refused += 1
 
 
-async def _measure(
-    http: aiohttp.ClientSession,
-    url: str,
-    stream: bool,
-    concurrency: int,
-    requests: int,
-    model: str = "standin",
-) -> Run:
+def chat_request(stream: bool, model: str) -> tuple[bytes, dict[str, str]]:
+    """The one chat request every arm sends (8 tokens out, greedy), and its headers."""
     body = json.dumps(
         {
             "model": model,
@@ -194,7 +195,18 @@ async def _measure(
             "stream": stream,
         }
     ).encode()
-    headers = {"Content-Type": "application/json", KEY_HEADER: "tenant-bench"}
+    return body, {"Content-Type": "application/json", KEY_HEADER: "tenant-bench"}
+
+
+async def _measure(
+    http: aiohttp.ClientSession,
+    url: str,
+    stream: bool,
+    concurrency: int,
+    requests: int,
+    model: str = "standin",
+) -> Run:
+    body, headers = chat_request(stream, model)
     run = Run()
     queue = iter(range(requests))
 
@@ -326,6 +338,10 @@ REAL_CONCURRENCY = (1, 8, 64)
 REAL_GOAL_THROUGHPUT = 0.95
 REAL_GOAL_ADDED_P50 = 0.02
 """Of the direct p50 at concurrency 1."""
+REAL_RAMP_SECONDS = 0.5
+"""Of each throughput window, not counted: every worker has its first answer by then."""
+STEPS_SERIES = "vllm:iteration_tokens_total_count"
+"""vLLM's histogram of tokens per engine step: its count is the engine's steps."""
 
 
 def group_pids(pgid: int) -> list[int]:
@@ -348,25 +364,40 @@ def sum_cpu_seconds(pids: list[int]) -> float:
 
 @dataclass(frozen=True)
 class RealPlan:
-    """What one real-engine run measures: per (stream, concurrency), requests per arm."""
+    """What one real-engine run measures.
+
+    At concurrency 1 the arms alternate request by request, `pairs` requests each. Above
+    it, throughput is the steady state of a closed loop: each arm in turn keeps
+    `concurrency` requests in flight for a ramp plus a `window_s` window, `rounds` times,
+    and only the answers completed inside the windows count. (Counting a fixed number of
+    requests per round, as before, timed ~2 waves of 64 plus the drain of the last one, so
+    a single late answer moved the ratio by several per cent.)"""
 
     streams: tuple[bool, ...]
-    points: tuple[tuple[int, int], ...]
-    """(concurrency, requests per arm)."""
+    concurrencies: tuple[int, ...]
+    pairs: int
     rounds: int
-    warm: int
+    window_s: float
     layouts: tuple[Layout, ...] = (Layout("shared"),)
+    relay: bool = True
+    """Also measure `bench/byte_relay.py` on the front's cores: the floor of any proxy."""
+
+    def warm(self, concurrency: int) -> int:
+        """Requests per arm before a point: every connection it will use opened once."""
+        return max(16, 2 * concurrency)
 
 
 def real_plan(args: argparse.Namespace) -> RealPlan:
-    """Requests per point: about as many seconds at each concurrency on this machine (a
-    request of 8 tokens takes ~40-100 ms alone; batched, the engine answers ~10x more)."""
-    n = args.requests if args.requests_set else (40 if args.quick else 120)
+    """About a minute per layout and mode on this machine (a request of 8 tokens takes
+    ~25 ms alone; at 64 the engine answers ~10x more per second)."""
+    pairs = args.requests if args.requests_set else (120 if args.quick else 300)
     rounds = args.rounds if args.rounds_set else (4 if args.quick else 8)
-    points = tuple((c, n * (1 if c == 1 else 4 if c == 8 else 8)) for c in REAL_CONCURRENCY)
     streams = (False,) if args.quick else (False, True)
     chosen = tuple(layouts(args.layout))
-    return RealPlan(streams, points, rounds, warm=8 if args.quick else 16, layouts=chosen)
+    window = 1.5 if args.quick else 2.5
+    return RealPlan(
+        streams, REAL_CONCURRENCY, pairs, rounds, window, layouts=chosen, relay=not args.no_relay
+    )
 
 
 def pin(pids: list[int], cpus: frozenset[int] | None) -> None:
@@ -407,9 +438,26 @@ async def real_overhead(args: argparse.Namespace) -> None:
     plan = real_plan(args)
     workdir = Path(tempfile.mkdtemp(prefix="front-overhead-"))
     pod = await asyncio.to_thread(start_real_pod, workdir)
+    relay: asyncio.subprocess.Process | None = None
     try:
-        failures = await _real_overhead(args, plan, pod)
+        front = next(c.proc for c in pod.containers if c.name != "vllm")
+        engine = pod.container("vllm").proc
+        assert front is not None
+        assert engine is not None
+        direct = f"http://{pod.ip}:8001"
+        arms = [Arm("direct", direct, None), Arm("front", pod.url(), front.pid)]
+        if plan.relay:
+            port = free_port()
+            relay = await start("-m", "bench.byte_relay", f"127.0.0.1:{port}", f"{pod.ip}:8001")
+            arms.append(Arm("relay", f"http://127.0.0.1:{port}", relay.pid))
+            async with aiohttp.ClientSession() as http:
+                await wait_ok(http, arms[-1].url + "/health", relay)
+        # the engine runs in its own session: its process group is the pid of `vllm serve`
+        failures = await real_layouts(plan, arms, engine.pid)
     finally:
+        if relay is not None:
+            relay.terminate()
+            await relay.wait()
         await asyncio.to_thread(pod.stop)
     if failures:  # keep the pod's logs to explain them
         print(f"{len(failures)} failed requests (first: {failures[0]}); pod logs in {workdir}")
@@ -417,55 +465,175 @@ async def real_overhead(args: argparse.Namespace) -> None:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-async def _real_overhead(args: argparse.Namespace, plan: RealPlan, pod: ProcessPod) -> list[str]:
-    front = next(c.proc for c in pod.containers if c.name != "vllm")
-    engine = pod.container("vllm").proc
-    assert front is not None
-    assert engine is not None
-    # the engine runs in its own session: its process group is the pid of `vllm serve`
-    return await real_layouts(plan, f"http://{pod.ip}:8001", pod.url(), front.pid, engine.pid)
+@dataclass(frozen=True)
+class Arm:
+    """One way to the engine: straight to it, or through a proxy process (`pid`)."""
+
+    name: str
+    url: str
+    pid: int | None
 
 
-async def real_layouts(
-    plan: RealPlan, direct: str, through: str, front_pid: int, engine_pgid: int
-) -> list[str]:
-    """Each layout in turn on the same processes (pinned, then unpinned); the failures."""
+def thread_affinities(pids: list[int]) -> dict[int, set[int]]:
+    """Each thread's cores, to put back: the CPU build binds its worker's compute thread to
+    a core of its own (`VLLM_CPU_OMP_THREADS_BIND=auto`), and that is how it runs unpinned."""
+    out: dict[int, set[int]] = {}
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").glob("[0-9]*"):
+            with contextlib.suppress(OSError):
+                out[int(task.name)] = os.sched_getaffinity(int(task.name))
+    return out
+
+
+def restore_affinities(saved: dict[int, set[int]]) -> None:
+    for tid, cpus in saved.items():
+        with contextlib.suppress(OSError):  # the thread ended meanwhile
+            os.sched_setaffinity(tid, cpus)
+
+
+async def real_layouts(plan: RealPlan, arms: list[Arm], engine_pgid: int) -> list[str]:
+    """Each layout in turn on the same processes (pinned, then as they were); the failures."""
     engine_pids = group_pids(engine_pgid)
+    engine_own = thread_affinities(engine_pids)
+    proxies = [arm.pid for arm in arms if arm.pid is not None]
     everywhere = os.sched_getaffinity(0)
     failures: list[str] = []
     summary: list[str] = []
     try:
         for layout in plan.layouts:
-            pin(engine_pids, layout.standin)
-            pin([front_pid], layout.front)
+            if layout.standin is None:
+                restore_affinities(engine_own)
+            else:
+                pin(engine_pids, layout.standin)
+            pin(proxies, layout.front)
             os.sched_setaffinity(0, layout.client or everywhere)
-            lines, failed = await measure_real(
-                plan, layout, direct, through, front_pid, engine_pids
-            )
+            lines, failed = await measure_real(plan, layout, arms, engine_pids)
             summary += lines
             failures += failed
     finally:
         os.sched_setaffinity(0, everywhere)
-        pin(engine_pids, None)
-        pin([front_pid], None)
+        restore_affinities(engine_own)
+        pin(proxies, None)
     print()
     for line in summary:
         print(line)
     return failures
 
 
-async def measure_real(
-    plan: RealPlan,
-    layout: Layout,
-    direct: str,
-    through: str,
-    front_pid: int,
-    engine_pids: list[int],
-) -> tuple[list[str], list[str]]:
-    """Measure and print the table of one layout; its summary lines and failed requests.
+async def engine_steps(http: aiohttp.ClientSession, direct: str) -> float:
+    """The engine's steps so far (every engine of the pod), from its own /metrics."""
+    async with http.get(direct + "/metrics") as resp:
+        text = await resp.text()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(STEPS_SERIES + "{")
+    )
 
-    At concurrency 1 the arms alternate request by request (in alternating order), so the
-    two p50s see the same moments of a noisy machine; above, in `plan.rounds` blocks each."""
+
+@dataclass
+class Usage:
+    """CPU seconds of the client, the proxy and the engine, and the engine's steps."""
+
+    client: float
+    proxy: float
+    engine: float
+    steps: float
+
+
+async def _usage(
+    http: aiohttp.ClientSession, direct: str, arm: Arm, engine_pids: list[int]
+) -> Usage:
+    proxy = cpu_seconds(arm.pid) if arm.pid is not None else 0.0
+    engine = sum_cpu_seconds(engine_pids)
+    client = time.process_time()
+    return Usage(client, proxy, engine, await engine_steps(http, direct))
+
+
+async def _window(
+    http: aiohttp.ClientSession,
+    arm: Arm,
+    stream: bool,
+    concurrency: int,
+    plan: RealPlan,
+    engine_pids: list[int],
+    direct: str,
+) -> Run:
+    """`concurrency` requests kept in flight for a ramp plus a window; the answers completed
+    inside the window, and the CPU and engine steps spent inside it."""
+    from harness.engine.pods import SERVED_NAME  # noqa: PLC0415
+
+    body, headers = chat_request(stream, SERVED_NAME)
+    run = Run(seconds=plan.window_s)
+    opens = time.perf_counter() + REAL_RAMP_SECONDS
+    closes = opens + plan.window_s
+    marks: list[Usage] = []
+
+    async def worker() -> None:
+        while time.perf_counter() < closes:
+            begun = time.perf_counter()
+            try:
+                async with http.post(arm.url + CHAT, data=body, headers=headers) as resp:
+                    await resp.read()
+                    ok = resp.status == 200
+            except aiohttp.ClientError as error:
+                ok = False
+                run.failures.append(f"{type(error).__name__}: {error}")
+            ended = time.perf_counter()
+            if opens <= ended <= closes:
+                if ok:
+                    run.latencies.append(ended - begun)
+                else:
+                    run.refused += 1
+
+    async def marker() -> None:
+        for at in (opens, closes):
+            await asyncio.sleep(max(0.0, at - time.perf_counter()))
+            marks.append(await _usage(http, direct, arm, engine_pids))
+
+    await asyncio.gather(marker(), *(worker() for _ in range(concurrency)))
+    first, last = marks
+    run.client_cpu = last.client - first.client
+    run.front_cpu = last.proxy - first.proxy
+    run.upstream_cpu = last.engine - first.engine
+    run.steps = last.steps - first.steps
+    return run
+
+
+async def _pairs(
+    http: aiohttp.ClientSession,
+    arms: list[Arm],
+    stream: bool,
+    plan: RealPlan,
+    engine_pids: list[int],
+    results: dict[str, Run],
+) -> None:
+    """Concurrency 1: direct and one proxy take turns request by request (the order
+    alternating), so both see the same moments of a noisy machine; one pass per proxy, so
+    the front idles for one direct request between two of its own, as with two arms (a
+    longer idle spell leaves it colder). Each proxy's direct baseline is kept under
+    `direct/NAME`; `direct` is the front's."""
+    from harness.engine.pods import SERVED_NAME  # noqa: PLC0415
+
+    direct = arms[0]
+    for proxy in arms[1:]:
+        baseline = f"direct/{proxy.name}"
+        for i in range(plan.pairs):
+            for arm in (direct, proxy) if i % 2 == 0 else (proxy, direct):
+                proxy0 = cpu_seconds(arm.pid) if arm.pid is not None else 0.0
+                engine0, client0 = sum_cpu_seconds(engine_pids), time.process_time()
+                run = await _measure(http, arm.url, stream, 1, 1, SERVED_NAME)
+                run.front_cpu = cpu_seconds(arm.pid) - proxy0 if arm.pid is not None else 0.0
+                run.upstream_cpu = sum_cpu_seconds(engine_pids) - engine0
+                run.client_cpu = time.process_time() - client0
+                results.setdefault(baseline if arm is direct else arm.name, Run()).merge(run)
+    results["direct"] = results[f"direct/{arms[1].name}"]
+
+
+async def measure_real(
+    plan: RealPlan, layout: Layout, arms: list[Arm], engine_pids: list[int]
+) -> tuple[list[str], list[str]]:
+    """Measure and print the table of one layout; its summary lines and failed requests."""
     from harness.engine.pods import SERVED_NAME  # noqa: PLC0415
 
     # An idle connection is dropped after 2 s, before uvicorn's 5 s keep-alive ends it (as
@@ -474,89 +642,101 @@ async def measure_real(
     # methods), which counted as refusals of the direct arm.
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=2.0)
     timeout = aiohttp.ClientTimeout(total=300)
-    results: dict[tuple[bool, int, str], Run] = {}
+    direct = arms[0].url
+    results: dict[tuple[bool, int], dict[str, Run]] = {}
     loads = [os.getloadavg()[0]]
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
         where = (
-            "all processes on all cores"
+            "all processes on all cores (the engine bound as it binds itself)"
             if layout.front is None
             else f"client and engine on CPU {_cpus(layout.client or frozenset())}, "
-            f"front on CPU {_cpus(layout.front)}"
+            f"proxies on CPU {_cpus(layout.front)}"
         )
         print(
             f"\n== real engine, layout {layout.name}: vllm serve (CPU build, tiny model) at "
-            f"{direct}, the front at {through}; {where}; load average before: {loads[0]:.1f} "
-            f"on {os.cpu_count()} CPUs"
+            f"{direct}; {where}; load average before: {loads[0]:.1f} on {os.cpu_count()} CPUs"
         )
         print(
             f"{'mode':<8}{'conc':>5}{'target':>8}{'req/s':>9}{'p50 ms':>9}"
-            f"{'p99 ms':>9}{'refused':>9}{'front cpu':>11}{'engine cpu':>13}"
-            f"{'client cpu':>12}"
+            f"{'p99 ms':>9}{'refused':>9}{'proxy cpu':>11}{'engine cpu':>13}"
+            f"{'client cpu':>12}{'steps/req':>11}"
         )
         for stream in plan.streams:
-            for concurrency, n in plan.points:
-                for url in (direct, through):  # warm both paths at this concurrency
-                    await _measure(http, url, stream, concurrency, plan.warm, SERVED_NAME)
-                rounds = n if concurrency == 1 else plan.rounds
-                arms = (("direct", direct), ("front", through))
-                for r in range(rounds):
-                    for target, url in arms if r % 2 == 0 else arms[::-1]:
-                        f0, e0 = cpu_seconds(front_pid), sum_cpu_seconds(engine_pids)
-                        c0 = time.process_time()
-                        run = await _measure(
-                            http, url, stream, concurrency, n // rounds, SERVED_NAME
-                        )
-                        run.front_cpu = cpu_seconds(front_pid) - f0
-                        run.upstream_cpu = sum_cpu_seconds(engine_pids) - e0
-                        run.client_cpu = time.process_time() - c0
-                        results.setdefault((stream, concurrency, target), Run()).merge(run)
+            for concurrency in plan.concurrencies:
+                for arm in arms:  # every connection the point will use, opened once
+                    await _measure(
+                        http, arm.url, stream, concurrency, plan.warm(concurrency), SERVED_NAME
+                    )
+                point = results.setdefault((stream, concurrency), {})
+                if concurrency == 1:
+                    await _pairs(http, arms, stream, plan, engine_pids, point)
+                else:
+                    for r in range(plan.rounds):
+                        turn = arms[r % len(arms) :] + arms[: r % len(arms)]
+                        for arm in turn:
+                            run = await _window(
+                                http, arm, stream, concurrency, plan, engine_pids, direct
+                            )
+                            point.setdefault(arm.name, Run()).merge(run)
                 loads.append(os.getloadavg()[0])
-                for target in ("direct", "front"):
-                    res = results[(stream, concurrency, target)]
+                for arm in arms:
+                    res = point[arm.name]
+                    steps = f"{res.steps / max(1, len(res.latencies)):>11.3f}" if res.steps else ""
                     print(
                         f"{'stream' if stream else 'whole':<8}{concurrency:>5}"
-                        f"{target:>8}{res.throughput:>9.1f}{res.pct(0.5) * 1e3:>9.2f}"
+                        f"{arm.name:>8}{res.throughput:>9.1f}{res.pct(0.5) * 1e3:>9.2f}"
                         f"{res.pct(0.99) * 1e3:>9.2f}{res.refused:>9}"
                         f"{res.cpu_ms(res.front_cpu):>9.2f}ms"
                         f"{res.cpu_ms(res.upstream_cpu):>11.2f}ms"
-                        f"{res.cpu_ms(res.client_cpu):>10.2f}ms",
+                        f"{res.cpu_ms(res.client_cpu):>10.2f}ms{steps}",
                         flush=True,
                     )
     print(f"load average (1 min) during layout {layout.name}: {min(loads):.1f}-{max(loads):.1f}")
-    return real_summary(results, plan, layout.name), [
-        f for res in results.values() for f in res.failures
-    ]
+    failed = [f for point in results.values() for res in point.values() for f in res.failures]
+    return real_summary(results, plan, layout.name), failed
 
 
 def real_summary(
-    results: dict[tuple[bool, int, str], Run], plan: RealPlan, layout: str
+    results: dict[tuple[bool, int], dict[str, Run]], plan: RealPlan, layout: str
 ) -> list[str]:
-    """The goals of issue 22, against the direct arm of the same run."""
+    """The goals of issue 22 for the front, against the direct arm of the same run (and the
+    byte relay's figures beside them: what any proxy costs here)."""
     out = []
     for stream in plan.streams:
         mode = "stream" if stream else "whole"
-        d1, f1 = results[(stream, 1, "direct")], results[(stream, 1, "front")]
-        added = f1.pct(0.5) - d1.pct(0.5)
-        share = added / d1.pct(0.5)
-        met = "met" if share <= REAL_GOAL_ADDED_P50 else "missed"
-        out.append(
-            f"real {layout} {mode}: added p50 at concurrency 1: {added * 1e3:+.2f} ms = "
-            f"{share:+.1%} of the direct p50 {d1.pct(0.5) * 1e3:.1f} ms "
-            f"(goal <= {REAL_GOAL_ADDED_P50:.0%}: {met})"
-        )
-        for c, _ in plan.points:
+        point = results[(stream, 1)]
+        for name in (n for n in point if not n.startswith("direct")):
+            d1 = point[f"direct/{name}"]
+            added = point[name].pct(0.5) - d1.pct(0.5)
+            share = added / d1.pct(0.5)
+            goal = f" (goal <= {REAL_GOAL_ADDED_P50:.0%}: " + (
+                "met)" if share <= REAL_GOAL_ADDED_P50 else "missed)"
+            )
+            out.append(
+                f"real {layout} {mode}: {name}: added p50 at concurrency 1: "
+                f"{added * 1e3:+.2f} ms = {share:+.1%} of the direct p50 "
+                f"{d1.pct(0.5) * 1e3:.1f} ms{goal if name == 'front' else ''}"
+            )
+        for c in plan.concurrencies:
             if c == 1:
                 continue
-            d, f = results[(stream, c, "direct")], results[(stream, c, "front")]
-            ratio = f.throughput / d.throughput
-            verdict = "met" if ratio >= REAL_GOAL_THROUGHPUT else "missed"
-            out.append(
-                f"real {layout} {mode}: throughput front/direct at {c}: {ratio:.3f} (goal >= "
-                f"{REAL_GOAL_THROUGHPUT:.2f}: {verdict})"
-                f"; p50 {f.pct(0.5) / d.pct(0.5):.3f}x direct; refused through the front "
-                f"{f.refused}; CPU per request: engine {d.cpu_ms(d.upstream_cpu):.2f} ms, "
-                f"the front adds {f.cpu_ms(f.front_cpu):.2f} ms"
-            )
+            point = results[(stream, c)]
+            d = point["direct"]
+            for name in (n for n in point if n != "direct"):
+                f = point[name]
+                ratio = f.throughput / d.throughput
+                goal = f" (goal >= {REAL_GOAL_THROUGHPUT:.2f}: " + (
+                    "met)" if ratio >= REAL_GOAL_THROUGHPUT else "missed)"
+                )
+                out.append(
+                    f"real {layout} {mode}: {name}: throughput /direct at {c}: {ratio:.3f}"
+                    f"{goal if name == 'front' else ''}; p50 {f.pct(0.5) / d.pct(0.5):.3f}x "
+                    f"direct; refused {f.refused}; engine steps per answer "
+                    f"{d.steps / max(1, len(d.latencies)):.3f} direct, "
+                    f"{f.steps / max(1, len(f.latencies)):.3f}; "
+                    f"CPU per answer: engine {d.cpu_ms(d.upstream_cpu):.2f} ms direct, "
+                    f"{f.cpu_ms(f.upstream_cpu):.2f} ms; {name} {f.cpu_ms(f.front_cpu):.2f} ms"
+                )
     return out
 
 
@@ -637,16 +817,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--requests",
         type=int,
-        help="requests per point and arm at c=1 (x4 above); default 1200 (stand-in), 120 "
-        "(real: x4 at 8, x8 at 64)",
+        help="requests per point and arm at c=1 (x4 above); default 1200 (stand-in); real "
+        "engine: requests per arm at c=1, default 300 (above it, time windows)",
     )
     ap.add_argument(
         "--rounds",
         type=int,
-        help="direct/front alternations per point (noise); default 6 (real: 8 above "
-        "concurrency 1, where they alternate request by request)",
+        help="direct/front alternations per point (noise); default 6 (real: windows per "
+        "arm above concurrency 1, default 8; at 1 the arms alternate request by request)",
     )
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument(
+        "--no-relay",
+        action="store_true",
+        help="real engine: skip the byte relay (bench/byte_relay.py), the floor of any proxy",
+    )
     ap.add_argument(
         "--layout",
         default="shared,sidecar",

@@ -1,24 +1,34 @@
 """Mixed hostile load against one cache front and one gateway policy step (issue 23).
 
-Processes as a pod runs them: the stand-in vLLM (`harness.standin`), the front
+Processes as pods run them: the stand-in vLLM (`harness.standin`), the front
 (`python -m promptcache.front`, PerKey) in front of it, and the policy step
-(`python -m promptcache.cli gateway-policy`, PerKey) in front of a recording stand-in
-picker (the tests' `FakeEpp`, in this process). Two phases of equal length, in one run:
+(`python -m promptcache.cli gateway-policy`, PerKey) in front of a stand-in picker (the
+tests' `FakeEpp`), each a process of its own. Two phases of equal length per run:
 
 * quiet: tenants' chat requests through the front, ext_proc streams through the step,
-  and `/healthz` polled every 50 ms;
+  and `/healthz` polled every 50 ms (tenants and the probe each in a process of their
+  own, so the attackers' work in this process never counts as the front's latency);
 * hostile: the same, plus attackers: dense JSON bodies (small objects, long int arrays),
-  deflated and pickle-bomb prompt-embeds payloads, clients that stop reading long
-  streamed answers, clients that stall mid-body, and the same dense and stalled bodies
-  against the step.
+  deflated prompt-embeds payloads, clients that stop reading long streamed answers,
+  clients that stall mid-body, and the same dense and stalled bodies against the step.
 
-Printed: p99 `/healthz` latency; tenants' success rate and p99 latency against the quiet
-phase, for each process; each process's peak RSS (`VmHWM`) against its configured budget.
-Goals: health p99 < 100 ms; tenants >= 99 % served with p99 <= 2x quiet; RSS below the
-budget plus a fixed margin (the runtime: `RSS_MARGIN`).
+Three CPU layouts (`--layout`): `shared`, every process floating over this machine's
+cores and both processes attacked at once; `sidecar`, the attacked process alone on a
+core (a container with its own CPU request) and everything else on the other, once for
+the front and once for the step; `pod`, the front and the stand-in vLLM behind it on a
+core of their own (a model-server pod with its own CPU) and the attackers, tenants and
+the rest on the other.
 
-    python -m bench.hostile_load            # 20 s per phase
-    python -m bench.hostile_load --seconds 8
+Printed per run: p99 `/healthz` latency; tenants' success rate and p99 latency against
+the quiet phase, for each process; a control of two tenants sent straight to the
+stand-in vLLM (how much of the front tenants' latency is the engine's own); each
+process's peak RSS (`VmHWM`) against its configured budget; the cores each process used
+in each phase (what the attack costs, and whom). Goals: health p99 < 100 ms; tenants >=
+99 % served with p99 <= 2x quiet; RSS below the budget plus a fixed margin
+(`RSS_MARGIN`).
+
+    python -m bench.hostile_load                        # 20 s per phase, every layout
+    python -m bench.hostile_load --seconds 8 --layout sidecar
 """
 
 from __future__ import annotations
@@ -44,7 +54,7 @@ import aiohttp
 import grpc.aio
 
 from bench.local_processes import start, wait_ok
-from harness.extproc_gateway import Gateway, body_msg, headers_msg, start_upstream
+from harness.extproc_gateway import Gateway, body_msg, headers_msg
 from harness.net import free_port
 
 FRONT_BUDGET = 256 * 1024**2
@@ -76,7 +86,8 @@ def peak_rss(pid: int) -> int:
 
 HEALTH_PROBE = """
 import http.client, json, sys, time
-port, seconds = int(sys.argv[1]), float(sys.argv[2])
+port, begin, seconds = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+time.sleep(max(begin - time.monotonic(), 0))
 out, end, conn = [], time.monotonic() + seconds, None
 while time.monotonic() < end:
     t = time.perf_counter()
@@ -94,9 +105,9 @@ print(json.dumps(out))
 load generation never counts as the front's latency)."""
 
 
-async def health_probe(port: int, seconds: float, tally: Tally) -> None:
+async def health_probe(port: int, begin: float, seconds: float, tally: Tally) -> None:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", HEALTH_PROBE, str(port), str(seconds),
+        sys.executable, "-c", HEALTH_PROBE, str(port), str(begin), str(seconds),
         stdout=asyncio.subprocess.PIPE,
     )  # fmt: skip
     out, _ = await proc.communicate()
@@ -124,13 +135,6 @@ class Tally:
     def rate(self) -> float:
         total = self.ok + self.failed
         return self.ok / total if total else float("nan")
-
-
-@dataclass
-class Phase:
-    health: Tally = field(default_factory=Tally)
-    front: Tally = field(default_factory=Tally)
-    step: Tally = field(default_factory=Tally)
 
 
 def chat(tenant: str, i: int) -> dict[str, Any]:
@@ -325,29 +329,9 @@ async def step_staller(target: str, deadline: float) -> None:
 # --------------------------------------------------------------------------- the run
 
 
-async def phase(
-    http: aiohttp.ClientSession,
-    front_url: str,
-    front_port: int,
-    step_target: str,
-    seconds: float,
-    attacks: Attacks | None,
-) -> Phase:
-    result = Phase()
-    deadline = time.monotonic() + seconds
-    jobs = [health_probe(front_port, seconds, result.health)]
-    jobs += [front_tenant(http, front_url, f"t{i}", deadline, result.front) for i in range(4)]
-    jobs += [step_tenant(step_target, f"t{i}", deadline, result.step) for i in range(4)]
-    if attacks is not None:
-        bodies = attacks.front
-        jobs += [front_bomber(http, front_url, bodies, deadline) for _ in range(2)]
-        jobs += [stalled_reader(front_port, deadline) for _ in range(8)]
-        jobs += [stalled_writer(front_port, deadline) for _ in range(8)]
-        jobs += [step_bomber(step_target, attacks.step[0], deadline) for _ in range(2)]
-        jobs += [step_bomber(step_target, attacks.step[1], deadline)]
-        jobs += [step_staller(step_target, deadline) for _ in range(8)]
-    await asyncio.gather(*jobs)
-    return result
+ATTACK_KINDS = frozenset({"bombs", "readers", "writers"})
+"""`bombs`: dense and deflated bodies (both processes); `readers`: clients that stop reading
+streams (front); `writers`: clients and streams stalled mid-body (both)."""
 
 
 @dataclass
@@ -356,107 +340,380 @@ class Attacks:
 
     front: list[bytes]
     step: list[bytes]
+    kinds: frozenset[str] = ATTACK_KINDS
 
     @classmethod
-    def build(cls) -> Attacks:
+    def build(cls, kinds: frozenset[str] = ATTACK_KINDS) -> Attacks:
         embeds = json.dumps({"model": "m", "prompt": "x", "prompt_embeds": deflated_bomb()})
         return cls(
             front=[dense_objects(2 << 20), dense_ints(4 << 20), embeds.encode()],
             step=[dense_objects(1 << 20), dense_ints(4 << 20)],
+            kinds=kinds,
         )
 
 
-def report(name: str, quiet: Tally, loud: Tally) -> tuple[bool, str]:
+@dataclass(frozen=True)
+class Run:
+    """One set of processes, a quiet phase and a hostile one; `pins` and `attacked` say
+    which cores each process gets and which processes the attackers aim at."""
+
+    name: str
+    attacked: frozenset[str]
+    pins: dict[str, frozenset[int] | None] = field(default_factory=dict)
+
+    def cpus(self, role: str) -> frozenset[int] | None:
+        return self.pins.get(role, self.pins.get("rest"))
+
+
+def runs(layouts: str) -> list[Run]:
+    """`shared`: every process floats over all cores, both processes attacked at once.
+    `sidecar`: the attacked process alone on a core of its own (as a pod's container with
+    its own CPU request), everything else (attackers, tenants, the stand-in vLLM, the
+    picker, the other process) on the other core; one run per process. `pod`: the
+    model-server pod on a core of its own (the front and the stand-in vLLM behind it), the
+    attackers, tenants and the rest on the other: what tenants of a pod with its own CPU
+    get (under `sidecar` the engine shares the attackers' core)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    chosen = []
+    for name in layouts.split(","):
+        if name == "shared":
+            chosen.append(Run("shared", frozenset({"front", "step"})))
+        elif name == "sidecar":
+            if len(cpus) < 2:
+                raise SystemExit("the sidecar layout needs two cores")
+            rest, own = frozenset(cpus[:1]), frozenset(cpus[1:2])
+            for target in ("front", "step"):
+                chosen.append(
+                    Run(f"sidecar, {target} on its own core", frozenset({target}),
+                        {target: own, "rest": rest})
+                )  # fmt: skip
+        elif name == "pod":
+            if len(cpus) < 2:
+                raise SystemExit("the pod layout needs two cores")
+            rest, own = frozenset(cpus[:1]), frozenset(cpus[1:2])
+            chosen.append(
+                Run("pod, front and engine on their own core", frozenset({"front"}),
+                    {"front": own, "standin": own, "rest": rest})
+            )  # fmt: skip
+        else:
+            raise SystemExit(f"--layout: unknown {name!r} (shared, sidecar, pod)")
+    return chosen
+
+
+def cpu_seconds(pid: int, *, children: bool = True) -> float:
+    """CPU time (user + system) of `pid` and (unless not `children`) its live children."""
+    total = 0.0
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for child in (task / "children").read_text().split() if children else ():
+                total += cpu_seconds(int(child))
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+TENANTS = """
+import asyncio, json, sys, time
+from bench.hostile_load import tenants_main
+print(json.dumps(asyncio.run(tenants_main(*sys.argv[1:4], float(sys.argv[4]), float(sys.argv[5])))))
+"""
+"""The tenants in a process of their own: the attackers' work in the bench's event loop
+must not count as the front's latency (nor the tenants' work as the attackers')."""
+
+
+async def tenants_main(
+    front_url: str, step_target: str, standin_url: str, begin: float, seconds: float
+) -> dict[str, Any]:
+    """Four tenants through the front, four through the step, and two straight to the
+    stand-in vLLM (the control: how much of the front tenants' latency is the engine's)."""
+    await asyncio.sleep(max(begin - time.monotonic(), 0))
+    deadline = time.monotonic() + seconds
+    tallies = {"front": Tally(), "step": Tally(), "engine": Tally()}
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=60), connector=connector
+    ) as http:
+        jobs = [
+            front_tenant(http, front_url, f"t{i}", deadline, tallies["front"]) for i in range(4)
+        ]
+        jobs += [step_tenant(step_target, f"t{i}", deadline, tallies["step"]) for i in range(4)]
+        jobs += [
+            front_tenant(http, standin_url, f"e{i}", deadline, tallies["engine"]) for i in range(2)
+        ]
+        await asyncio.gather(*jobs)
+    return {
+        k: {"latencies": t.latencies, "ok": t.ok, "failed": t.failed} for k, t in tallies.items()
+    }
+
+
+async def subprocess_json(*args: str) -> Any:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, *args, stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await proc.communicate()
+    return json.loads(out)
+
+
+@dataclass
+class Phase:
+    health: Tally = field(default_factory=Tally)
+    front: Tally = field(default_factory=Tally)
+    step: Tally = field(default_factory=Tally)
+    engine: Tally = field(default_factory=Tally)
+    cpu: dict[str, float] = field(default_factory=dict)
+    """Cores each process used over the phase (CPU seconds / phase seconds)."""
+
+
+async def phase(pods: Pods, run: Run, seconds: float, attacks: Attacks | None) -> Phase:
+    result = Phase()
+    begin = time.monotonic() + 2.0  # the tenants' process imports aiohttp and grpc first
+    tenants = subprocess_json(
+        "-c", TENANTS, pods.front_url, pods.step_target, pods.standin_url, str(begin),
+        str(seconds),
+    )  # fmt: skip
+    jobs: list[Awaitable[Any]] = [health_probe(pods.front_port, begin, seconds, result.health)]
+    if attacks is not None:
+        jobs.append(attack(pods, run, attacks, begin, seconds))
+    cpu_before: dict[str, float] = {}
+
+    async def sample_cpu() -> None:
+        await asyncio.sleep(max(begin - time.monotonic(), 0))
+        cpu_before.update({k: cpu_seconds(pid, children=k != ME) for k, pid in pods.pids().items()})
+        await asyncio.sleep(seconds)
+        result.cpu = {
+            k: (cpu_seconds(pid, children=k != ME) - cpu_before[k]) / seconds
+            for k, pid in pods.pids().items()
+        }
+
+    jobs.append(sample_cpu())
+    out, *_ = await asyncio.gather(tenants, *jobs)
+    for name in ("front", "step", "engine"):
+        tally = getattr(result, name)
+        tally.latencies, tally.ok, tally.failed = (
+            out[name][k] for k in ("latencies", "ok", "failed")
+        )
+    return result
+
+
+async def attack(pods: Pods, run: Run, attacks: Attacks, begin: float, seconds: float) -> None:
+    await asyncio.sleep(max(begin - time.monotonic(), 0))
+    deadline = time.monotonic() + seconds
+    jobs: list[Awaitable[None]] = []
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(
+        timeout=timeout, connector=aiohttp.TCPConnector(limit=0)
+    ) as http:
+        if "front" in run.attacked:
+            url, port = pods.front_url, pods.front_port
+            if "bombs" in attacks.kinds:
+                jobs += [front_bomber(http, url, attacks.front, deadline) for _ in range(2)]
+            if "readers" in attacks.kinds:
+                jobs += [stalled_reader(port, deadline) for _ in range(8)]
+            if "writers" in attacks.kinds:
+                jobs += [stalled_writer(port, deadline) for _ in range(8)]
+        if "step" in run.attacked:
+            target = pods.step_target
+            if "bombs" in attacks.kinds:
+                jobs += [step_bomber(target, attacks.step[0], deadline) for _ in range(2)]
+                jobs += [step_bomber(target, attacks.step[1], deadline)]
+            if "writers" in attacks.kinds:
+                jobs += [step_staller(target, deadline) for _ in range(8)]
+        await asyncio.gather(*jobs)
+
+
+def report(name: str, quiet: Tally, loud: Tally, *, goal: bool = True) -> tuple[bool, str]:
     ratio = p99(loud.latencies) / p99(quiet.latencies)
     good = loud.rate() >= 0.99 and ratio <= 2.0
+    verdict = ("ok" if good else "MISSED") if goal else "(control, no goal)"
     return good, (
         f"  {name:<22} served {quiet.rate():7.2%} -> {loud.rate():7.2%}   "
         f"p99 {p99(quiet.latencies) * 1e3:7.1f} -> {p99(loud.latencies) * 1e3:7.1f} ms "
-        f"({ratio:4.2f}x)  [{loud.ok + loud.failed} requests]  "
-        f"{'ok' if good else 'MISSED'}"
+        f"({ratio:4.2f}x)  [{loud.ok + loud.failed} requests]  {verdict}"
     )
 
 
-async def main(args: argparse.Namespace) -> None:
-    standin_port, front_port, step_port = free_port(), free_port(), free_port()
-    picker = await start_upstream()
+PICKER = """
+import asyncio, sys
+from harness.extproc_gateway import start_upstream
+async def main():
+    picker = await start_upstream(int(sys.argv[1]))
+    while True:  # a stand-in picker that forgets what it saw (attack bodies add up)
+        await asyncio.sleep(1)
+        picker.fake.streams.clear()
+asyncio.run(main())
+"""
+
+
+ME = "bench (attackers)"
+"""This process: the attackers (its children, the processes under test, not counted)."""
+
+
+@dataclass
+class Pods:
+    """The processes of one run: the stand-in vLLM, the front, the stand-in picker, the step."""
+
+    standin: asyncio.subprocess.Process
+    front: asyncio.subprocess.Process
+    picker: asyncio.subprocess.Process
+    step: asyncio.subprocess.Process
+    standin_port: int
+    front_port: int
+    step_port: int
+
+    @property
+    def front_url(self) -> str:
+        return f"http://127.0.0.1:{self.front_port}"
+
+    @property
+    def standin_url(self) -> str:
+        return f"http://127.0.0.1:{self.standin_port}"
+
+    @property
+    def step_target(self) -> str:
+        return f"127.0.0.1:{self.step_port}"
+
+    def pids(self) -> dict[str, int]:
+        return {
+            "front": self.front.pid, "step": self.step.pid, "stand-in vLLM": self.standin.pid,
+            "stand-in picker": self.picker.pid, ME: os.getpid(),
+        }  # fmt: skip
+
+    async def stop(self) -> None:
+        for proc in (self.front, self.step, self.standin, self.picker):
+            with contextlib.suppress(ProcessLookupError):
+                proc.terminate()
+            await proc.wait()
+
+
+async def start_pods(run: Run, salt: Path) -> Pods:
+    standin_port, front_port, step_port, picker_port = (free_port() for _ in range(4))
+    rest = run.cpus("rest")
+    standin = await start(
+        "-m", "harness.standin", str(standin_port), "--usage-from-engine",
+        cpus=run.cpus("standin"),
+    )  # fmt: skip
+    picker = await start("-c", PICKER, str(picker_port), cpus=rest)
+    front = await start(
+        "-m", "promptcache.front", "--upstream", f"http://127.0.0.1:{standin_port}",
+        "--listen", f"127.0.0.1:{front_port}", "--isolation-mode", "PerKey",
+        "--salt-key-file", str(salt), "--max-in-flight", "64",
+        "--max-in-flight-bytes", str(FRONT_BUDGET), "--write-timeout-seconds", "2",
+        "--body-timeout-seconds", "5", cpus=run.cpus("front"),
+    )  # fmt: skip
+    step = await start(
+        "-m", "promptcache.cli", "gateway-policy", "--listen", f"127.0.0.1:{step_port}",
+        "--upstream", f"127.0.0.1:{picker_port}", "--isolation-mode", "PerKey",
+        "--salt-key-file", str(salt), "--max-body-bytes", str(STEP_MAX_BODY),
+        "--max-buffered-bytes", str(STEP_BUDGET), "--body-timeout-seconds", "5",
+        "--metrics-listen", "", cpus=run.cpus("step"),
+    )  # fmt: skip
+    return Pods(standin, front, picker, step, standin_port, front_port, step_port)
+
+
+async def warm_up(http: aiohttp.ClientSession, pods: Pods) -> None:
+    await wait_ok(http, pods.standin_url + "/health", pods.standin)
+    await wait_ok(http, pods.front_url + "/readyz", pods.front)
+    for _ in range(100):  # the step: one decided exchange
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            gw = Gateway(pods.step_target)
+            await gw.exchange(headers_msg({KEY: "w"}), body_msg(b'{"messages":[]}'))
+            await gw.close()
+            break
+        await asyncio.sleep(0.1)
+    # torch loads at the first prompt-embeds payload: in the baseline, not the growth
+    with contextlib.suppress(aiohttp.ClientError):
+        async with http.post(
+            pods.front_url + "/v1/completions",
+            json={"model": "m", "prompt": "x", "prompt_embeds": WARM_PAYLOAD},
+            headers={KEY: "warm"},
+        ) as warm:
+            await warm.read()
+
+
+async def one_run(run: Run, seconds: float, attacks: Attacks) -> bool:
+    if run.pins:
+        os.sched_setaffinity(0, run.cpus("rest") or os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory() as tmp:
         salt = Path(tmp) / "salt-key"
         salt.write_bytes(os.urandom(32))
-        standin = await start("-m", "harness.standin", str(standin_port), "--usage-from-engine")
-        front = await start(
-            "-m", "promptcache.front", "--upstream", f"http://127.0.0.1:{standin_port}",
-            "--listen", f"127.0.0.1:{front_port}", "--isolation-mode", "PerKey",
-            "--salt-key-file", str(salt), "--max-in-flight", "64",
-            "--max-in-flight-bytes", str(FRONT_BUDGET), "--write-timeout-seconds", "2",
-            "--body-timeout-seconds", "5",
-        )  # fmt: skip
-        step = await start(
-            "-m", "promptcache.cli", "gateway-policy", "--listen", f"127.0.0.1:{step_port}",
-            "--upstream", picker.target, "--isolation-mode", "PerKey",
-            "--salt-key-file", str(salt), "--max-body-bytes", str(STEP_MAX_BODY),
-            "--max-buffered-bytes", str(STEP_BUDGET), "--body-timeout-seconds", "5",
-            "--metrics-listen", "",
-        )  # fmt: skip
-        front_url = f"http://127.0.0.1:{front_port}"
-        step_target = f"127.0.0.1:{step_port}"
+        pods = await start_pods(run, salt)
         try:
             timeout = aiohttp.ClientTimeout(total=60)
-            connector = aiohttp.TCPConnector(limit=0)
-            async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
-                await wait_ok(http, f"http://127.0.0.1:{standin_port}/health", standin)
-                await wait_ok(http, front_url + "/readyz", front)
-                for _ in range(100):  # the step: one decided exchange
-                    with contextlib.suppress(grpc.aio.AioRpcError):
-                        gw = Gateway(step_target)
-                        await gw.exchange(headers_msg({KEY: "w"}), body_msg(b'{"messages":[]}'))
-                        await gw.close()
-                        break
-                    await asyncio.sleep(0.1)
-                # torch loads at the first prompt-embeds payload: in the baseline, not the growth
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with http.post(
-                        front_url + "/v1/completions",
-                        json={"model": "m", "prompt": "x", "prompt_embeds": WARM_PAYLOAD},
-                        headers={KEY: "warm"},
-                    ) as warm:
-                        await warm.read()
-                before = {"front": peak_rss(front.pid), "step": peak_rss(step.pid)}
-                attacks = Attacks.build()
-                quiet = await phase(http, front_url, front_port, step_target, args.seconds, None)
-                loud = await phase(http, front_url, front_port, step_target, args.seconds, attacks)
-                after = {"front": peak_rss(front.pid), "step": peak_rss(step.pid)}
+            async with aiohttp.ClientSession(timeout=timeout) as http:
+                await warm_up(http, pods)
+            before = {"front": peak_rss(pods.front.pid), "step": peak_rss(pods.step.pid)}
+            load = os.getloadavg()[0]
+            quiet = await phase(pods, run, seconds, None)
+            loud = await phase(pods, run, seconds, attacks)
+            after = {"front": peak_rss(pods.front.pid), "step": peak_rss(pods.step.pid)}
         finally:
-            for proc in (front, step, standin):
-                with contextlib.suppress(ProcessLookupError):
-                    proc.terminate()
-                await proc.wait()
-            await picker.server.stop(0)
-    print(f"hostile load, {args.seconds:g} s quiet then {args.seconds:g} s hostile, same run")
-    health = p99(loud.health.latencies) * 1e3
+            await pods.stop()
     print(
-        f"  /healthz p99            quiet {p99(quiet.health.latencies) * 1e3:.1f} ms, "
-        f"hostile {health:.1f} ms (served {loud.health.rate():.2%})  "
-        f"{'ok' if health < 100 else 'MISSED'} (goal < 100 ms)"
+        f"\n== {run.name}: {seconds:g} s quiet then {seconds:g} s hostile "
+        f"(attacking {', '.join(sorted(run.attacked))} with {', '.join(sorted(attacks.kinds))})"
+        f"; load average {load:.1f} before, "
+        f"{os.getloadavg()[0]:.1f} after"
     )
-    for name, q, h in (
-        ("front tenants", quiet.front, loud.front),
-        ("policy-step tenants", quiet.step, loud.step),
-    ):
-        print(report(name, q, h)[1])
+    good = True
+    if "front" in run.attacked:
+        health = p99(loud.health.latencies) * 1e3
+        good &= health < 100
+        print(
+            f"  /healthz p99            quiet {p99(quiet.health.latencies) * 1e3:.1f} ms, "
+            f"hostile {health:.1f} ms (served {loud.health.rate():.2%}, longest "
+            f"{max(loud.health.latencies, default=0) * 1e3:.0f} ms)  "
+            f"{'ok' if health < 100 else 'MISSED'} (goal < 100 ms)"
+        )
+    tallies = {"front": ("front tenants", "front"), "step": ("policy-step tenants", "step")}
+    for target, (label, attr) in tallies.items():
+        if target in run.attacked:
+            ok, line = report(label, getattr(quiet, attr), getattr(loud, attr))
+            good &= ok
+            print(line)
+    if "front" in run.attacked:
+        print(report("engine direct (control)", quiet.engine, loud.engine, goal=False)[1])
     for name, budget in (("front", FRONT_BUDGET), ("step", STEP_BUDGET)):
+        if name not in run.attacked:
+            continue
         peak, growth = after[name], after[name] - before[name]
-        good = growth <= budget + RSS_MARGIN
+        fits = growth <= budget + RSS_MARGIN
+        good &= fits
         print(
             f"  peak RSS {name:<6} {before[name] >> 20} MiB warm, {peak >> 20} MiB after "
             f"(+{growth >> 20} MiB); budget {budget >> 20} MiB + margin "
-            f"{RSS_MARGIN >> 20} MiB  {'ok' if good else 'MISSED'}"
+            f"{RSS_MARGIN >> 20} MiB  {'ok' if fits else 'MISSED'}"
         )
+    print("  cores used, quiet -> hostile: " + ", ".join(
+        f"{name} {quiet.cpu.get(name, 0):.2f} -> {loud.cpu.get(name, 0):.2f}" for name in loud.cpu
+    ))  # fmt: skip
+    return good
+
+
+async def main(args: argparse.Namespace) -> None:
+    kinds = frozenset(args.attacks.split(","))
+    if not kinds <= ATTACK_KINDS:
+        raise SystemExit(
+            f"--attacks: unknown {sorted(kinds - ATTACK_KINDS)} ({sorted(ATTACK_KINDS)})"
+        )
+    attacks = Attacks.build(kinds)
+    for run in runs(args.layout):
+        await one_run(run, args.seconds, attacks)
 
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m bench.hostile_load", description=__doc__)
     ap.add_argument("--seconds", type=float, default=20.0, help="length of each phase")
+    ap.add_argument(
+        "--layout",
+        default="shared,sidecar,pod",
+        help="CPU layouts, comma-separated: shared, sidecar, pod",
+    )
+    ap.add_argument(
+        "--attacks",
+        default=",".join(sorted(ATTACK_KINDS)),
+        help="which attacks, comma-separated: bombs, readers, writers (one at a time shows "
+        "what each costs)",
+    )
     return ap
 
 

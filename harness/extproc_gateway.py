@@ -42,6 +42,8 @@ class Stream:
 
     received: list[Any] = field(default_factory=list)
     metadata: dict[str, str] = field(default_factory=dict)
+    peer: str = ""
+    """Who dialled: the policy step's connection (one per step process)."""
     ended: asyncio.Event = field(default_factory=asyncio.Event)
 
     def headers(self) -> list[tuple[str, str]]:
@@ -69,7 +71,10 @@ class FakeEpp(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     async def Process(  # noqa: N802 - the gRPC method name
         self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[Any]:
-        stream = Stream(metadata={k: str(v) for k, v in context.invocation_metadata() or ()})
+        stream = Stream(
+            metadata={k: str(v) for k, v in context.invocation_metadata() or ()},
+            peer=context.peer(),
+        )
         self.streams.append(stream)
         if self.abort_with is not None:
             await context.abort(*self.abort_with)
@@ -203,3 +208,58 @@ async def eventually(check: Callable[[], bool], within_s: float = TIMEOUT) -> No
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError("condition not met in time")
         await asyncio.sleep(0.01)
+
+
+def envoy_applies(sent: list[tuple[str, str]], responses: list[Any]) -> list[tuple[str, str]]:
+    """The request headers Envoy sends upstream after an ext_proc exchange: the client's,
+    with each answer's header mutation applied as Envoy's ext_proc filter applies it
+    (`mutation_utils.cc`): removals first, then sets; a set replaces every value of its
+    header unless it asks to append (`append: true`) or only to add when absent."""
+    headers = [(k.lower(), v) for k, v in sent if not k.startswith(":")]
+    for r in responses:
+        kind = r.WhichOneof("response")
+        if kind == "request_headers":
+            mutation = r.request_headers.response.header_mutation
+        elif kind == "request_body":
+            mutation = r.request_body.response.header_mutation
+        else:
+            continue
+        for name in mutation.remove_headers:
+            headers = [(k, v) for k, v in headers if k != name.lower()]
+        for opt in mutation.set_headers:
+            key = opt.header.key.lower()
+            value = (opt.header.raw_value or opt.header.value.encode()).decode()
+            present = any(k == key for k, _ in headers)
+            action = opt.append_action
+            if action == base_pb2.HeaderValueOption.ADD_IF_ABSENT:
+                if not present:
+                    headers.append((key, value))
+            elif opt.HasField("append") and opt.append.value:
+                headers.append((key, value))
+            elif action == base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS and not present:
+                continue
+            else:
+                headers = [(k, v) for k, v in headers if k != key] + [(key, value)]
+    return headers
+
+
+def request_msg(headers: list[tuple[str, str]], path: str = "/v1/chat/completions") -> Any:
+    """Request headers as the gateway sends them, repeated names kept (`headers_msg` takes a
+    mapping)."""
+    base = [(":method", "POST"), (":path", path), ("content-type", "application/json")]
+    return pb.ProcessingRequest(
+        request_headers=pb.HttpHeaders(
+            headers=base_pb2.HeaderMap(
+                headers=[
+                    base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in base + headers
+                ]
+            )
+        )
+    )
+
+
+def forwarded_body(stream: Stream) -> bytes:
+    """The body the policy step forwarded on a stream (what the picker hands the gateway)."""
+    return b"".join(
+        m.request_body.body for m in stream.received if m.WhichOneof("request") == "request_body"
+    )

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from promptcache.tenancy.routes import VLLM_ROUTES_VERSION
@@ -149,6 +150,161 @@ def routes_in_package(site_packages: Path) -> set[tuple[str, str]]:
     found = set(FASTAPI_DEFAULT_ROUTES)
     for module in sorted((site_packages / "vllm" / "entrypoints").rglob("*.py")):
         found |= routes_in_source(module.read_text(encoding="utf-8"))
+    return found
+
+
+# --------------------------------------------------------------------------- request models
+
+CHAT_MESSAGE_TYPE = "ChatCompletionMessageParam"
+"""The chat message type whose content parts and `reasoning` may carry prompt embeds."""
+INVOCATION_TYPE_FACTORIES = ("get_generate_invocation_types", "get_pooling_invocation_types")
+"""The functions whose `(RequestModel, handler)` lists `/invocations` tries, in order."""
+
+
+def _names(annotation: ast.expr | None) -> set[str]:
+    """The plain class names an annotation mentions (`A | B`, `Annotated[A, ...]`, ...)."""
+    if annotation is None:
+        return set()
+    return {n.id for n in ast.walk(annotation) if isinstance(n, ast.Name)} | {
+        n.attr for n in ast.walk(annotation) if isinstance(n, ast.Attribute)
+    }
+
+
+_SEQUENCES = frozenset({"list", "Sequence", "Iterable", "tuple"})
+
+
+def _list_depth(annotation: ast.expr, target: str) -> int:
+    """How many sequence types (`list[...]`, `Sequence[...]`) wrap `target` in
+    `annotation` (0: it does not hold `target` at all)."""
+    best = 0
+
+    def walk(node: ast.expr, depth: int) -> None:
+        nonlocal best
+        if isinstance(node, ast.Name) and node.id == target:
+            best = max(best, depth or 1)
+        elif isinstance(node, ast.Subscript):
+            outer = node.value.id if isinstance(node.value, ast.Name) else None
+            walk(node.slice, depth + (outer in _SEQUENCES))
+        elif isinstance(node, ast.Tuple):
+            for element in node.elts:
+                walk(element, depth)
+        elif isinstance(node, ast.BinOp):
+            walk(node.left, depth)
+            walk(node.right, depth)
+
+    walk(annotation, 0)
+    return best
+
+
+@dataclass
+class RequestModels:
+    """vLLM's request models and which routes take them, read from its sources by `ast`."""
+
+    fields: dict[str, dict[str, ast.expr]] = field(default_factory=dict)
+    """Class name -> its own annotated fields."""
+    bases: dict[str, list[str]] = field(default_factory=dict)
+    aliases: dict[str, set[str]] = field(default_factory=dict)
+    """Module-level type aliases (`EmbeddingRequest = A | B`) -> the names they join."""
+    routes: dict[tuple[str, str], set[str]] = field(default_factory=dict)
+    """(METHOD, path) -> the classes its endpoint's request parameter is annotated with."""
+
+    def classes(self, names: set[str], seen: frozenset[str] = frozenset()) -> set[str]:
+        """`names` with every type alias among them replaced by the classes it joins."""
+        out = set()
+        for name in names - seen:
+            if name in self.aliases and name not in self.fields:
+                out |= self.classes(self.aliases[name], seen | {name})
+            elif name in self.fields:
+                out.add(name)
+        return out
+
+    def route_channels(self, method: str, path: str) -> set[str]:
+        """Where a request to this route can carry a prompt-embeds payload."""
+        models = self.classes(self.routes.get((method, path), set()))
+        return set().union(*(self.payload_channels(m) for m in models)) if models else set()
+
+    def all_fields(self, name: str, seen: frozenset[str] = frozenset()) -> dict[str, ast.expr]:
+        """The class's fields with those it inherits (by simple name, within vLLM)."""
+        out: dict[str, ast.expr] = {}
+        for base in self.bases.get(name, []):
+            if base not in seen:
+                out.update(self.all_fields(base, seen | {name}))
+        out.update(self.fields.get(name, {}))
+        return out
+
+    def payload_channels(self, name: str) -> set[str]:
+        """Where a request of this class can carry a prompt-embeds payload: `prompt_embeds`
+        (the completions field), or `FIELD:DEPTH` for a field holding chat messages
+        (`ChatCompletionMessageParam`, whose content parts and `reasoning` take
+        `prompt_embeds` parts): depth 1 is one conversation, 2 a list of them."""
+        found = set()
+        for field_name, annotation in self.all_fields(name).items():
+            if field_name == "prompt_embeds":
+                found.add("prompt_embeds")
+            depth = _list_depth(annotation, CHAT_MESSAGE_TYPE)
+            if depth:
+                found.add(f"{field_name}:{depth}")
+        return found
+
+
+def _endpoint_models(node: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    """The classes an endpoint's first parameter (the parsed request body) is typed with."""
+    args = node.args.posonlyargs + node.args.args
+    if not args or args[0].arg in ("raw_request", "self"):
+        return set()
+    return _names(args[0].annotation) - {"Request", "None"}
+
+
+def _invocation_models(source: str) -> list[str]:
+    models: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef) and node.name in INVOCATION_TYPE_FACTORIES:
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.Tuple) and inner.elts:
+                    first = inner.elts[0]
+                    if isinstance(first, ast.Name) and first.id[:1].isupper():
+                        models.append(first.id)
+    return models
+
+
+def request_models_in_wheel(wheel: Path) -> RequestModels:
+    """Every request model class of vLLM's server, and the routes that take each."""
+    found = RequestModels()
+    with zipfile.ZipFile(wheel) as archive:
+        sources = {
+            name: archive.read(name).decode("utf-8")
+            for name in archive.namelist()
+            if name.endswith(".py") and name.startswith(("vllm/entrypoints/", "vllm/renderers/"))
+        }
+    for source in sources.values():
+        tree = ast.parse(source)
+        for stmt in tree.body:
+            target = (
+                stmt.targets[0] if isinstance(stmt, ast.Assign) else getattr(stmt, "target", None)
+            )
+            value = getattr(stmt, "value", None)
+            if isinstance(target, ast.Name) and value is not None and target.id[:1].isupper():
+                names = {n for n in _names(value) if n[:1].isupper()}
+                if names:
+                    found.aliases.setdefault(target.id, set()).update(names)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                found.bases[node.name] = [b for base in node.bases for b in _names(base)]
+                found.fields[node.name] = {
+                    stmt.target.id: stmt.annotation
+                    for stmt in node.body
+                    if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
+                }
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                for decorator in node.decorator_list:
+                    if isinstance(decorator, ast.Call):
+                        for method, path in routes_in_source(ast.unparse(decorator)):
+                            found.routes.setdefault((method, path), set()).update(
+                                _endpoint_models(node)
+                            )
+        invocations = _invocation_models(source)
+        if invocations:
+            found.routes.setdefault(("POST", "/invocations"), set()).update(invocations)
     return found
 
 

@@ -365,6 +365,7 @@ def test_many_thread_storm_keeps_invariants() -> None:
         ("0.5", 1 << 29),
         (" 2 ", 2 << 30),
         ("1e-3", int(1e-3 * (1 << 30))),
+        ("1024", 1024 << 30),  # the bound itself: accepted (nothing is allocated up front)
     ],
 )
 def test_env_sizes_the_cache(
@@ -396,6 +397,9 @@ def test_env_sizes_the_cache(
         "1GiB",
         "0x10",
         "1,5",
+        "1024.001",
+        "1025",
+        "1e6",
     ],
 )
 def test_env_rejects_bad_sizes_naming_variable_and_value(

@@ -16,19 +16,21 @@ from aiohttp import web
 
 from harness.standin import StandinUpstream, start_standin
 from promptcache.embeds.cache import PromptEmbedsCache
-from promptcache.front.app import create_runner
+from promptcache.front.app import FrontRunner, create_runner
 from promptcache.front.settings import FrontSettings
+from promptcache.front.state import FrontState
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 
 
 @dataclasses.dataclass
 class Front:
-    """A running front: its URL, settings and cache."""
+    """A running front: its URL, settings, cache and shared state."""
 
     url: str
     settings: FrontSettings
     cache: PromptEmbedsCache
+    state: FrontState
 
 
 @pytest.fixture
@@ -41,7 +43,7 @@ async def standin() -> AsyncIterator[tuple[StandinUpstream, str]]:
 
 async def _start_front(
     settings: FrontSettings, secret: bytes | None, cache: PromptEmbedsCache
-) -> tuple[web.BaseRunner, str]:
+) -> tuple[FrontRunner, str]:
     runner = create_runner(settings, secret=secret, cache=cache)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -57,7 +59,7 @@ MakeFront = Callable[..., Awaitable[Front]]
 async def make_front(
     standin: tuple[StandinUpstream, str],
 ) -> AsyncIterator[MakeFront]:
-    runners: list[web.BaseRunner] = []
+    runners: list[FrontRunner] = []
 
     async def make(
         *,
@@ -72,7 +74,7 @@ async def make_front(
             settings, secret if settings.needs_salt_key else None, cache
         )
         runners.append(runner)
-        return Front(url, settings, cache)
+        return Front(url, settings, cache, runner.front.state)
 
     yield make
     for runner in runners:

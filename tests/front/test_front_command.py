@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from harness.extproc_gateway import eventually
 from harness.net import free_port
 from harness.standin import StandinUpstream
 from promptcache.contract import FrontEnv, IsolationMode
@@ -196,6 +198,19 @@ async def test_real_process_serves_and_stops_on_sigterm(
                     assert resp.headers["dashflow-prompt-tokens"] == "42"
             async with http.get(base + "/metrics") as resp:
                 text = await resp.text()
+            # dense bodies, decided in each process's JSON workers (12 new connections: every
+            # process gets some), which must stop with it
+            dense = {"model": "m", "messages": [], "prompt_cache_isolation_key": "t"}
+            for _ in range(12 if workers > 1 else 1):
+                async with (
+                    aiohttp.ClientSession() as fresh,
+                    fresh.post(
+                        base + "/v1/chat/completions", json={**dense, "pad": [0] * 20_000}
+                    ) as resp,
+                ):
+                    assert resp.status == 200
+        spawned = _descendants(proc.pid)
+        assert len(spawned) > workers - 1  # the front's processes and their JSON workers
         assert json.loads(upstream.requests[-1].body)["cache_salt"] == derive_salt(secret, "t")
         assert "vllm:num_requests_running" in text
         capacity = next(
@@ -208,6 +223,30 @@ async def test_real_process_serves_and_stops_on_sigterm(
         proc.send_signal(signal.SIGTERM)
         await asyncio.wait_for(proc.wait(), 60)
     assert proc.returncode == 0
+    # every process it started ended with it (a JSON worker left waiting for a stop sentinel
+    # kept a --workers child, and so the whole front, from exiting)
+    await eventually(lambda: _still_running(spawned) == [], within_s=10)
+
+
+def _descendants(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            found += [int(child), *_descendants(int(child))]
+    return found
+
+
+def _still_running(pids: list[int]) -> list[int]:
+    """Those of `pids` that are still processes (neither gone nor zombies)."""
+    running = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            running.append(pid)
+    return running
 
 
 def test_every_front_env_variable_has_a_flag() -> None:
@@ -226,3 +265,77 @@ def test_empty_header_env_switches_the_header_off() -> None:
     assert settings.prompt_tokens_header == ""
     assert settings.session_header == ""
     assert settings.upstream == FrontSettings().upstream  # empty means unset elsewhere
+
+
+async def _connects(host: str, port: int) -> bool:
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 2)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    return True
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_sigterm_serves_through_the_lame_duck_then_drains_streams(
+    tmp_path: Path, standin: tuple[StandinUpstream, str], workers: int
+) -> None:
+    """What a pod's stop needs from the front (issue 24, changing adapters by rolling update):
+    after SIGTERM a stream in flight is answered whole, a request that arrives during the
+    lame duck is still served (with `Connection: close`) while /readyz says 503; then the
+    port refuses, and the lifecycle socket the vllm preStop waits on closes only when the
+    process has exited, after the stream's last byte."""
+    upstream, upstream_url = standin
+    upstream.chunks, upstream.chunk_delay = 30, 0.1  # a 3-second stream
+    port, lifecycle = free_port(), free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "promptcache.front", "--upstream", upstream_url,
+        "--listen", f"127.0.0.1:{port}", "--workers", str(workers),
+        "--lifecycle-listen", f"127.0.0.1:{lifecycle}", "--lame-duck-seconds", "1",
+        env=_env(), stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    body = {"model": "m", "messages": [], "stream": True}
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
+            for _ in range(600):
+                with contextlib.suppress(aiohttp.ClientConnectionError):
+                    async with http.get(base + "/readyz") as resp:
+                        if resp.status == 200:
+                            break
+                assert proc.returncode is None, "the front exited during start-up"
+                await asyncio.sleep(0.1)
+            assert await _connects("127.0.0.1", lifecycle)
+
+            async def stream() -> tuple[int, str]:
+                async with http.post(base + "/v1/chat/completions", json=body) as resp:
+                    return resp.status, await resp.text()
+
+            upstream.started.clear()
+            in_flight = asyncio.create_task(stream())
+            await upstream.started.wait()
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.3)
+            async with aiohttp.ClientSession() as fresh:
+                async with fresh.get(base + "/readyz") as resp:
+                    assert resp.status == 503, "not ready while stopping"
+                upstream.chunks = 3  # the stream in flight keeps its 30
+                async with fresh.post(
+                    base + "/v1/chat/completions", json={**body, "stream": False}
+                ) as resp:
+                    assert resp.status == 200, "a request in the lame duck is served"
+                    assert resp.headers.get("Connection", "").lower() == "close"
+            await asyncio.sleep(1.5)
+            assert not await _connects("127.0.0.1", port), "stopped listening after it"
+            assert await _connects("127.0.0.1", lifecycle), "alive while draining"
+            status, text = await in_flight
+            assert status == 200
+            assert "tok29" in text, text[-200:]
+            assert text.rstrip().endswith("data: [DONE]"), text[-200:]
+            await asyncio.wait_for(proc.wait(), 30)
+            assert not await _connects("127.0.0.1", lifecycle), "closed once the process exited"
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0

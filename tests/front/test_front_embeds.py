@@ -384,7 +384,7 @@ async def test_named_reupload_of_a_cached_payload_is_trusted_only_when_identical
 
 async def test_identical_reupload_is_not_loaded_again_but_a_different_one_is() -> None:
     from promptcache.embeds.cache import PromptEmbedsCache
-    from promptcache.front.references import KindIndex, resolve
+    from promptcache.front.references import KindIndex, find_slots, resolve
     from promptcache.front.verify import verify_payload
 
     calls: list[str] = []
@@ -397,21 +397,20 @@ async def test_identical_reupload_is_not_loaded_again_but_a_different_one_is() -
     p, q = _payload(100), _payload(101)
     for _ in range(2):
         body = {"prompt_embeds": [p.data]}
-        await resolve("completion", body, cache=cache, scope=None, verifier=verifier, kinds=kinds)
+        slots = find_slots("completion", body)
+        await resolve(slots, cache=cache, scope=None, verifier=verifier, kinds=kinds)
         assert body["prompt_embeds"] == [p.data]
     assert calls == [p.data]
     # the same text in another scope is not held there: verified again
     await resolve(
-        "completion",
-        {"prompt_embeds": [p.data]},
+        find_slots("completion", {"prompt_embeds": [p.data]}),
         cache=cache,
         scope="other",
         verifier=verifier,
         kinds=kinds,
     )
     await resolve(
-        "completion",
-        {"prompt_embeds": [q.data]},
+        find_slots("completion", {"prompt_embeds": [q.data]}),
         cache=cache,
         scope=None,
         verifier=verifier,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -111,6 +112,15 @@ def _events(n: int, with_usage: bool) -> list[bytes]:
     return events
 
 
+def _pieces(stream: bytes, cuts: list[int]) -> list[bytes]:
+    """`stream` cut at `cuts` (taken modulo its length), in order."""
+    pieces, last = [], 0
+    for cut in sorted(c % (len(stream) + 1) for c in cuts):
+        pieces.append(stream[last:cut])
+        last = cut
+    return [*pieces, stream[last:]]
+
+
 @given(
     n=st.integers(0, 6),
     strip=st.booleans(),
@@ -120,16 +130,50 @@ def test_sse_relay_output_does_not_depend_on_chunking(n: int, strip: bool, cuts:
     stream = b"".join(e + b"\n\n" for e in _events(n, with_usage=True))
     whole = SseRelay(strip_usage_chunk=strip, prompt_header="p", cached_header="c")
     expected = whole.feed(stream) + whole.finish()
-    pieces, last = [], 0
-    for cut in sorted(c % (len(stream) + 1) for c in cuts):
-        pieces.append(stream[last:cut])
-        last = cut
-    pieces.append(stream[last:])
+    pieces = _pieces(stream, cuts)
     relay = SseRelay(strip_usage_chunk=strip, prompt_header="p", cached_header="c")
     got = b"".join(relay.feed(p) for p in pieces) + relay.finish()
     assert got == expected
     assert got.endswith(b": p: 9\n: c: 3\n\ndata: [DONE]\n\n")
     assert (b'"usage"' in got) is not strip
+
+
+@given(
+    n=st.integers(0, 8),
+    terminators=st.lists(st.sampled_from([b"\n\n", b"\r\n\r\n"]), min_size=9, max_size=9),
+    cuts=st.lists(st.integers(0, 3000), max_size=12),
+)
+def test_sse_relay_splits_events_at_either_terminator_however_chunked(
+    n: int, terminators: list[bytes], cuts: list[int]
+) -> None:
+    events = _events(n, with_usage=True)
+    stream = b"".join(e + terminators[i % len(terminators)] for i, e in enumerate(events))
+    oracle = SseRelay(strip_usage_chunk=False, prompt_header="p", cached_header="c")
+    expected = b"".join(oracle._event(e) for e in events)
+    pieces = _pieces(stream, cuts)
+    relay = SseRelay(strip_usage_chunk=False, prompt_header="p", cached_header="c")
+    assert b"".join(relay.feed(p) for p in pieces) == expected
+
+
+def _seconds_to_relay(events: int) -> float:
+    """Best of three, in this thread's CPU time (a busy machine's preemptions do not
+    count): one read holding `events` small events, as vLLM streams tokens."""
+    chunk = b"".join(e + b"\n\n" for e in _events(events, with_usage=False)[:-1])
+    best = float("inf")
+    for _ in range(3):
+        relay = SseRelay(strip_usage_chunk=True, prompt_header="p", cached_header="c")
+        started = time.thread_time()
+        assert relay.feed(chunk) == chunk
+        best = min(best, time.thread_time() - started)
+    return best
+
+
+def test_sse_relay_work_is_linear_in_the_events_of_one_read() -> None:
+    # A client slower than vLLM lets hundreds of KiB of events queue into one upstream
+    # read. Splitting them by re-searching the rest of the buffer per event was quadratic
+    # (8x the events took ~60x the time: seconds on the event loop per read).
+    small, large = _seconds_to_relay(3000), _seconds_to_relay(24_000)
+    assert large < 24 * small, (small, large)
 
 
 base64_text = st.text(

@@ -263,3 +263,62 @@ async def test_interim_answers_are_skipped(scripted: Callable[[Answer], Scripted
     assert await answer.read(10) == b"{}"
     answer.release()
     pool.close()
+
+
+async def _trickle(gaps: list[float], then_silent: bool = False) -> tuple[asyncio.Server, int]:
+    """A server answering each request with a chunked body, one piece after each gap."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                await reader.readuntil(b"\r\n\r\n")
+                writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                for gap in gaps:
+                    await asyncio.sleep(gap)
+                    writer.write(b"1\r\nx\r\n")
+                if then_silent:
+                    await reader.read()
+                    return
+                writer.write(b"0\r\n\r\n")
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+async def test_read_timeout_is_silence_between_pieces_not_the_answers_length() -> None:
+    """Pieces 0.3 s apart for 1.5 s under a 0.5 s read timeout: no timeout, on a new and on
+    a reused connection (also after an idle spell longer than the timeout)."""
+    server, port = await _trickle([0.3] * 5)
+    pool = UpstreamPool(f"http://127.0.0.1:{port}", connect_timeout=5, read_timeout=0.5)
+    try:
+        for idle in (0.0, 0.8):
+            await asyncio.sleep(idle)
+            answer = await pool.request("GET", "/v1/models", [], b"")
+            try:
+                assert await answer.read(100) == b"xxxxx"
+            finally:
+                answer.release()
+        assert len(pool._all) == 1  # the second answer reused the connection
+    finally:
+        pool.close()
+        server.close()
+
+
+async def test_silence_after_some_pieces_is_a_timeout() -> None:
+    server, port = await _trickle([0.1, 0.1], then_silent=True)
+    pool = UpstreamPool(f"http://127.0.0.1:{port}", connect_timeout=5, read_timeout=0.5)
+    try:
+        answer = await pool.request("GET", "/v1/models", [], b"")
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(UpstreamTimeoutError):
+            await answer.read(100)
+        waited = asyncio.get_running_loop().time() - started
+        assert 0.5 <= waited < 5, waited  # the timeout after the last piece, not at once
+        answer.release()
+    finally:
+        pool.close()
+        server.close()

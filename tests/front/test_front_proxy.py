@@ -623,3 +623,48 @@ async def test_usage_is_counted_for_the_cached_token_share(
         text = await resp.text()
     assert "promptcache_front_usage_prompt_tokens_total 160.0" in text
     assert "promptcache_front_usage_cached_prompt_tokens_total 96.0" in text
+
+
+@pytest.mark.parametrize(
+    ("mode", "status", "code"),
+    [
+        (IsolationMode.SHARED, 400, "prompt_cache_max_len_not_supported"),
+        (IsolationMode.PER_KEY, 403, "route_not_isolated"),
+    ],
+)
+async def test_uncacheable_is_refused_where_no_salt_can_carry_it(
+    standin: Standin,
+    make_front: MakeFront,
+    http: aiohttp.ClientSession,
+    mode: IsolationMode,
+    status: int,
+    code: str,
+) -> None:
+    """`/cohere/v2/chat` has no `cache_salt`: `prompt_cache_max_len: 0` cannot keep its prompt
+    out of the shared cache, so it is refused, never silently cached."""
+    upstream, _ = standin
+    front = await make_front(isolation_mode=mode)
+    got, body, _ = await _post(http, front.url + "/cohere/v2/chat", _chat(prompt_cache_max_len=0))
+    assert got == status
+    assert isinstance(body, dict)
+    assert body["error"]["code"] == code
+    assert upstream.requests == []
+
+
+async def test_an_empty_key_is_no_key_in_every_mode(
+    standin: Standin, make_front: MakeFront, http: aiohttp.ClientSession
+) -> None:
+    upstream, _ = standin
+    per_key = await make_front(isolation_mode=IsolationMode.PER_KEY)
+    required = await make_front(isolation_mode=IsolationMode.REQUIRED)
+    empty = {"x-prompt-cache-isolation-key": ""}
+    status, _, _ = await _post(http, per_key.url + CHAT, _chat(), headers=empty)
+    assert status == 200
+    assert "cache_salt" not in upstream.requests[-1].json()  # the shared scope
+    status, _, _ = await _post(http, per_key.url + CHAT, _chat(prompt_cache_isolation_key=""))
+    assert status == 200
+    assert "cache_salt" not in upstream.requests[-1].json()
+    status, body, _ = await _post(http, required.url + CHAT, _chat(), headers=empty)
+    assert status == 400
+    assert isinstance(body, dict)
+    assert body["error"]["code"] == "isolation_key_required"

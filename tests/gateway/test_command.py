@@ -84,6 +84,15 @@ def test_environment_then_flags_win() -> None:
          "do not read one)"),
         (["--isolation-mode", "Strict"], {},
          "--isolation-mode='Strict' is not one of Shared, PerKey, Required"),
+        (["--workers", "0"], {}, "--workers=0 must be in [1, 64]"),
+        ([], {GatewayPolicyEnv.WORKERS: "two"},
+         "PROMPTCACHE_GATEWAY_POLICY_WORKERS='two' is not an integer"),
+        (["--workers", "2", "--listen", "127.0.0.1:0"], {},
+         "--workers=2 needs a fixed --listen port (port 0 would give each worker a port of "
+         "its own)"),
+        (["--workers", "4", "--max-body-bytes", "100", "--max-buffered-bytes", "300"], {},
+         "--max-buffered-bytes=300 is shared by --workers=4: each share must be at least "
+         "--max-body-bytes=100; raise it to 400 or more"),
     ],
 )  # fmt: skip
 def test_bad_settings_name_the_setting(argv: list[str], env: dict[str, str], message: str) -> None:

@@ -26,10 +26,12 @@ import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from multidict import CIMultiDict
 
 from promptcache.contract import IsolationMode
 from promptcache.gateway.policy_step import decide
-from promptcache.tenancy.canonical import GO_FOLDS_TO_ASCII
+from promptcache.tenancy.attestation import Attester, Outcome, ReplayGuard
+from promptcache.tenancy.canonical import GO_FOLDS_TO_ASCII, parse_body
 from promptcache.tenancy.salt import derive_salt
 from promptcache.tenancy.settings import PolicySettings
 
@@ -261,3 +263,57 @@ async def test_over_sockets_the_picker_never_reads_a_salt_the_step_did_not_set(
     assert seen["ok"], seen
     assert mode is not IsolationMode.REQUIRED  # keyless
     assert seen["salt"] == ""  # no key was sent: the shared scope, never the forged salt
+
+
+# --------------------------- the signed account survives the picker's re-encoding (#27)
+
+_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**60), max_value=2**60)
+    | st.floats(allow_nan=False, allow_infinity=False, width=64)
+    | st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=10)
+    | st.sampled_from(["<b>&amp;</b>", "\u2028\u2029", "é", "\U0001f600", 'a"b\\c'])
+)
+_values = st.recursive(
+    _scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.text(alphabet="abcxyz_", min_size=1, max_size=5), inner, max_size=4)
+    ),
+    max_leaves=16,
+)
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(extra=st.dictionaries(st.sampled_from(["temperature", "max_tokens", "n", "logit_bias",
+                                              "tools", "metadata", "seed", "top_p"]),
+                             _values, max_size=4),
+       account=st.sampled_from(["alice", "bob"]))  # fmt: skip
+def test_the_signed_account_verifies_on_the_body_gie_forwards(
+    picker_decode: PickerDecoder, extra: dict[str, Any], account: str
+) -> None:
+    """GIE v1.5 re-encodes the body (json.Marshal of the decoded map: sorted keys, float64
+    numbers, escaped HTML) before the pod sees it; the front must still verify the step's
+    signature on what arrives, and on nothing else."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi <&>"}], **extra}
+    policy = PolicySettings(isolation_mode=IsolationMode.PER_KEY, identity_header="x-user")
+    step = Attester(SECRET, KEY_HEADER)
+    headers = {**JSON, "x-user": account, KEY_HEADER: "team"}
+    decision = decide(
+        "POST", PATHS["chat"], headers, json.dumps(body).encode(), policy=policy,
+        secret=SECRET, session_header="", user_field="user", attester=step,
+    )  # fmt: skip
+    assert decision.refusal is None, decision.refusal
+    assert decision.body is not None
+    assert decision.attestation is not None
+    seen = picker_decode.read("chat", decision.body)
+    assert seen["ok"], seen
+    arrived = parse_body(seen["forwarded"].encode(), acted_on=())
+    front = Attester(SECRET, KEY_HEADER, guard=ReplayGuard())
+    pod = CIMultiDict({KEY_HEADER: "team", "x-promptcache-identity": decision.attestation})
+    assert front.verify(pod, arrived).outcome is Outcome.VALID
+    probe = {**arrived, "messages": [{"role": "user", "content": "another prompt"}]}
+    assert front.verify(pod, probe).outcome is Outcome.FORGED

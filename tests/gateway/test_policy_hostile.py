@@ -17,6 +17,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from promptcache.contract import IsolationMode
+from promptcache.contract.front import VLLM_ENGINE_STATE_FIELDS
 from promptcache.gateway import policy_step
 
 from .conftest import GatewayPolicyFactory, Upstream, body_msg
@@ -164,4 +165,50 @@ async def test_a_stalled_body_is_cut_after_the_body_timeout(
     assert only.immediate_response.status.code == 408
     assert json.loads(only.immediate_response.body)["error"]["code"] == "body_timeout"
     assert shim.servicer.budget.used == 0
+    assert upstream.fake.streams == []
+
+
+STATE_ROUTES = [
+    ("/v1/chat/completions/batch", b'"messages":[[{"role":"user","content":"hi"}]]'),
+    ("/invocations", CHAT),
+    ("/invocations", b'"prompt":"hi"'),
+    ("/v1/completions/render", b'"prompt":"hi"'),
+    ("/v1/chat/completions/render", CHAT),
+    ("/v1/embeddings", b'"input":[{"role":"user","content":"hi"}]'),
+    ("/tokenize", CHAT),
+]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("field", sorted(VLLM_ENGINE_STATE_FIELDS))
+@pytest.mark.parametrize(
+    ("path", "rest"), STATE_ROUTES, ids=[f"{p} {r[:12]!r}" for p, r in STATE_ROUTES]
+)
+async def test_engine_state_is_refused_on_every_route_that_reads_it(
+    make_gateway_policy: GatewayPolicyFactory,
+    upstream: Upstream,
+    gateway_for: Any,
+    mode: IsolationMode,
+    field: str,
+    path: str,
+    rest: bytes,
+) -> None:
+    """The routes whose vLLM request models read chat messages or prompt embeds (derived in
+    `tests/front/test_front_vllm_fields.py`) refuse engine state at the step as the front
+    does, before the picker is asked, in every mode."""
+    shim = await make_gateway_policy(isolation_mode=mode, secret=SECRET)
+    headers = pb.ProcessingRequest(
+        request_headers=pb.HttpHeaders(
+            headers=base_pb2.HeaderMap(
+                headers=[
+                    base_pb2.HeaderValue(key=k, raw_value=v)
+                    for k, v in [(":method", b"POST"), (":path", path.encode()), *KEYED]
+                ]
+            )
+        )
+    )
+    body = b"{" + rest + b',"' + field.encode() + b'":{"x":1}}'
+    (only,) = await gateway_for(shim).exchange(headers, body_msg(body))
+    assert only.WhichOneof("response") == "immediate_response"
+    assert json.loads(only.immediate_response.body)["error"]["code"] == "field_not_allowed"
     assert upstream.fake.streams == []

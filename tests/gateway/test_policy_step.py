@@ -10,12 +10,15 @@ header, `prompt_cache_key`, then `user`; a session never becomes an isolation ke
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from multidict import CIMultiDict
 
+from harness.executors import CountingExecutor
 from promptcache.contract import IsolationMode
 from promptcache.gateway.policy_step import decide
 from promptcache.tenancy.errors import FrontError
@@ -113,6 +116,40 @@ async def test_large_bodies_keep_their_session_and_salt(
     await gw.exchange(*messages)
     assert upstream.fake.streams[-1].session() == ["big"]
     assert sent_body(upstream)["cache_salt"] == derive_salt(SECRET, "t")
+
+
+async def test_the_decide_workers_run_nicer_than_the_loop(
+    make_gateway_policy: GatewayPolicyFactory,
+) -> None:
+    """On the cores the step shares, its loop (every tenant's routing) goes before the
+    workers deciding large or dense bodies."""
+    shim = await make_gateway_policy(isolation_mode=IsolationMode.PER_KEY, secret=SECRET)
+    niceness = shim.servicer._pool().submit(os.nice, 0).result(timeout=30)
+    assert niceness > os.nice(0)
+
+
+async def test_a_dense_body_is_decided_off_the_event_loop_however_small(
+    make_gateway_policy: GatewayPolicyFactory,
+    upstream: Upstream,
+    gateway_for: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """40 KiB of `[1,1,...]` is cheap by its bytes but not by its values (255 KiB of it
+    held the loop for ~270 ms, every other tenant's routing waiting): it goes to a worker;
+    a plain small body is decided on the loop, where that is cheaper than a worker."""
+    shim = await make_gateway_policy(isolation_mode=IsolationMode.PER_KEY, secret=SECRET)
+    workers = CountingExecutor()
+    monkeypatch.setattr(shim.servicer, "_pool", lambda: workers)
+    gw = gateway_for(shim)
+    try:
+        await gw.exchange(headers_msg({KEY_HEADER: "t"}), body_msg(request()))
+        assert workers.jobs == 0
+        dense = request(prompt=[1] * 20_000)
+        await gw.exchange(headers_msg({KEY_HEADER: "t"}), body_msg(dense))
+        assert workers.jobs == 1
+        assert sent_body(upstream)["cache_salt"] == derive_salt(SECRET, "t")
+    finally:
+        workers.shutdown()
 
 
 @settings(max_examples=200, deadline=None)

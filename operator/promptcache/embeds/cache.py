@@ -282,8 +282,11 @@ def build_cache_from_env() -> PromptEmbedsCache:
     """Build a cache holding `SG_PROMPT_EMBEDS_CACHE_GIB` GiB, disabled when 0 or unset.
 
     Raises:
-        ValueError: if the variable is not a non-negative number; a mistyped size
-            fails here rather than silently serving every request uncached.
+        ValueError: if the variable is not a number of GiB from 0 to 1024 (spec/000's
+            "not a non-negative number", plus empty values and sizes above the bound,
+            which are typos, not caches); the message names the variable, the value and
+            the bound. A mistyped size fails here rather than silently serving every
+            request uncached.
     """
     return PromptEmbedsCache(cache_capacity_from_env())
 

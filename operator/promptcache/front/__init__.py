@@ -4,7 +4,8 @@ An aiohttp server on the pod's serving port, in front of vLLM on localhost. It
 turns isolation keys into HMAC salts, lets clients send prompt embeddings by
 identifier, adds prompt-token headers, and serves vLLM's metrics merged with its
 own. Modules: `settings` (configuration), `policy` (isolation, max_len, session),
-`references` + `verify` (prompt embeds by reference), `usage` (token counts,
+`references` + `verify` (prompt embeds by reference), `offload` (large or dense
+bodies decided in worker processes), `usage` (token counts,
 SSE relay), `metrics`, `state`, `upstream` (forwarding), `pool` (the HTTP/1.1
 client to vLLM), `app` (HTTP), `server`
 (processes), `command` (CLI),

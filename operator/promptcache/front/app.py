@@ -12,12 +12,14 @@ vLLM's answer (status and body) is passed back, streamed when vLLM streams.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from functools import partial
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from aiohttp import web
 from aiohttp.http_exceptions import (
@@ -34,23 +36,41 @@ from promptcache.contract import FRONT_HEALTH_PATH, FRONT_READY_PATH
 from promptcache.contract.front import VLLM_PRIORITY_HEADER, VLLM_REQUEST_ID_HEADER
 from promptcache.embeds.cache import PromptEmbedsCache
 from promptcache.front.metrics import CONTENT_TYPE, FrontMetrics, merge_expositions
+from promptcache.front.offload import Prepared, prepare
 from promptcache.front.pool import UpstreamError, UpstreamPool
-from promptcache.front.references import VerifiedLike, forward_size, resolve, serialize
+from promptcache.front.references import (
+    Outcome,
+    Slot,
+    VerifiedLike,
+    find_slots,
+    forward_size,
+    resolve,
+    serialize,
+    splice,
+)
 from promptcache.front.settings import FrontSettings
-from promptcache.front.state import Charge, FrontState, json_charge
-from promptcache.front.upstream import forward, forward_headers, new_request_id
+from promptcache.front.state import Charge, FrontState
+from promptcache.front.upstream import (
+    bound_send_buffer,
+    forward,
+    forward_headers,
+    new_request_id,
+)
 from promptcache.tenancy import errors
+from promptcache.tenancy.attestation import Attester, ReplayGuard
+from promptcache.tenancy.attestation import Outcome as AttestationOutcome
 from promptcache.tenancy.canonical import (
-    DENSE_TOKENS,
+    OFFLOAD_BYTES,
     POLICY_FIELDS,
+    JsonScan,
     check_headers,
     check_json_media_type,
-    json_tokens,
     parse_body,
     refusing_unencodable,
 )
 from promptcache.tenancy.errors import FrontError
-from promptcache.tenancy.policy import Isolation, apply_policy
+from promptcache.tenancy.identity import Account, identity_enabled
+from promptcache.tenancy.policy import Isolation, Plan, apply_policy
 from promptcache.tenancy.routes import (
     METRICS_PATH,
     Route,
@@ -68,13 +88,12 @@ PROBE_SECONDS: Final = 5.0
 """How long /metrics and /readyz wait for vLLM's own /metrics and /health."""
 MAX_UPSTREAM_METRICS_BYTES: Final = 64 * 1024 * 1024
 CONNECT_TIMEOUT_SECONDS: Final = 10.0
+JSON_POOL_STOP_SECONDS: Final = 10.0
+"""How long stopping waits for the JSON workers to finish their jobs and exit."""
 LINGER_SECONDS: Final = 2.0
 """aiohttp drains an unread request body this long before closing (its default: 10 s)."""
 SMALL_BODY_BYTES: Final = 1 << 20
 """Bodies up to this size with a Content-Length are read in one call."""
-OFFLOAD_BYTES: Final = 256 * 1024
-"""Bodies this large are parsed and re-encoded on the decode pool, not on the event loop
-(so /healthz answers while they are worked on)."""
 UPLOAD_FACTOR: Final = 2
 """Verifying an uploaded payload holds its decoded bytes and the loaded tensor."""
 
@@ -95,8 +114,11 @@ def _has_body(request: web.BaseRequest) -> bool:
     return bool(request.content_length) or request.headers.get("Transfer-Encoding") is not None
 
 
-async def _read_body(request: web.BaseRequest, state: FrontState, charge: Charge) -> bytearray:
-    """The whole body, under the size limit, the body-read cap, the timeout and the budget.
+async def _read_body(
+    request: web.BaseRequest, state: FrontState, charge: Charge, scan: JsonScan
+) -> bytearray:
+    """The whole body, under the size limit, the body-read cap, the timeout and the budget,
+    counted into `scan` piece by piece as it arrives.
 
     Returned as the buffer it was read into (no second copy of a large body).
     """
@@ -124,12 +146,14 @@ async def _read_body(request: web.BaseRequest, state: FrontState, charge: Charge
             if len(buffer) < declared:
                 async with asyncio.timeout(settings.body_timeout_seconds):
                     buffer += await request.content.readexactly(declared - len(buffer))
+            scan.add(buffer)  # at most SMALL_BODY_BYTES: a few milliseconds
         else:
             async with asyncio.timeout(settings.body_timeout_seconds):
                 async for chunk in request.content.iter_chunked(1 << 16):
                     if declared is None:
                         charge.take(len(chunk))
                     buffer += chunk
+                    scan.add(chunk)
                     if len(buffer) > limit:
                         raise _too_large(len(buffer), limit)
     except asyncio.IncompleteReadError:
@@ -184,22 +208,24 @@ def _too_large(size: int, limit: int) -> FrontError:
     )
 
 
-async def _off_loop(state: FrontState, size: int, job: Callable[[], Any]) -> Any:
-    """Run CPU-heavy JSON work of a large body on the decode pool, off the event loop."""
-    if size < OFFLOAD_BYTES:
+async def _off_loop(state: FrontState, off_loop: bool, job: Callable[[], Any]) -> Any:
+    """Run `job` on a decode thread when `off_loop` (joining a large forwarded body)."""
+    if not off_loop:
         return job()
-    return await asyncio.get_running_loop().run_in_executor(state.executor, job)
+    return await state.submit(state.executor, job)
 
 
-async def _parse_json(
-    raw: bytearray, charge: Charge, state: FrontState
-) -> tuple[dict[str, Any], bool]:
-    """The body parsed (off the loop when large), and whether it is dense in values (its
-    re-encoding then uses the interruptible encoder too)."""
-    charge.take(json_charge(raw))
-    fields = (*POLICY_FIELDS, state.settings.isolation_field)
-    body = await _off_loop(state, len(raw), partial(parse_body, raw, acted_on=fields))
-    return body, json_tokens(raw) > DENSE_TOKENS
+def _parse_and_find(
+    raw: bytearray, fields: tuple[str, ...], shape: str | None
+) -> tuple[dict[str, Any], list[Slot] | FrontError]:
+    """A cheap body parsed and walked for prompt-embeds slots, on the loop (a large or
+    dense one goes to a worker whole, `offload.prepare`). A refusal finding the slots is
+    returned, to be raised after the policy's own checks, which come first."""
+    body = parse_body(raw, acted_on=fields)
+    try:
+        return body, find_slots(shape, body)
+    except FrontError as refusal:
+        return body, refusal
 
 
 async def _verify(state: FrontState, charge: Charge, payload: str) -> VerifiedLike:
@@ -208,7 +234,6 @@ async def _verify(state: FrontState, charge: Charge, payload: str) -> VerifiedLi
 
     transient = UPLOAD_FACTOR * len(payload)  # decoded bytes and the loaded tensor
     charge.take(transient)
-    loop = asyncio.get_running_loop()
     job = partial(
         verify_payload,
         payload,
@@ -217,7 +242,7 @@ async def _verify(state: FrontState, charge: Charge, payload: str) -> VerifiedLi
         reserve=charge.take,
     )
     try:
-        return await loop.run_in_executor(state.executor, job)
+        return await state.submit(state.executor, job)
     finally:
         charge.give_back(transient)
 
@@ -228,6 +253,20 @@ def _count_controls(state: FrontState, headers: CIMultiDictProxy[str]) -> None:
         state.metrics.control_removed(VLLM_REQUEST_ID_HEADER)
     if not state.settings.allow_client_priority and VLLM_PRIORITY_HEADER in headers:
         state.metrics.control_removed(VLLM_PRIORITY_HEADER)
+
+
+def _account(
+    state: FrontState, headers: CIMultiDictProxy[str], body: dict[str, Any]
+) -> Account | None:
+    """The account the gateway's policy step vouched for on this request, or None (off,
+    or no valid attestation: a pod reached directly gets no one's scope). Checked on the
+    body as received, before the policy rewrites it; on the loop, as the body is cheap
+    (a large or dense one is checked by its worker, `offload.prepare`)."""
+    if state.attester is None:
+        return None
+    verdict = state.attester.verify(headers, body)
+    state.metrics.attestations.labels(outcome=verdict.outcome.value).inc()
+    return verdict.account
 
 
 def _count_policy(state: FrontState, isolation: Isolation) -> None:
@@ -251,6 +290,8 @@ async def handle(state: FrontState, request: web.BaseRequest) -> web.StreamRespo
             # an unread body (too large, too slow, refused unread): no keep-alive
             response.force_close()
     state.metrics.answered(label, response.status)
+    if state.draining:
+        response.force_close()  # the client reconnects, to a pod that is not stopping
     return response
 
 
@@ -275,8 +316,9 @@ async def _proxy(
                 charge=charge,
             )  # fmt: skip
         check_json_media_type(request.headers)
-        raw = await _read_body(request, state, charge)
-        return await _salted(request, state, route, target, raw=raw, charge=charge)
+        scan = JsonScan()
+        raw = await _read_body(request, state, charge, scan)
+        return await _salted(request, state, route, target, raw=raw, scan=scan, charge=charge)
     finally:
         charge.release()
 
@@ -315,12 +357,13 @@ async def _admitted(
 
 
 async def _encode(
-    state: FrontState, body: dict[str, Any], placed: list[Any], *, size: int, dense: bool
+    state: FrontState, body: dict[str, Any], placed: list[Any], *, size: int
 ) -> bytes:
-    """The body vLLM receives, encoded off the loop when large."""
+    """The body vLLM receives: its resolved payloads are spliced in, not encoded, so only
+    a large result (references to large payloads) is joined off the loop."""
     with refusing_unencodable():
-        job = partial(serialize, body, placed, interruptible=dense)
-        data = await _off_loop(state, size, job)
+        job = partial(serialize, body, placed)
+        data = await _off_loop(state, size >= OFFLOAD_BYTES, job)
     return data  # type: ignore[no-any-return]
 
 
@@ -331,29 +374,111 @@ async def _salted(
     target: Target,
     *,
     raw: bytearray,
+    scan: JsonScan,
     charge: Charge,
 ) -> web.StreamResponse:
-    settings = state.settings
-    body, dense = await _parse_json(raw, charge, state)
-    size = len(raw)
-    raw.clear()  # parsed: the raw bytes are no longer needed
-    charge.give_back(size)
+    """A JSON request on a salted route: decided here when its body is cheap to work on,
+    else in a worker process (`offload`), so no large structure is ever built in the
+    process whose event loop answers everyone (`canonical.JsonScan.work`)."""
+    if scan.work().off_loop:
+        prepared = await _prepare_in_worker(
+            state, raw, route, scan=scan, headers=request.headers, charge=charge
+        )
+        size = len(raw)
+        raw.clear()  # decided: the raw bytes are no longer needed
+        charge.give_back(size)
+        return await _salted_prepared(
+            request, state, route, target, prepared=prepared, charge=charge
+        )
+    return await _salted_here(request, state, route, target, raw=raw, scan=scan, charge=charge)
+
+
+async def _prepare_in_worker(
+    state: FrontState,
+    raw: bytearray,
+    route: Route,
+    *,
+    scan: JsonScan,
+    headers: CIMultiDictProxy[str],
+    charge: Charge,
+) -> Prepared:
+    """`offload.prepare` on the JSON worker processes, charged for the worker's copy of
+    the body, its parse and its encoding while it runs."""
+    cost = scan.charge + 2 * len(raw)
+    charge.take(cost)
+    attest = state.attester is not None
+    job = partial(
+        prepare, raw, route, list(headers.items()), state.settings, state.secret, attest=attest
+    )  # fmt: skip
     try:
-        plan = apply_policy(route, request.headers, body, settings, state.secret)
-    except FrontError:
-        _count_policy(state, Isolation.REJECTED)
+        prepared = await state.submit(state.json_pool(), job)
+        if prepared.verdict is None or state.attester is None:
+            return prepared
+        verdict = state.attester.admit(prepared.verdict)  # this process holds the guard
+        state.metrics.attestations.labels(outcome=verdict.outcome.value).inc()
+        if verdict.outcome is not AttestationOutcome.REPLAYED:
+            return prepared
+        # decided with an account this request may not claim: decided again without one
+        again = partial(
+            prepare, raw, route, list(headers.items()), state.settings, state.secret
+        )  # fmt: skip
+        return await state.submit(state.json_pool(), again)
+    except BrokenProcessPool:
+        state.drop_json_pool()  # a worker died (killed, out of memory): a new pool next time
         raise
-    _count_policy(state, plan.isolation)
-    if plan.client_salt_removed:
-        state.metrics.client_salt_removed.inc()
-    if plan.max_len_not_enforced:
-        state.metrics.max_len_not_enforced.inc()
+    finally:
+        charge.give_back(cost)
+
+
+async def _salted_prepared(
+    request: web.BaseRequest,
+    state: FrontState,
+    route: Route,
+    target: Target,
+    *,
+    prepared: Prepared,
+    charge: Charge,
+) -> web.StreamResponse:
+    """Forward what a worker decided, its prompt embeds resolved here; counted and refused
+    as `_salted_here` counts and refuses."""
+    if prepared.parse_refusal is not None:
+        raise prepared.parse_refusal
+    if prepared.policy_refusal is not None:
+        _count_policy(state, Isolation.REJECTED)
+        raise prepared.policy_refusal
+    plan = prepared.plan
+    assert plan is not None
+    _count_plan(state, plan)
+    holders = [{"value": value} for value, _, _ in prepared.slots]
+    slots: list[Slot] | FrontError = prepared.late_refusal or [
+        Slot(holder, "value", value, named, param)
+        for holder, (value, named, param) in zip(holders, prepared.slots, strict=True)
+    ]
+    outcome = await _resolve(state, route, plan, slots, charge)
+    expected = _expected_size(state, len(prepared.data), outcome)
+    charge.take(2 * expected)  # the spliced pieces, then the joined body
+    values = [holder["value"] for holder in holders]
+    job = partial(splice, prepared.data, prepared.marker, values)
+    data = await _off_loop(state, expected >= OFFLOAD_BYTES, job)
+    return await _forward_json(request, state, route, target, plan=plan, data=data, charge=charge)
+
+
+async def _resolve(
+    state: FrontState,
+    route: Route,
+    plan: Plan,
+    slots: list[Slot] | FrontError,
+    charge: Charge,
+) -> Outcome:
+    """Resolve references and verify uploads in the slots (`references.resolve`), counted."""
+    settings = state.settings
     use_cache = plan.use_embeds_cache and state.cache.enabled
-    scope = plan.salt if plan.isolation is Isolation.KEYED else None
+    scope = plan.salt if plan.isolation in (Isolation.KEYED, Isolation.ACCOUNT) else None
     try:
+        if isinstance(slots, FrontError):
+            raise slots
         outcome = await resolve(
-            route.embeds,
-            body,
+            slots,
             cache=state.cache if use_cache else None,
             scope=scope,
             verifier=partial(_verify, state, charge),
@@ -372,7 +497,13 @@ async def _salted(
         state.metrics.bytes_saved.inc(max(outcome.bytes_saved, 0))
     if outcome.uploads_verified:
         state.metrics.uploads.labels(result="verified").inc(outcome.uploads_verified)
-    limit = settings.max_body_bytes * FORWARD_EXPANSION
+    return outcome
+
+
+def _expected_size(state: FrontState, size: int, outcome: Outcome) -> int:
+    """The forwarded body's size with every payload at its full size, refused (413) past
+    `FORWARD_EXPANSION` times the body limit before anything is built."""
+    limit = state.settings.max_body_bytes * FORWARD_EXPANSION
     expected = size + forward_size(outcome.placed)
     if expected > limit:
         raise FrontError(
@@ -381,8 +512,29 @@ async def _salted(
             f"with its prompt embeddings resolved (every reference at its full size) the "
             f"request would have about {expected} bytes; this server forwards at most {limit}",
         )
-    charge.take(2 * expected)  # the encoded pieces, then the joined body
-    data = await _encode(state, body, outcome.placed, size=expected, dense=dense)
+    return expected
+
+
+def _count_plan(state: FrontState, plan: Plan) -> None:
+    _count_policy(state, plan.isolation)
+    if plan.client_salt_removed:
+        state.metrics.client_salt_removed.inc()
+    if plan.max_len_not_enforced:
+        state.metrics.max_len_not_enforced.inc()
+
+
+async def _forward_json(
+    request: web.BaseRequest,
+    state: FrontState,
+    route: Route,
+    target: Target,
+    *,
+    plan: Plan,
+    data: bytes,
+    charge: Charge,
+) -> web.StreamResponse:
+    """Forward the decided body with the headers vLLM gets, under the concurrency cap."""
+    settings = state.settings
     headers = forward_headers(
         request.headers, settings, json_body=True, request_id=new_request_id()
     )
@@ -398,6 +550,38 @@ async def _salted(
     )  # fmt: skip
 
 
+async def _salted_here(
+    request: web.BaseRequest,
+    state: FrontState,
+    route: Route,
+    target: Target,
+    *,
+    raw: bytearray,
+    scan: JsonScan,
+    charge: Charge,
+) -> web.StreamResponse:
+    """A cheap body (`JsonScan.work`): parsed, decided and encoded on the loop."""
+    settings = state.settings
+    charge.take(scan.charge)
+    fields = (*POLICY_FIELDS, settings.isolation_field)
+    body, slots = _parse_and_find(raw, fields, route.embeds)
+    size = len(raw)
+    raw.clear()  # parsed: the raw bytes are no longer needed
+    charge.give_back(size)
+    account = _account(state, request.headers, body)
+    try:
+        plan = apply_policy(route, request.headers, body, settings, state.secret, account=account)
+    except FrontError:
+        _count_policy(state, Isolation.REJECTED)
+        raise
+    _count_plan(state, plan)
+    outcome = await _resolve(state, route, plan, slots, charge)
+    expected = _expected_size(state, size, outcome)
+    charge.take(2 * expected)  # the encoded pieces, then the joined body
+    data = await _encode(state, body, outcome.placed, size=expected)
+    return await _forward_json(request, state, route, target, plan=plan, data=data, charge=charge)
+
+
 async def _probe(state: FrontState, path: str) -> tuple[int, bytes]:
     """GET one of vLLM's own paths (metrics, health) within `PROBE_SECONDS`."""
     assert state.pool is not None
@@ -411,26 +595,53 @@ async def _probe(state: FrontState, path: str) -> tuple[int, bytes]:
 
 
 async def metrics(request: web.BaseRequest, state: FrontState) -> web.Response:
-    """vLLM's metrics followed by the front's, for the Endpoint Picker's scrape."""
+    """vLLM's metrics followed by the front's, for the Endpoint Picker's scrape (vLLM's
+    exposition is held whole to merge it: counted in the memory budget meanwhile)."""
     upstream: bytes | None = None
+    charge = Charge(state)
     try:
-        status, body = await _probe(state, METRICS_PATH)
-        if status == 200 and len(body) <= MAX_UPSTREAM_METRICS_BYTES:
-            upstream = body
-    except (UpstreamError, TimeoutError):
-        upstream = None
-    state.metrics.upstream_metrics_up.set(1 if upstream is not None else 0)
-    body = merge_expositions(upstream, state.metrics.render())
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+        try:
+            status, body = await _probe(state, METRICS_PATH)
+            charge.hold(len(body))
+            if status == 200 and len(body) <= MAX_UPSTREAM_METRICS_BYTES:
+                upstream = body
+        except (UpstreamError, TimeoutError):
+            upstream = None
+        state.metrics.upstream_metrics_up.set(1 if upstream is not None else 0)
+        merged = merge_expositions(upstream, state.metrics.render())
+    finally:
+        charge.release()
+    return web.Response(body=merged, headers={"Content-Type": CONTENT_TYPE})
 
 
 async def healthz(request: web.BaseRequest, state: FrontState) -> web.Response:
-    """Liveness: the front's event loop answers."""
+    """Liveness: the front's event loop answers, and its workers make progress.
+
+    Answering at all proves the loop is not wedged (the kubelet's timeout catches that).
+    A loop that answers while a decode thread or JSON worker never finishes (a hung
+    decoder, a deadlock) serves nothing that needs one and would never be restarted: an
+    unfinished job older than `stuck_after` (far beyond any admitted job, queue
+    included, so load alone never fails it) fails the probe. Nothing here waits on
+    vLLM or on a worker: the answer itself takes microseconds, under attack too.
+    """
+    oldest = state.oldest_job_seconds()
+    if oldest > state.stuck_after:
+        return web.json_response(
+            {
+                "status": "stuck",
+                "reason": f"a decode or JSON job has not finished for {oldest:.0f} s "
+                f"(limit {state.stuck_after:g} s)",
+            },
+            status=503,
+        )
     return web.json_response({"status": "ok"})
 
 
 async def readyz(request: web.BaseRequest, state: FrontState) -> web.Response:
-    """Readiness: vLLM behind the front answers its /health with 200."""
+    """Readiness: vLLM behind the front answers its /health with 200, and the front is not
+    stopping."""
+    if state.draining:
+        return web.json_response({"status": "not ready", "reason": "stopping"}, status=503)
     try:
         status, _ = await _probe(state, "/health")
     except (UpstreamError, TimeoutError) as exc:
@@ -492,6 +703,13 @@ class FrontRequestHandler(web.RequestHandler):
     def __init__(self, manager: web.Server, *, state: FrontState, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._front_state = state
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        # uvloop's transports implement the interface without subclassing it
+        bound_send_buffer(
+            cast(asyncio.Transport, transport), self._front_state.settings.send_buffer_bytes
+        )
 
     def handle_error(
         self,
@@ -610,6 +828,13 @@ class FrontRunner(web.ServerRunner):
         if state.pool is not None:
             state.pool.close()
         state.executor.shutdown(wait=False, cancel_futures=True)
+        # Waited for: a front started as a multiprocessing child (`--workers`) runs its
+        # exit finalizers right after this returns, which stop the pool's queue feeder
+        # before a shutdown that does not wait has sent its workers their stop sentinels;
+        # the workers then never exit and the child hangs joining them (seen).
+        stopping = asyncio.get_running_loop().run_in_executor(None, state.drop_json_pool, True)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping, JSON_POOL_STOP_SECONDS)
 
 
 def create_state(
@@ -632,6 +857,8 @@ def create_state(
             read_timeout=settings.upstream_timeout_seconds,
         ),
     )
+    if identity_enabled(settings) and secret:
+        state.attester = Attester(secret, settings.isolation_header, guard=ReplayGuard())
     # read at scrape time: no gauge update (and its lock) on every request
     state.metrics.in_flight.set_function(lambda: state.in_flight)
     return state

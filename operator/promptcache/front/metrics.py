@@ -94,7 +94,17 @@ class FrontMetrics:
         )
         self.client_salt_removed = Counter(
             f"{PREFIX}_client_cache_salt_removed",
-            "Requests whose client-supplied cache_salt was replaced or removed.",
+            "Requests that arrived with a cache_salt other than the one the isolation policy "
+            "derives (a client's own or a forged one), which the front replaced or removed; "
+            "the salt the gateway's policy step set is not counted.",
+            registry=r,
+        )
+        self.attestations = Counter(
+            f"{PREFIX}_identity_attestations",
+            "What the front made of the policy step's signed account on requests to a "
+            "deployment isolated by account: valid, absent, malformed, forged, expired, "
+            "future, replayed or ambiguous (every outcome but valid means no account).",
+            ["outcome"],
             registry=r,
         )
         self.max_len_not_enforced = Counter(

@@ -115,6 +115,8 @@ class _Connection(asyncio.Protocol):
         self._held = 0
         self._paused = False
         self._waiter: asyncio.Future[None] | None = None
+        self._waiting_since = 0.0
+        self._silence_timer: asyncio.TimerHandle | None = None
         self._drain_waiter: asyncio.Future[None] | None = None
         self._write_paused = False
         self._error: UpstreamError | None = None
@@ -155,6 +157,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._stop_silence_timer()
         self._pool.forget(self)
         if self._phase == _UNTIL_EOF:
             self._phase = _DONE
@@ -361,19 +364,38 @@ class _Connection(asyncio.Protocol):
                 self._drain_waiter = None
 
     async def wait(self) -> None:
-        """Wait for more of the answer, at most the read timeout of silence."""
-        timeout = self._pool.read_timeout
+        """Wait for more of the answer, at most the read timeout of silence.
+
+        The deadline is this wait's start plus the read timeout, kept by one timer per
+        connection (`_silence`) rather than one armed and cancelled per wait: a stream
+        waits once per event."""
         if self._error is not None:
             raise self._error
         waiter = self._waiter = self._loop.create_future()
-        timer = self._loop.call_later(timeout, _expire, waiter)
+        self._waiting_since = self._loop.time()
+        if self._silence_timer is None:
+            self._silence_timer = self._loop.call_at(
+                self._waiting_since + self._pool.read_timeout, self._silence
+            )
         try:
             await waiter
         finally:
-            timer.cancel()
             self._waiter = None
         if self._error is not None:
             raise self._error
+
+    def _silence(self) -> None:
+        """The read timeout's timer: expire a wait that has lasted the timeout; for a later
+        wait, fire again at its deadline; with no wait, stop (the next wait arms it)."""
+        self._silence_timer = None
+        waiter = self._waiter
+        if waiter is None or waiter.done() or self.closed:
+            return
+        deadline = self._waiting_since + self._pool.read_timeout
+        if self._loop.time() >= deadline:
+            _expire(waiter)
+        else:
+            self._silence_timer = self._loop.call_at(deadline, self._silence)
 
     def take(self) -> bytes | None:
         """Every body byte received so far, in one piece (one write to the client), or None."""
@@ -398,8 +420,14 @@ class _Connection(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
+        self._stop_silence_timer()
         if self.transport is not None:
             self.transport.close()
+
+    def _stop_silence_timer(self) -> None:
+        if self._silence_timer is not None:
+            self._silence_timer.cancel()
+            self._silence_timer = None
 
 
 def _expire(waiter: asyncio.Future[None]) -> None:

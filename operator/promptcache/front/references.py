@@ -7,9 +7,11 @@ The wire shapes (documented in docs/cache-front.md):
   A client that uploads payloads may name the identifiers it computed in
   `prompt_embeds_ids`, parallel to `prompt_embeds` (a string, or a list with
   `null` for entries it does not name).
-* `/v1/chat/completions`: a content part `{"type": "prompt_embeds", "data": X}`
-  where X is a payload or an identifier; `"prompt_embeds_id"` beside `data`
-  names the identifier of an uploaded payload.
+* `/v1/chat/completions` (and every route reading chat messages: batched chat,
+  render, tokenize, embeddings, pooling): a content part, or a message's
+  `reasoning`, `{"type": "prompt_embeds", "data": X}` where X is a payload or an
+  identifier; `"prompt_embeds_id"` beside `data` names the identifier of an
+  uploaded payload.
 
 The front removes its own fields (`prompt_embeds_ids`, `prompt_embeds_id`)
 before vLLM sees the request, so vLLM gets exactly what it would have got
@@ -63,7 +65,9 @@ Verifier = Callable[[str], Awaitable[VerifiedLike]]
 
 
 @dataclass(slots=True)
-class _Slot:
+class Slot:
+    """One place in a request's body holding a prompt-embeds payload or reference."""
+
     container: Any
     key: Any
     value: str
@@ -159,7 +163,7 @@ def _named_id(param: str, value: object) -> str | None:
     return value
 
 
-def _completion_slots(body: dict[str, Any]) -> list[_Slot]:
+def _completion_slots(body: dict[str, Any]) -> list[Slot]:
     embeds = body.get(PROMPT_EMBEDS_FIELD)
     ids = body.pop(COMPLETION_IDS_FIELD, None)
     if embeds is None:
@@ -181,7 +185,7 @@ def _completion_slots(body: dict[str, Any]) -> list[_Slot]:
                 param=COMPLETION_IDS_FIELD,
             )
         named = _named_id(COMPLETION_IDS_FIELD, ids)
-        return [_Slot(body, PROMPT_EMBEDS_FIELD, embeds, named, PROMPT_EMBEDS_FIELD)]
+        return [Slot(body, PROMPT_EMBEDS_FIELD, embeds, named, PROMPT_EMBEDS_FIELD)]
     if not isinstance(embeds, list) or not all(isinstance(e, str) for e in embeds):
         raise FrontError(
             400,
@@ -200,48 +204,84 @@ def _completion_slots(body: dict[str, Any]) -> list[_Slot]:
     slots = []
     for i, value in enumerate(embeds):
         named = _named_id(f"{COMPLETION_IDS_FIELD}[{i}]", ids[i] if ids is not None else None)
-        slots.append(_Slot(embeds, i, value, named, f"{PROMPT_EMBEDS_FIELD}[{i}]"))
+        slots.append(Slot(embeds, i, value, named, f"{PROMPT_EMBEDS_FIELD}[{i}]"))
     return slots
 
 
-def _chat_slots(body: dict[str, Any]) -> list[_Slot]:
-    messages = body.get("messages")
-    if not isinstance(messages, list):
-        return []  # vLLM reports malformed messages itself
-    slots = []
-    for m, message in enumerate(messages):
-        content = message.get("content") if isinstance(message, dict) else None
-        if not isinstance(content, list):
+CONVERSATION_FIELDS: Final = ("messages", "input")
+"""Top-level fields vLLM reads chat messages from: `messages` (chat, batched chat, the
+pooling and tokenize chat requests), and `input` (embeddings accept a conversation there
+when `messages` is absent). Each holds one conversation or a list of them."""
+REASONING_FIELDS: Final = ("reasoning", "reasoning_content")
+"""A message's reasoning may be a prompt-embeds part (vLLM moves `reasoning_content` to
+`reasoning` when the latter is absent)."""
+
+
+def _conversations(body: dict[str, Any]) -> list[tuple[str, list[Any]]]:
+    """Every conversation (a list of messages) in the body's conversation fields, with
+    the parameter path that names it."""
+    found: list[tuple[str, list[Any]]] = []
+    for name in CONVERSATION_FIELDS:
+        value = body.get(name)
+        if not isinstance(value, list):
             continue
-        for p, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != CHAT_PART_TYPE:
-                continue
-            param = f"messages[{m}].content[{p}]"
-            named = _named_id(f"{param}.{CHAT_PART_ID_FIELD}", part.pop(CHAT_PART_ID_FIELD, None))
-            data = part.get("data")
-            if not isinstance(data, str):
-                if named is not None:
-                    data = named  # an identifier given only by name is a reference
-                    part["data"] = data
-                else:
-                    raise FrontError(
-                        400,
-                        INVALID_PROMPT_EMBEDS,
-                        f"{param}.data must be a base64 payload or a prompt-embeds identifier",
-                        param=f"{param}.data",
-                    )
-            slots.append(_Slot(part, "data", data, named, f"{param}.data"))
+        if any(isinstance(item, list) for item in value):  # a batch of conversations
+            found += [(f"{name}[{i}]", c) for i, c in enumerate(value) if isinstance(c, list)]
+        else:
+            found.append((name, value))
+    return found
+
+
+def _part_slot(part: Any, param: str) -> Slot | None:
+    """The slot of one `{"type": "prompt_embeds", "data": ...}` part, if it is one."""
+    if not isinstance(part, dict) or part.get("type") != CHAT_PART_TYPE:
+        return None
+    named = _named_id(f"{param}.{CHAT_PART_ID_FIELD}", part.pop(CHAT_PART_ID_FIELD, None))
+    data = part.get("data")
+    if not isinstance(data, str):
+        if named is None:
+            raise FrontError(
+                400,
+                INVALID_PROMPT_EMBEDS,
+                f"{param}.data must be a base64 payload or a prompt-embeds identifier",
+                param=f"{param}.data",
+            )
+        data = named  # an identifier given only by name is a reference
+        part["data"] = data
+    return Slot(part, "data", data, named, f"{param}.data")
+
+
+def _chat_slots(body: dict[str, Any]) -> list[Slot]:
+    """Prompt-embeds parts in every message's content and reasoning, in every
+    conversation the body holds (vLLM 0.33's chat message readers, `renderers/chat_utils`)."""
+    slots = []
+    for where, messages in _conversations(body):
+        for m, message in enumerate(messages):
+            if not isinstance(message, dict):
+                continue  # vLLM reports malformed messages itself
+            content = message.get("content")
+            for p, part in enumerate(content if isinstance(content, list) else ()):
+                slot = _part_slot(part, f"{where}[{m}].content[{p}]")
+                if slot is not None:
+                    slots.append(slot)
+            for name in REASONING_FIELDS:
+                slot = _part_slot(message.get(name), f"{where}[{m}].{name}")
+                if slot is not None:
+                    slots.append(slot)
     return slots
 
 
-def find_slots(shape: str | None, body: dict[str, Any]) -> list[_Slot]:
+def find_slots(shape: str | None, body: dict[str, Any]) -> list[Slot]:
     """Every place in the request where a prompt-embeds payload or reference sits.
 
-    `shape` is the route's (`routes.Route.embeds`): `completion`, `chat`, or
-    `by_body` for routes that dispatch on the body (SageMaker `/invocations`).
+    `shape` is the route's (`routes.Route.embeds`): `completion` (top-level
+    `prompt_embeds`), `chat` (parts of the messages of every conversation), or `by_body`
+    for `/invocations`, which vLLM dispatches to the first request model the body
+    validates as (chat, then completions, then the pooling ones): both are looked at,
+    since a body with `messages` may still be read as a completion.
     """
     if shape == "by_body":
-        shape = "chat" if "messages" in body else "completion"
+        return _completion_slots(body) + _chat_slots(body)
     if shape == "completion":
         return _completion_slots(body)
     if shape == "chat":
@@ -262,7 +302,7 @@ class _Known:
 
 
 def _already_verified(
-    slot: _Slot, cache: CacheLike | None, scope: str | None, kinds: KindIndex
+    slot: Slot, cache: CacheLike | None, scope: str | None, kinds: KindIndex
 ) -> _Known | None:
     """A dense upload identical to what this scope already holds under its identifier.
 
@@ -282,8 +322,7 @@ def _already_verified(
 
 
 async def resolve(
-    shape: str | None,
-    body: dict[str, Any],
+    slots: list[Slot],
     *,
     cache: CacheLike | None,
     scope: str | None,
@@ -293,13 +332,13 @@ async def resolve(
 ) -> Outcome:
     """Replace every reference with its payload and verify every upload, in place.
 
+    `slots`: where the body holds them (`find_slots`, run where the body was parsed).
     `cache` is None when this request may not use the cache (disabled, or
     prompt_cache_max_len 0). Raises `FrontError`: 409 with the missing
     identifiers, 400 for a bad identifier, a bad payload or an id mismatch.
     Nothing is stored unless the whole request verified.
     """
     outcome = Outcome()
-    slots = find_slots(shape, body)
     outcome.slots = len(slots)
     if not slots:
         return outcome
@@ -337,11 +376,11 @@ async def resolve(
 
 
 def _look_up(
-    slots: list[_Slot], cache: CacheLike | None, scope: str | None, outcome: Outcome
-) -> tuple[list[tuple[_Slot, str]], list[_Slot]]:
+    slots: list[Slot], cache: CacheLike | None, scope: str | None, outcome: Outcome
+) -> tuple[list[tuple[Slot, str]], list[Slot]]:
     """Split slots into cache hits and uploads; any miss raises the 409."""
-    hits: list[tuple[_Slot, str]] = []
-    uploads: list[_Slot] = []
+    hits: list[tuple[Slot, str]] = []
+    uploads: list[Slot] = []
     missing: dict[str, None] = {}  # ordered and O(1): thousands of ids stay linear
     found: dict[str, str | None] = {}
     for slot in slots:
@@ -376,16 +415,16 @@ def _look_up(
 
 
 async def _verify_uploads(
-    uploads: list[_Slot],
+    uploads: list[Slot],
     *,
     cache: CacheLike | None,
     scope: str | None,
     verifier: Verifier,
     kinds: KindIndex,
     outcome: Outcome,
-) -> list[tuple[_Slot, VerifiedLike]]:
+) -> list[tuple[Slot, VerifiedLike]]:
     """Verify every uploaded payload (all before any is stored)."""
-    verified: list[tuple[_Slot, VerifiedLike]] = []
+    verified: list[tuple[Slot, VerifiedLike]] = []
     for slot in uploads:
         known = _already_verified(slot, cache, scope, kinds)
         if known is not None:
@@ -465,6 +504,23 @@ def serialize(
     for piece in pieces[1:]:
         slot, _, rest = piece.partition('"')
         out.extend((b'"', payloads[int(slot.partition(":")[0])], b'"', rest.encode("utf-8")))
+    return b"".join(out)
+
+
+def splice(encoded: bytes, marker: str, values: list[str]) -> bytes:
+    """`encoded` (JSON whose strings `marker` + index stand for prompt-embeds slots) with
+    each such string replaced by the JSON string of `values[index]`, verbatim when it is
+    base64 (as `serialize` writes it)."""
+    if not values:
+        return encoded
+    pieces = encoded.split(f'"{marker}'.encode())
+    out = [pieces[0]]
+    for piece in pieces[1:]:
+        index, _, rest = piece.partition(b'"')
+        value = values[int(index)]
+        raw = _as_plain_json_text(value)
+        out.append(b'"' + raw + b'"' if raw is not None else dumps(value).encode("utf-8"))
+        out.append(rest)
     return b"".join(out)
 
 

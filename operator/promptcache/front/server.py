@@ -14,20 +14,49 @@ import logging
 import multiprocessing
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Final
 
 from aiohttp import web
 
+from promptcache.contract import FRONT_DRAIN_SECONDS
 from promptcache.embeds.cache import PromptEmbedsCache
 from promptcache.front.app import create_runner
 from promptcache.front.settings import FrontSettings, SettingsError, parse_listen, read_salt_key
 
 log = logging.getLogger("promptcache.front")
-SHUTDOWN_TIMEOUT_SECONDS: Final = 30.0
+SHUTDOWN_TIMEOUT_SECONDS: Final = FRONT_DRAIN_SECONDS
+"""After it stops listening, how long the front waits for the requests in flight."""
 
 
-async def _run(settings: FrontSettings, secret: bytes | None, reuse_port: bool) -> None:
+async def _hold_lifecycle(listen: str) -> asyncio.AbstractServer:
+    """A loopback socket that accepts and closes each connection for as long as this
+    process lives: the vllm container's preStop hook polls it, so vLLM is stopped only once
+    the front has drained (the kernel closes it when the process exits, however it ends)."""
+    host, port = parse_listen(listen)
+
+    async def close(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.close()
+
+    return await asyncio.start_server(close, host, port)
+
+
+async def _run(
+    settings: FrontSettings,
+    secret: bytes | None,
+    reuse_port: bool,
+    children: Sequence[multiprocessing.process.BaseProcess] = (),
+) -> None:
+    """Serve until SIGTERM/SIGINT, then stop without dropping a request.
+
+    Kubernetes stops a pod by marking it not Ready and sending SIGTERM, and the picker and
+    the Gateway learn of it a little later. So the front first goes lame duck: it keeps
+    serving for `lame_duck_seconds`, answering every response with `Connection: close` (so
+    clients leave its keep-alive connections between requests, not in the middle of one)
+    and /readyz with 503; then it stops listening and waits up to
+    `SHUTDOWN_TIMEOUT_SECONDS` for every request in flight, streams included. The first
+    process (the one that holds the lifecycle socket) tells the others at once and outlives
+    them."""
     cache = PromptEmbedsCache(settings.cache_capacity_bytes)
     runner = create_runner(
         settings, secret=secret, cache=cache, shutdown_timeout=SHUTDOWN_TIMEOUT_SECONDS
@@ -36,6 +65,11 @@ async def _run(settings: FrontSettings, secret: bytes | None, reuse_port: bool) 
     host, port = parse_listen(settings.listen)
     site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None)
     await site.start()
+    lifecycle = (
+        await _hold_lifecycle(settings.lifecycle_listen)
+        if settings.lifecycle_listen and not multiprocessing.parent_process()
+        else None
+    )
     log.info(
         "cache front listening on %s, forwarding to %s (isolation %s, prompt-embeds cache "
         "%s bytes)",
@@ -50,9 +84,20 @@ async def _run(settings: FrontSettings, secret: bytes | None, reuse_port: bool) 
         loop.add_signal_handler(sig, stop.set)
     try:
         await stop.wait()
+        for child in children:
+            child.terminate()  # each goes lame duck now too, not after this one drained
+        runner.front.state.draining = True
+        if settings.lame_duck_seconds > 0:
+            log.info("cache front stopping: lame duck for %.0f s", settings.lame_duck_seconds)
+            await asyncio.sleep(settings.lame_duck_seconds)
     finally:
-        log.info("cache front stopping")
+        log.info("cache front stopping: draining the requests in flight")
         await runner.cleanup()
+        for child in children:
+            await asyncio.to_thread(child.join, SHUTDOWN_TIMEOUT_SECONDS)
+        if lifecycle is not None:
+            lifecycle.close()
+        log.info("cache front stopped")
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -69,9 +114,14 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return factory
 
 
-def _serve_loop(settings: FrontSettings, secret: bytes | None, reuse_port: bool) -> None:
+def _serve_loop(
+    settings: FrontSettings,
+    secret: bytes | None,
+    reuse_port: bool,
+    children: Sequence[multiprocessing.process.BaseProcess] = (),
+) -> None:
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        runner.run(_run(settings, secret, reuse_port=reuse_port))
+        runner.run(_run(settings, secret, reuse_port=reuse_port, children=children))
 
 
 def _child(settings: FrontSettings, secret: bytes | None) -> None:
@@ -90,14 +140,16 @@ def serve(settings: FrontSettings) -> int:
     children: list[multiprocessing.process.BaseProcess] = []
     ctx = multiprocessing.get_context("spawn")
     for _ in range(settings.workers - 1):
-        child = ctx.Process(target=_child, args=(settings, secret), daemon=True)
+        child = ctx.Process(target=_child, args=(settings, secret))  # may start JSON workers
         child.start()
         children.append(child)
     try:
-        _serve_loop(settings, secret, reuse_port=settings.workers > 1)
+        _serve_loop(settings, secret, reuse_port=settings.workers > 1, children=children)
     except OSError as exc:
         print(
-            f"promptcache front: cannot listen on {settings.listen}: {exc.strerror}",
+            f"promptcache front: cannot listen on {settings.listen}"
+            + (f" or {settings.lifecycle_listen}" if settings.lifecycle_listen else "")
+            + f": {exc.strerror}",
             file=sys.stderr,
         )
         return 1
@@ -106,4 +158,7 @@ def serve(settings: FrontSettings) -> int:
             proc.terminate()
         for proc in children:
             proc.join(timeout=SHUTDOWN_TIMEOUT_SECONDS)
+            if proc.is_alive():  # not daemonic (they start JSON workers): never wait forever
+                proc.kill()
+                proc.join()
     return 0

@@ -37,7 +37,12 @@ from promptcache.contract.front import (
     DEFAULT_DECODE_WORKERS,
     DEFAULT_HEADER_TIMEOUT_SECONDS,
     DEFAULT_HONOR_MAX_LEN,
+    DEFAULT_IDENTITY_BEARER,
+    DEFAULT_IDENTITY_HEADER,
+    DEFAULT_IDENTITY_REQUIRED,
     DEFAULT_ISOLATION_MODE,
+    DEFAULT_LAME_DUCK_SECONDS,
+    DEFAULT_LIFECYCLE_LISTEN,
     DEFAULT_LISTEN,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_BODY_READS,
@@ -57,7 +62,7 @@ from promptcache.contract.settings import split_host_port
 from promptcache.tenancy.settings import (
     MIN_SALT_KEY_BYTES,
     SettingsError,
-    check_isolation,
+    check_policy_settings,
     read_salt_key,
 )
 
@@ -105,9 +110,17 @@ class FrontSettings:
     """A write to a client waiting longer than this cuts the connection."""
     send_buffer_bytes: int = DEFAULT_SEND_BUFFER_BYTES
     allow_client_priority: bool = DEFAULT_ALLOW_CLIENT_PRIORITY
+    """False: `X-Vllm-Priority` is removed and a non-zero body `priority` refused."""
     allow_engine_state: bool = DEFAULT_ALLOW_ENGINE_STATE
     """False: a non-null `VLLM_ENGINE_STATE_FIELDS` field is refused (null ones removed)."""
-    """False: `X-Vllm-Priority` is removed and a non-zero body `priority` refused."""
+    lifecycle_listen: str = DEFAULT_LIFECYCLE_LISTEN
+    """Empty: no lifecycle socket."""
+    lame_duck_seconds: float = DEFAULT_LAME_DUCK_SECONDS
+    identity_header: str = DEFAULT_IDENTITY_HEADER
+    """The header the gateway's authentication sets; the front never reads it (a pod can be
+    reached directly), only removes it: the account comes from the step's attestation."""
+    identity_bearer: bool = DEFAULT_IDENTITY_BEARER
+    identity_required: bool = DEFAULT_IDENTITY_REQUIRED
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.upstream)
@@ -116,6 +129,12 @@ class FrontSettings:
                 f"upstream {self.upstream!r} must be an http URL, e.g. {DEFAULT_UPSTREAM}"
             )
         parse_listen(self.listen)
+        if self.lifecycle_listen:
+            parse_listen(self.lifecycle_listen)
+        if not 0 <= self.lame_duck_seconds <= 600:
+            raise SettingsError(
+                f"lame duck seconds {self.lame_duck_seconds} must be between 0 and 600"
+            )
         try:
             # the grammar the API checks; empty switches the feature off
             for label, header in (
@@ -127,7 +146,7 @@ class FrontSettings:
             check_cache_gib(SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR, self.prompt_embeds_cache_gib)
         except (GrammarError, SettingInputError) as exc:
             raise SettingsError(str(exc)) from None
-        check_isolation(self.isolation_mode, self.isolation_header, self.isolation_field)
+        check_policy_settings(self)
         if self.max_body_bytes < 1024:
             raise SettingsError(f"max body bytes {self.max_body_bytes} is below 1024")
         if self.max_in_flight < 1:

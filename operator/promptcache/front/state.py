@@ -6,9 +6,15 @@ without importing each other.
 
 from __future__ import annotations
 
+import asyncio
+import multiprocessing
+import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Final, TypeVar
 
 from promptcache.embeds.cache import PromptEmbedsCache
 from promptcache.front.metrics import FrontMetrics
@@ -16,10 +22,24 @@ from promptcache.front.pool import UpstreamPool
 from promptcache.front.references import KindIndex
 from promptcache.front.settings import FrontSettings
 from promptcache.tenancy import errors
+from promptcache.tenancy.attestation import Attester
 from promptcache.tenancy.canonical import json_charge
 from promptcache.tenancy.errors import FrontError
 
 __all__ = ["Charge", "FrontState", "json_charge"]
+
+T = TypeVar("T")
+
+WORKER_NICENESS: Final = 10
+"""Worker processes deciding large or dense bodies run this much nicer than the process
+whose event loop answers everyone: on the cores they share (a container's CPU quota, or a
+busy node) the loop, its probes and other tenants' small requests go first, and an
+attacker's bodies take the CPU that is left."""
+
+STUCK_JOB_SECONDS: Final = 120.0
+"""A decode or JSON job unfinished this long is stuck, not slow: the largest payload the
+caps admit decodes in seconds, and a queue of them drains in well under a minute (so an
+attack that saturates the workers never reads as stuck). `/healthz` then fails."""
 
 
 @dataclass
@@ -33,11 +53,61 @@ class FrontState:
     executor: ThreadPoolExecutor
     kinds: KindIndex = field(default_factory=KindIndex)
     pool: UpstreamPool | None = None
+    attester: Attester | None = None
+    """Isolation by account: checks the policy step's signed account (None: off)."""
     in_flight: int = 0
     body_reads: int = 0
     bytes_in_flight: int = 0
+    draining: bool = False
+    """Stopping (SIGTERM): still serving, but not ready, and no connection is kept alive."""
     lock: threading.Lock = field(default_factory=threading.Lock)
     """Guards `bytes_in_flight`: decode threads charge densified payloads too."""
+    json_processes: Executor | None = None
+    jobs: dict[int, float] = field(default_factory=dict)
+    """Jobs submitted to the decode threads or JSON workers and not yet done: when each
+    was submitted (`time.monotonic`)."""
+    stuck_after: float = STUCK_JOB_SECONDS
+
+    def submit(self, executor: Executor, job: Callable[[], T]) -> asyncio.Future[T]:
+        """Run `job` on `executor`, tracked until it is done, even if the request that
+        awaits it is cancelled (a stuck thread or worker stays visible to `/healthz`)."""
+        future = executor.submit(job)
+        key = id(future)
+        with self.lock:
+            self.jobs[key] = time.monotonic()
+
+        def done(_: Future[T]) -> None:
+            with self.lock:
+                self.jobs.pop(key, None)
+
+        future.add_done_callback(done)
+        return asyncio.wrap_future(future)
+
+    def oldest_job_seconds(self) -> float:
+        """How long the oldest unfinished job has been waiting or running (0: none)."""
+        with self.lock:
+            oldest = min(self.jobs.values(), default=None)
+        return 0.0 if oldest is None else time.monotonic() - oldest
+
+    def json_pool(self) -> Executor:
+        """`decode_workers` worker processes for large or dense JSON bodies
+        (`front.offload`), started on first use; spawned (no fork of a process with threads
+        and an event loop), at a lower CPU priority than the event loop (`WORKER_NICENESS`)."""
+        if self.json_processes is None:
+            self.json_processes = ProcessPoolExecutor(
+                max_workers=self.settings.decode_workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=os.nice,
+                initargs=(WORKER_NICENESS,),
+            )
+        return self.json_processes
+
+    def drop_json_pool(self, wait: bool = False) -> None:
+        """Stop the JSON workers (waiting for them to exit when `wait`); a new pool starts
+        at the next large body."""
+        pool, self.json_processes = self.json_processes, None
+        if pool is not None:
+            pool.shutdown(wait=wait, cancel_futures=True)
 
 
 class Charge:
@@ -47,8 +117,11 @@ class Charge:
     `max_in_flight_bytes` is refused with 503 (retry later) instead of risking
     the container's memory limit; one that could never fit gets 413. Charged
     before the memory is used: a body as it is read, its parse (`json_charge`),
-    every payload verified or densified, and the forwarded body before it is
-    built. Thread-safe (decode threads charge too).
+    every payload verified or densified, the forwarded body before it is
+    built, and vLLM's answer: one read whole before it is read, a streamed one
+    for what it holds at a time (`hold`: the connection's read-ahead, the
+    piece being written, an incomplete SSE event). Thread-safe (decode threads
+    charge too).
     """
 
     def __init__(self, state: FrontState) -> None:
@@ -74,6 +147,17 @@ class Charge:
                     "retry shortly",
                 )
             state.bytes_in_flight += n
+            self.held += n
+
+    def hold(self, n: int) -> None:
+        """Count `n` bytes this request holds without refusing: for an answer whose headers
+        are already sent (a stream cannot turn into a 503), so that new requests are
+        admitted against what the process really holds. Negative `n` gives back."""
+        if n < 0:
+            self.give_back(-n)
+            return
+        with self._state.lock:
+            self._state.bytes_in_flight += n
             self.held += n
 
     def give_back(self, n: int) -> None:

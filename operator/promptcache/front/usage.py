@@ -47,6 +47,14 @@ def usage_from(obj: Any) -> Usage | None:
     return Usage(prompt_tokens=prompt, cached_tokens=cached)
 
 
+def usage_of_json(body: bytes) -> Usage | None:
+    """The usage of a whole JSON answer, if it has a usable one (never raises)."""
+    try:
+        return usage_from(json.loads(body))
+    except (ValueError, RecursionError):
+        return None
+
+
 def usage_headers(usage: Usage, prompt_header: str, cached_header: str) -> dict[str, str]:
     """The response headers for one usage block (an empty header name means "off")."""
     headers = {}
@@ -87,6 +95,11 @@ class SseRelay:
         self._comment_sent = False
         self.usage: Usage | None = None
 
+    @property
+    def pending_bytes(self) -> int:
+        """The incomplete event held until its end arrives (at most `MAX_EVENT_BYTES`)."""
+        return len(self._pending)
+
     def _comment(self) -> bytes:
         if self.usage is None or self._comment_sent:
             return b""
@@ -114,21 +127,34 @@ class SseRelay:
         return event + b"\n\n"
 
     def feed(self, data: bytes) -> bytes:
-        """Take bytes from vLLM; return the bytes to send the client now."""
+        """Take bytes from vLLM; return the bytes to send the client now.
+
+        Linear in the bytes fed: one upstream read may hold thousands of events (a client
+        slower than vLLM lets a few hundred KiB queue up), and splitting them by
+        re-searching and re-slicing the rest of the buffer per event was quadratic work
+        on the event loop (seconds per read, measured under `bench/hostile_load.py`).
+        """
         if self._passthrough:
             return data
-        self._pending += data
+        scanned = max(len(self._pending) - 3, 0)  # no terminator starts before this
+        pending = self._pending + data if self._pending else data
         out = []
-        while True:
-            cut = self._pending.find(b"\n\n")
-            crlf = self._pending.find(b"\r\n\r\n")
-            if crlf != -1 and (cut == -1 or crlf < cut):
-                event, self._pending = self._pending[:crlf], self._pending[crlf + 4 :]
-            elif cut != -1:
-                event, self._pending = self._pending[:cut], self._pending[cut + 2 :]
+        pos = 0
+        lf = pending.find(b"\n\n", scanned)
+        crlf = pending.find(b"\r\n\r\n", scanned)
+        while lf != -1 or crlf != -1:
+            if crlf != -1 and (lf == -1 or crlf < lf):
+                out.append(self._event(pending[pos:crlf]))
+                pos = crlf + 4
             else:
-                break
-            out.append(self._event(event))
+                out.append(self._event(pending[pos:lf]))
+                pos = lf + 2
+            # each search moves forward only: every byte is looked at a bounded number of times
+            if lf != -1 and lf < pos:
+                lf = pending.find(b"\n\n", pos)
+            if crlf != -1 and crlf < pos:
+                crlf = pending.find(b"\r\n\r\n", pos)
+        self._pending = pending[pos:] if pos else pending
         if len(self._pending) > MAX_EVENT_BYTES:
             out.append(self._pending)
             self._pending = b""

@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         # gRPC only when the step really runs: `promptcache` works without the extra.
         from promptcache.gateway.policy_step import serve  # noqa: PLC0415
+        from promptcache.gateway.workers import serve_workers  # noqa: PLC0415
     except ModuleNotFoundError as error:
         print(
             f"promptcache {COMMAND}: needs {error.name!r}; install the gateway extra: "
@@ -50,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_MISSING_EXTRA
-    return serve(settings, secret)
+    return serve_workers(settings, secret) if settings.workers > 1 else serve(settings, secret)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -36,6 +36,7 @@ import contextlib
 import functools
 import logging
 import multiprocessing
+import os
 import signal
 from collections.abc import AsyncIterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -52,22 +53,28 @@ from envoy.type.v3 import http_status_pb2
 from multidict import CIMultiDict, MultiMapping
 from prometheus_client import CollectorRegistry, Counter, start_http_server
 
-from promptcache.contract import CACHE_SALT_FIELD, PROMPT_CACHE_KEY_FIELD, needs_salt_key
+from promptcache.contract import (
+    CACHE_SALT_FIELD,
+    IDENTITY_ATTESTATION_HEADER,
+    PROMPT_CACHE_KEY_FIELD,
+    needs_salt_key,
+)
 from promptcache.contract.settings import split_host_port
 from promptcache.gateway.settings import GatewayPolicySettings
 from promptcache.tenancy import errors as front_errors
+from promptcache.tenancy.attestation import Attester
 from promptcache.tenancy.canonical import (
-    DENSE_TOKENS,
     POLICY_FIELDS,
+    JsonScan,
     check_headers,
     check_json_media_type,
     encode_body,
     header_multidict,
     json_charge,
-    json_tokens,
     parse_body,
 )
 from promptcache.tenancy.errors import FrontError
+from promptcache.tenancy.identity import account_at_gateway, identity_enabled
 from promptcache.tenancy.policy import apply_policy
 from promptcache.tenancy.routes import RouteClass, canonical_target, check_route
 from promptcache.tenancy.settings import PolicyReader
@@ -76,14 +83,13 @@ log = logging.getLogger("promptcache.gateway_policy")
 
 MAX_SESSION_ID_CHARS: Final[int] = 256
 """Longer `user` values are not used as a session (a header has to carry them)."""
-_OFFLOAD_BYTES: Final[int] = 256 * 1024
-"""Bodies at least this big are parsed on a worker thread, off the event loop."""
 _CHUNK_BYTES: Final[int] = 1024 * 1024
 """Largest body message sent to the picker (gRPC servers refuse messages over 4 MiB)."""
 _DECIDE_WORKERS: Final[int] = 2
 """Worker processes deciding large bodies: bounded, so a burst cannot take every core."""
-_QUEUE_DEPTH: Final[int] = 16
-"""Messages waiting for the EPP per stream: back-pressure instead of an unbounded queue."""
+_WORKER_NICENESS: Final[int] = 10
+"""The workers run nicer than the loop that routes every tenant (the front's reason too,
+`front.state.WORKER_NICENESS`): an attacker's bodies get the CPU the loop leaves."""
 _NOT_FORWARDED_METADATA: Final[frozenset[str]] = frozenset(
     {"content-type", "te", "user-agent", "host", "content-length", "accept-encoding"}
 )
@@ -131,6 +137,10 @@ class Decision:
     """The session header value to add, when the body names one."""
     refusal: FrontError | None = None
     """The front's answer, sent to the client instead of asking the picker."""
+    attestation: str | None = None
+    """The signed account for the cache front (`tenancy.attestation`), when there is one."""
+    salted: bool = False
+    """A salted route: the gateway must not pass a client's attestation header on."""
 
 
 def _policy_copy(body: dict[str, Any]) -> dict[str, Any]:
@@ -153,6 +163,7 @@ def decide(
     secret: bytes | None,
     session_header: str,
     user_field: str,
+    attester: Attester | None = None,
 ) -> Decision:
     """Pure: the salt the front would derive, in the canonical body the picker hashes.
 
@@ -177,15 +188,22 @@ def decide(
             return Decision()
         check_json_media_type(lowered)
         body = parse_body(raw, acted_on=(*POLICY_FIELDS, policy.isolation_field, user_field))
-        plan = apply_policy(route, lowered, _policy_copy(body), policy, secret)
+        account = account_at_gateway(lowered, policy, secret)  # behind the gateway's auth
+        plan = apply_policy(route, lowered, _policy_copy(body), policy, secret, account=account)
         body.pop(CACHE_SALT_FIELD, None)
         if plan.salt is not None:
             body[CACHE_SALT_FIELD] = plan.salt
         session = None
         if session_header and not (lowered.get(session_header) or "").strip():
             session = session_of(body, user_field)
-        dense = json_tokens(raw) > DENSE_TOKENS  # then encoded without holding the GIL long
-        return Decision(body=encode_body(body, interruptible=dense), session=session)
+        attestation = None
+        if account is not None and attester is not None:
+            attestation = attester.sign(account, lowered, body)
+        # the C encoder: on the loop only cheap bodies are decided (`JsonScan.work`), and a
+        # worker process holds no GIL anyone else waits for
+        return Decision(
+            body=encode_body(body), session=session, attestation=attestation, salted=True
+        )
     except FrontError as error:
         return Decision(refusal=error)
 
@@ -231,6 +249,9 @@ class _Inspector:
         self.tail: list[Any] = []
         """Trailers that ended the request: forwarded after the decided body."""
         self.size = 0
+        self.scan = JsonScan()
+        """The body's structural bytes, counted per message as it arrives (at once, a
+        large body's count held the loop for tens of milliseconds)."""
         self.charged = 0
         self.deadline = 0.0
         """Loop time by which a held request's body must have ended."""
@@ -258,6 +279,7 @@ class _Inspector:
                 self.release()
                 return busy()
             self.size += n
+            self.scan.add(msg.request_body.body)
             self.chunks.append(msg)
             return None if msg.request_body.end_of_stream else []
         if kind == "request_trailers":
@@ -289,6 +311,10 @@ class _Inspector:
         if self.held is None:
             return self.release()
         entries = self.held.request_headers.headers.headers
+        if decision.salted:
+            for i in reversed(range(len(entries))):
+                if entries[i].key.lower() == IDENTITY_ATTESTATION_HEADER:
+                    del entries[i]  # a client's copy: the picker must not echo it back
         if decision.session is not None:
             for i in reversed(range(len(entries))):
                 if entries[i].key.lower() == session_header:
@@ -321,6 +347,7 @@ class _Inspector:
         out = ([self.held] if self.held is not None else []) + self.chunks + self.tail
         self.budget.give(self.charged)
         self.held, self.chunks, self.tail, self.size, self.charged = None, [], [], 0, 0
+        self.scan = JsonScan()
         self.active = False
         return out
 
@@ -401,6 +428,38 @@ def immediate(error: FrontError) -> Any:
     )
 
 
+class _AccountHeader:
+    """Puts the step's decision about the account onto the picker's answer to the request
+    headers: the gateway removes a client's attestation header and, when the step read an
+    account, sets the signed one (removals apply before sets in Envoy's ext_proc), so the
+    model-server pod receives exactly the step's. Done here, not through the picker's echo
+    of request headers, so it holds whatever the picker echoes."""
+
+    def __init__(self) -> None:
+        self.decision: Decision | None = None
+        self._done = False
+
+    def onto(self, response: Any) -> Any:
+        decision = self.decision
+        if self._done or decision is None or not decision.salted:
+            return response
+        if response.WhichOneof("response") != "request_headers":
+            return response
+        self._done = True
+        mutation = response.request_headers.response.header_mutation
+        mutation.remove_headers.append(IDENTITY_ATTESTATION_HEADER)
+        if decision.attestation is not None:
+            mutation.set_headers.append(
+                base_pb2.HeaderValueOption(
+                    header=base_pb2.HeaderValue(
+                        key=IDENTITY_ATTESTATION_HEADER, raw_value=decision.attestation.encode()
+                    ),
+                    append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
+                )
+            )
+        return response
+
+
 class PolicyMetrics:
     """The step's own counters (served by `serve` on `--metrics-listen`)."""
 
@@ -453,9 +512,14 @@ class GatewayPolicyServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[
         self.policy = settings.policy()
         self.secret = secret
         self._stub = pb_grpc.ExternalProcessorStub(channel)
-        self.budget = _Budget(settings.max_buffered_bytes)
+        self.budget = _Budget(settings.worker_budget)
         self.metrics = PolicyMetrics()
         self._processes: ProcessPoolExecutor | None = None
+        self.attester = (
+            Attester(secret, self.policy.isolation_header)
+            if secret is not None and identity_enabled(self.policy)
+            else None
+        )
 
     def _pool(self) -> ProcessPoolExecutor:
         """Worker processes for large bodies, started on first use (spawned: no fork of a
@@ -463,7 +527,10 @@ class GatewayPolicyServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[
         seconds; in a worker it costs only CPU, and other tenants keep being routed."""
         if self._processes is None:
             self._processes = ProcessPoolExecutor(
-                max_workers=_DECIDE_WORKERS, mp_context=multiprocessing.get_context("spawn")
+                max_workers=_DECIDE_WORKERS,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=os.nice,
+                initargs=(_WORKER_NICENESS,),
             )
         return self._processes
 
@@ -478,7 +545,7 @@ class GatewayPolicyServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[
         method, target = pseudo.get(":method", "POST"), pseudo.get(":path", "")
         headers = header_multidict((k, v) for k, v in entries if k[:1] != ":")
         raw = inspector.body()
-        cost = decide_cost(raw)
+        cost = inspector.scan.charge + len(raw)  # `decide_cost`, counted as the body came
         if cost > self.budget.limit:
             return Decision(refusal=parse_too_large(cost + len(raw), self.budget.limit))
         if not inspector.take(cost):
@@ -486,9 +553,11 @@ class GatewayPolicyServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[
         run = functools.partial(
             decide, method, target, headers, raw, policy=self.policy, secret=self.secret,
             session_header=self.settings.session_header, user_field=self.settings.user_field,
+            attester=self.attester,
         )  # fmt: skip
-        if len(raw) >= _OFFLOAD_BYTES:
-            # In a worker process, on a bounded pool: other streams keep being routed.
+        if inspector.scan.work().off_loop:
+            # Large or dense: in a worker process, on a bounded pool, by the C parser (no
+            # GIL to share there); other streams keep being routed meanwhile.
             try:
                 return await asyncio.get_running_loop().run_in_executor(self._pool(), run)
             except BrokenProcessPool:
@@ -510,101 +579,105 @@ class GatewayPolicyServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[
         async with asyncio.timeout(max(remaining, 0)):
             return await anext(incoming)
 
-    async def _pump(self, incoming: AsyncIterator[Any], out: asyncio.Queue[Any]) -> None:
-        """Gateway → picker: forward in order, holding headers while the body is read; a
-        refusal goes on the queue as the `FrontError` to answer with. Every request is
-        decided before anything of it is forwarded; a failure is a refusal."""
-        inspector = _Inspector(self.settings.max_body_bytes, self.budget)
-        loop = asyncio.get_running_loop()
-        refusal: FrontError | None = None
+    async def _advance(
+        self, incoming: AsyncIterator[Any], inspector: _Inspector, account: _AccountHeader
+    ) -> list[Any] | FrontError | None:
+        """Read one message from the gateway: what to forward now (nothing while a request
+        is held; the decided request once its body ended), the refusal to answer with, or
+        None when the gateway half-closed. Every request is decided before anything of it
+        is forwarded; a failure is a refusal."""
         try:
-            iterator = aiter(incoming)
-            while refusal is None:
-                try:
-                    msg = await self._next(iterator, inspector)
-                except StopAsyncIteration:
-                    if inspector.holding:
-                        refusal = ended_early()  # half-closed mid-body: never undecided
-                    break
-                except TimeoutError:
-                    refusal = body_timeout(self.settings.body_timeout_seconds)
-                    break
-                try:
-                    was_holding = inspector.holding
-                    forward = inspector.feed(msg)
-                    if inspector.holding and not was_holding:
-                        inspector.deadline = loop.time() + self.settings.body_timeout_seconds
-                    if forward is None:
-                        decision = await self._decide(inspector)
-                        if decision.refusal is not None:
-                            forward = decision.refusal
-                        else:
-                            forward = inspector.apply(decision, self.settings.session_header)
-                            self.metrics.decided.inc()
-                except Exception as error:
-                    forward = self._failed(error)
-                if isinstance(forward, FrontError):
-                    refusal = forward
-                    break
-                for item in forward:
-                    await out.put(item)
-            if refusal is not None:
-                inspector.release()
-                self.metrics.refused(refusal)
-                await out.put(refusal)
-        finally:
-            inspector.release()
-            await out.put(None)  # half-close toward the picker
+            msg = await self._next(incoming, inspector)
+        except StopAsyncIteration:
+            return ended_early() if inspector.holding else None  # never undecided
+        except TimeoutError:
+            return body_timeout(self.settings.body_timeout_seconds)
+        try:
+            was_holding = inspector.holding
+            forward = inspector.feed(msg)
+            if inspector.holding and not was_holding:
+                loop = asyncio.get_running_loop()
+                inspector.deadline = loop.time() + self.settings.body_timeout_seconds
+            if forward is None:
+                decision = await self._decide(inspector)
+                if decision.refusal is not None:
+                    return decision.refusal
+                account.decision = decision
+                forward = inspector.apply(decision, self.settings.session_header)
+                self.metrics.decided.inc()
+            return forward
+        except Exception as error:
+            return self._failed(error)
+
+    def _refused(self, refusal: FrontError, inspector: _Inspector) -> None:
+        inspector.release()
+        self.metrics.refused(refusal)
 
     async def Process(  # noqa: N802 - the gRPC method name
         self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[Any]:
-        out: asyncio.Queue[Any] = asyncio.Queue(maxsize=_QUEUE_DEPTH)
-        pump = asyncio.create_task(self._pump(request_iterator, out))
+        inspector = _Inspector(self.settings.max_body_bytes, self.budget)
+        incoming = aiter(request_iterator)
+        account = _AccountHeader()
         try:
             # The picker is dialled only once there is something to ask it: a request the
-            # step answers itself never reaches it.
-            first = await out.get()
-            if isinstance(first, FrontError):
-                yield immediate(first)
-                return
-            if first is None:
-                return
-            async for response in self._relay(first, out, pump, context):
-                yield response
+            # step answers itself never reaches it. Nothing else reads from the gateway
+            # meanwhile, so no read is pending when a refusal's status goes out (that would
+            # turn it into INTERNAL).
+            first: list[Any] = []
+            while not first:
+                step = await self._advance(incoming, inspector, account)
+                if step is None:
+                    return
+                if isinstance(step, FrontError):
+                    self._refused(step, inspector)
+                    yield immediate(step)
+                    return
+                first = step
+            async for response in self._relay(first, incoming, inspector, account, context):
+                yield account.onto(response)
         finally:
-            pump.cancel()
-            # Stop reading from the gateway before answering it: a read still pending
-            # when the status goes out would turn that status into INTERNAL.
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await pump
+            inspector.release()
+
+    async def _pump(
+        self,
+        first: list[Any],
+        incoming: AsyncIterator[Any],
+        inspector: _Inspector,
+        account: _AccountHeader,
+        call: Any,
+    ) -> None:
+        """Gateway → picker, in order, written straight into the picker's call (no queue, no
+        request iterator: each costs a task and a hand-over per message). A refusal after
+        the picker was dialled is never forwarded: the picker's side is half-closed."""
+        try:
+            for item in first:
+                await call.write(item)
+            while (step := await self._advance(incoming, inspector, account)) is not None:
+                if isinstance(step, FrontError):
+                    self._refused(step, inspector)
+                    break
+                for item in step:
+                    await call.write(item)
+            await call.done_writing()
+        except BaseException:
+            # Reading from the gateway (or writing to a picker that ended) failed: the
+            # picker's side must not wait for more; its status, if any, is reported.
+            call.cancel()
+            raise
 
     async def _relay(
         self,
-        first: Any,
-        out: asyncio.Queue[Any],
-        pump: asyncio.Task[None],
+        first: list[Any],
+        incoming: AsyncIterator[Any],
+        inspector: _Inspector,
+        account: _AccountHeader,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[Any]:
-        async def upstream_requests() -> AsyncIterator[Any]:
-            yield first
-            while (item := await out.get()) is not None:
-                if isinstance(item, FrontError):
-                    return  # cannot happen after the first message; never forward it
-                yield item
-
         call = self._stub.Process(
-            upstream_requests(),
-            metadata=_forwarded_metadata(context),
-            timeout=context.time_remaining(),
+            metadata=_forwarded_metadata(context), timeout=context.time_remaining()
         )
-
-        def pump_done(task: asyncio.Task[None]) -> None:
-            # Reading from the gateway failed: the picker's side must not wait for more.
-            if not task.cancelled() and task.exception() is not None:
-                call.cancel()
-
-        pump.add_done_callback(pump_done)
+        pump = asyncio.create_task(self._pump(first, incoming, inspector, account, call))
         failed: grpc.aio.AioRpcError | None = None
         try:
             async for response in call:
@@ -644,18 +717,21 @@ class RunningGatewayPolicy:
 
 
 async def start(
-    settings: GatewayPolicySettings, secret: bytes | None = None
+    settings: GatewayPolicySettings, secret: bytes | None = None, *, reuse_port: bool = False
 ) -> RunningGatewayPolicy:
     """Bind `settings.listen` (port 0 picks a free one) and relay to `settings.upstream`.
 
-    `secret`: the salt HMAC key (`tenancy.settings.read_salt_key`), needed by salting modes."""
+    `secret`: the salt HMAC key (`tenancy.settings.read_salt_key`), needed by salting modes.
+    `reuse_port`: one of `settings.workers` processes sharing the port (`gateway.workers`,
+    which also keeps a second step off it)."""
     if secret is None and needs_salt_key(settings.isolation_mode):
         raise ValueError(f"isolation mode {settings.isolation_mode.value} needs the salt key")
     # Plain gRPC: the picker is on the pod's loopback (docs/endpoint-picker.md, 'Transport').
     channel = grpc.aio.insecure_channel(settings.upstream)
     servicer = GatewayPolicyServicer(settings, channel, secret)
-    # No SO_REUSEPORT: a second policy step on the port must fail, not take half the streams.
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    # No SO_REUSEPORT unless the step's own workers share the port: a second policy step on
+    # the port must fail, not take half the streams.
+    server = grpc.aio.server(options=[("grpc.so_reuseport", int(reuse_port))])
     pb_grpc.add_ExternalProcessorServicer_to_server(servicer, server)
     try:
         port = server.add_insecure_port(settings.listen)

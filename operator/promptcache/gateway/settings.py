@@ -27,6 +27,9 @@ from promptcache.contract.front import (
     DEFAULT_ALLOW_CLIENT_PRIORITY,
     DEFAULT_ALLOW_ENGINE_STATE,
     DEFAULT_HONOR_MAX_LEN,
+    DEFAULT_IDENTITY_BEARER,
+    DEFAULT_IDENTITY_HEADER,
+    DEFAULT_IDENTITY_REQUIRED,
     DEFAULT_ISOLATION_MODE,
 )
 from promptcache.contract.gateway_policy import (
@@ -37,7 +40,9 @@ from promptcache.contract.gateway_policy import (
     DEFAULT_GATEWAY_POLICY_MAX_BUFFERED_BYTES,
     DEFAULT_GATEWAY_POLICY_METRICS_LISTEN,
     DEFAULT_GATEWAY_POLICY_UPSTREAM,
+    DEFAULT_GATEWAY_POLICY_WORKERS,
     MAX_GATEWAY_POLICY_DRAIN_SECONDS,
+    MAX_GATEWAY_POLICY_WORKERS,
 )
 from promptcache.contract.settings import split_host_port
 from promptcache.tenancy.settings import PolicySettings, SettingsError
@@ -73,7 +78,14 @@ class GatewayPolicySettings:
     allow_client_priority: bool = DEFAULT_ALLOW_CLIENT_PRIORITY
     allow_engine_state: bool = DEFAULT_ALLOW_ENGINE_STATE
     """The front's: a state field the front refuses is refused here, before routing."""
-    """The front's: a priority the front refuses is refused here, before routing."""
+    workers: int = DEFAULT_GATEWAY_POLICY_WORKERS
+    """Processes serving `listen` together (SO_REUSEPORT). Each relays about one core's worth
+    of streams and holds an equal share of `max_buffered_bytes`."""
+    identity_header: str = DEFAULT_IDENTITY_HEADER
+    """The header the gateway's authentication sets to the caller's account; read here
+    only (the step runs behind that authentication) and vouched for to the front."""
+    identity_bearer: bool = DEFAULT_IDENTITY_BEARER
+    identity_required: bool = DEFAULT_IDENTITY_REQUIRED
 
     def __post_init__(self) -> None:
         try:
@@ -94,6 +106,22 @@ class GatewayPolicySettings:
                 f"--max-buffered-bytes={self.max_buffered_bytes} must be at least "
                 f"--max-body-bytes={self.max_body_bytes}"
             )
+        if not 1 <= self.workers <= MAX_GATEWAY_POLICY_WORKERS:
+            raise GatewayPolicySettingsError(
+                f"--workers={self.workers} must be in [1, {MAX_GATEWAY_POLICY_WORKERS}]"
+            )
+        if self.workers > 1 and split_host_port("--listen", self.listen)[1] == 0:
+            raise GatewayPolicySettingsError(
+                f"--workers={self.workers} needs a fixed --listen port (port 0 would give "
+                "each worker a port of its own)"
+            )
+        if self.max_buffered_bytes // self.workers < self.max_body_bytes:
+            raise GatewayPolicySettingsError(
+                f"--max-buffered-bytes={self.max_buffered_bytes} is shared by "
+                f"--workers={self.workers}: each share must be at least "
+                f"--max-body-bytes={self.max_body_bytes}; raise it to "
+                f"{self.workers * self.max_body_bytes} or more"
+            )
         if not 0 < self.body_timeout_seconds <= MAX_GATEWAY_POLICY_DRAIN_SECONDS:
             raise GatewayPolicySettingsError(
                 f"--body-timeout-seconds={self.body_timeout_seconds} must be in "
@@ -105,6 +133,11 @@ class GatewayPolicySettings:
                 f"[0, {MAX_GATEWAY_POLICY_DRAIN_SECONDS:g}]"
             )
         self.policy()  # the isolation settings, checked by the policy's own rules
+
+    @property
+    def worker_budget(self) -> int:
+        """Body bytes one worker's streams may hold together: an equal share."""
+        return self.max_buffered_bytes // self.workers
 
     def policy(self) -> PolicySettings:
         """The request policy's settings: the same isolation as the front's, no session
@@ -118,6 +151,9 @@ class GatewayPolicySettings:
                 honor_prompt_cache_max_len=self.honor_prompt_cache_max_len,
                 allow_client_priority=self.allow_client_priority,
                 allow_engine_state=self.allow_engine_state,
+                identity_header=self.identity_header,
+                identity_bearer=self.identity_bearer,
+                identity_required=self.identity_required,
             )
         except SettingsError as error:
             raise GatewayPolicySettingsError(str(error)) from None

@@ -29,11 +29,14 @@ same header sets with the same errors.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import json.decoder
 import json.scanner
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Final
 
 from multidict import CIMultiDict, MultiMapping
@@ -147,23 +150,66 @@ def check_json_media_type(headers: MultiMapping[str]) -> None:
         )
 
 
-def json_charge(raw: bytes | bytearray) -> int:
-    """Bytes `json.loads(raw)` may take, from a linear scan of the raw text.
+class JsonScan:
+    """Counts of a JSON body's structural bytes, taken piece by piece as the body arrives.
 
-    Parsed JSON is far larger than its text where the text is dense with
-    small values (`[{},{},...]` is about 25x, measured): the charge adds, per
-    structural character, the size of the object it can open. Measured
-    (tracemalloc, CPython 3.11) to stay above the real peak for lists of ints,
-    floats, strings, objects, arrays, large objects and plain text.
+    What parsing will cost (`charge`) and where it should run (`work`) come from them.
+    Counted at once, a 32 MiB body held the event loop 145 ms (seven `bytes.count`
+    passes); counted per piece as it is read, no single step holds it long.
     """
-    return (
-        2 * len(raw)
-        + 40 * raw.count(b'"')
-        + 48 * raw.count(b",")
-        + 160 * raw.count(b"{")
-        + 64 * raw.count(b"[")
-        + 24 * raw.count(b":")
-    )
+
+    __slots__ = ("braces", "brackets", "colons", "commas", "quotes", "size")
+
+    def __init__(self) -> None:
+        self.size = self.quotes = self.commas = self.braces = self.brackets = self.colons = 0
+
+    @classmethod
+    def of(cls, raw: bytes | bytearray) -> JsonScan:
+        scan = cls()
+        scan.add(raw)
+        return scan
+
+    def add(self, piece: bytes | bytearray) -> None:
+        self.size += len(piece)
+        self.quotes += piece.count(b'"')
+        self.commas += piece.count(b",")
+        self.braces += piece.count(b"{")
+        self.brackets += piece.count(b"[")
+        self.colons += piece.count(b":")
+
+    @property
+    def charge(self) -> int:
+        """Bytes `json.loads` of the body may take.
+
+        Parsed JSON is far larger than its text where the text is dense with small
+        values (`[{},{},...]` is about 25x, measured): the charge adds, per structural
+        character, the size of the object it can open. Measured (tracemalloc, CPython
+        3.11) to stay above the real peak for lists of ints, floats, strings, objects,
+        arrays, large objects and plain text.
+        """
+        return (
+            2 * self.size
+            + 40 * self.quotes
+            + 48 * self.commas
+            + 160 * self.braces
+            + 64 * self.brackets
+            + 24 * self.colons
+        )
+
+    @property
+    def tokens(self) -> int:
+        """Separators: what parsing costs per value."""
+        return self.commas + self.colons
+
+    def work(self) -> JsonWork:
+        """Where parsing the body (and encoding what it holds) should run."""
+        off_loop = self.size >= OFFLOAD_BYTES or self.tokens > LOOP_TOKENS
+        return JsonWork(off_loop=off_loop, interruptible=off_loop and self.tokens > DENSE_TOKENS)
+
+
+def json_charge(raw: bytes | bytearray) -> int:
+    """Bytes `json.loads(raw)` may take (`JsonScan.charge`)."""
+    return JsonScan.of(raw).charge
 
 
 class _DuplicateError(ValueError):
@@ -199,11 +245,35 @@ def _shown(name: str) -> str:
 
 
 DENSE_TOKENS: Final[int] = 50_000
-"""Bodies with more JSON separators than this are parsed and encoded by the pure-Python
-scanner and encoder: slower, but they release the GIL every few milliseconds, so a thread
-working on one never stalls the event loop (the C parser holds the GIL for a whole body:
-about 2 s for 15 MiB of small objects, measured). Below it the C parser takes a few
-milliseconds at most."""
+"""Bodies worked on off the event loop *in a thread* with more JSON separators than this are
+parsed and encoded by the pure-Python scanner and encoder: slower, but they release the GIL
+every few milliseconds, so the thread never stalls the event loop (the C parser holds the
+GIL for a whole body: about 2 s for 15 MiB of small objects, measured). Below it the C
+parser takes a few milliseconds at most."""
+
+LOOP_TOKENS: Final[int] = 10_000
+"""Bodies with at most this many separators (and under `OFFLOAD_BYTES`) are parsed and
+encoded on the event loop by the C parser, in about a millisecond. Bytes alone do not bound
+the work: 255 KiB of `[1,1,...]` took 200 ms to parse and 70 ms to encode by the pure-Python
+scanner on the loop (measured), which any tenant could repeat."""
+
+OFFLOAD_BYTES: Final[int] = 256 * 1024
+"""Bodies this large are worked on off the event loop whatever their density."""
+
+
+@dataclass(frozen=True, slots=True)
+class JsonWork:
+    """Where a body's parse and re-encoding run: on the event loop only when they are
+    cheap; off it (a thread of the front's decode pool, a worker process of the step's)
+    otherwise, and in a thread by the interruptible pure-Python scanner when dense."""
+
+    off_loop: bool
+    interruptible: bool
+
+
+def json_work(raw: bytes | bytearray) -> JsonWork:
+    """Where parsing `raw` (and encoding what it holds) should run (`JsonWork`)."""
+    return JsonScan.of(raw).work()
 
 
 _JOIN_BATCH: Final[int] = 4096
@@ -211,7 +281,7 @@ _JOIN_BATCH: Final[int] = 4096
 
 def json_tokens(raw: bytes | bytearray) -> int:
     """Separators in `raw` (a linear scan in C): what parsing it costs per value."""
-    return raw.count(b",") + raw.count(b":")
+    return JsonScan.of(raw).tokens
 
 
 def _int(text: str) -> int:
@@ -219,23 +289,39 @@ def _int(text: str) -> int:
 
 
 def _decoder(interruptible: bool) -> json.JSONDecoder:
-    decoder = json.JSONDecoder(
+    """A decoder for one body. The C one is built once and shared (building it is about a
+    fifth of parsing a small body): like `json.loads`'s default decoder, it keeps no state
+    between calls that another thread could see. The pure-Python scanner's memo is
+    per-scan state, so each interruptible parse gets its own."""
+    if not interruptible:
+        return _C_DECODER
+    decoder = _new_decoder(interruptible=True)
+    decoder.scan_once = json.scanner.py_make_scanner(decoder)  # type: ignore[attr-defined]
+    return decoder
+
+
+def _new_decoder(*, interruptible: bool) -> json.JSONDecoder:
+    return json.JSONDecoder(
         object_pairs_hook=_pairs,
         parse_constant=_constant,
         parse_float=_float,
         parse_int=_int if interruptible else None,
     )
-    if interruptible:
-        decoder.scan_once = json.scanner.py_make_scanner(decoder)  # type: ignore[attr-defined]
-    return decoder
 
 
-def parse_body(raw: bytes | bytearray, *, acted_on: Iterable[str]) -> dict[str, Any]:
+_C_DECODER: Final = _new_decoder(interruptible=False)
+
+
+def parse_body(
+    raw: bytes | bytearray, *, acted_on: Iterable[str], interruptible: bool = False
+) -> dict[str, Any]:
     """The JSON object in `raw`, or the `FrontError` (400) that refuses it.
 
     `acted_on`: the top-level fields read by this process or the next parser; a member
     whose name folds (Go's way) to one of them without being it is refused, as are two
-    top-level members whose names fold together, and any object naming a member twice."""
+    top-level members whose names fold together, and any object naming a member twice.
+    `interruptible`: parse with the pure-Python scanner (same result; for a thread that
+    must not hold the GIL long, `json_work`)."""
     if raw[:3] == b"\xef\xbb\xbf" or raw[:2] in (b"\xff\xfe", b"\xfe\xff"):
         raise FrontError(
             400,
@@ -251,7 +337,7 @@ def parse_body(raw: bytes | bytearray, *, acted_on: Iterable[str]) -> dict[str, 
             f"the request body is not valid UTF-8 (byte {exc.start}); send UTF-8 JSON",
         ) from None
     try:
-        body = _decoder(json_tokens(raw) > DENSE_TOKENS).decode(text)
+        body = _decoder(interruptible).decode(text)
     except _DuplicateError as exc:
         raise FrontError(
             400,
@@ -278,8 +364,19 @@ def parse_body(raw: bytes | bytearray, *, acted_on: Iterable[str]) -> dict[str, 
     return body
 
 
+@functools.lru_cache(maxsize=32)
+def _folded_fields(acted_on: tuple[str, ...] | frozenset[str]) -> Mapping[str, str]:
+    """Go's fold of each field name, to the name: computed once per field set, not once per
+    request (a process asks with the same few sets every time)."""
+    return MappingProxyType({go_fold(name): name for name in acted_on if name})
+
+
 def _check_spellings(body: dict[str, Any], acted_on: Iterable[str]) -> None:
-    known = {go_fold(name): name for name in acted_on if name}
+    known = (
+        _folded_fields(acted_on)
+        if isinstance(acted_on, (tuple, frozenset))
+        else {go_fold(name): name for name in acted_on if name}
+    )
     folded: dict[str, str] = {}
     for name in body:
         fold = go_fold(name)

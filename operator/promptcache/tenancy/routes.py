@@ -45,6 +45,9 @@ class RouteClass(StrEnum):
 
 
 EmbedsShape = Literal["completion", "chat", "by_body"]
+"""Where a route's body can carry prompt embeds (`front.references.find_slots`), derived
+from vLLM's request models by `tools/vllm_routes.py` and checked against them by
+`tests/front/test_front_vllm_fields.py`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +120,7 @@ ROUTES: Final[tuple[Route, ...]] = (
     # --- generation: the prompt reaches the prefix cache ---------------------------------
     _salted("/v1/completions", "OpenAI completions", usage=True, embeds="completion"),
     _salted("/v1/chat/completions", "OpenAI chat completions", usage=True, embeds="chat"),
-    _salted("/v1/chat/completions/batch", "batched chat completions"),
+    _salted("/v1/chat/completions/batch", "batched chat completions", embeds="chat"),
     _salted("/v1/responses", "OpenAI responses"),
     _salted("/v1/messages", "Anthropic messages"),
     _salted("/inference/v1/generate", "token-in/token-out generation"),
@@ -132,21 +135,33 @@ ROUTES: Final[tuple[Route, ...]] = (
     ),
     _salted("/cohere/v2/chat", "Cohere chat v2 (its request model has no cache_salt)", salt=False),
     # --- pooling: the prompt is prefilled too (cache_salt is accepted) -------------------
-    _salted("/v1/embeddings", "OpenAI embeddings"),
+    _salted("/v1/embeddings", "OpenAI embeddings", embeds="chat"),
     _salted("/v2/embed", "Cohere embed v2"),
-    _salted("/pooling", "pooling"),
-    _salted("/classify", "classification"),
+    _salted("/pooling", "pooling", embeds="chat"),
+    _salted("/classify", "classification", embeds="chat"),
     _salted("/score", "scoring"),
     _salted("/v1/score", "scoring"),
     _salted("/rerank", "reranking"),
     _salted("/v1/rerank", "reranking"),
     _salted("/v2/rerank", "reranking"),
     # --- prompts that are only rendered or tokenized (no KV cache) -----------------------
-    _salted("/tokenize", "tokenization", kv=False, salt=False),
+    _salted("/tokenize", "tokenization", kv=False, salt=False, embeds="chat"),
     _salted("/detokenize", "detokenization", kv=False, salt=False),
     _salted("/v1/messages/count_tokens", "Anthropic token counting", kv=False, salt=False),
-    _salted("/v1/chat/completions/render", "chat prompt rendering", kv=False, salt=False),
-    _salted("/v1/completions/render", "completion prompt rendering", kv=False, salt=False),
+    _salted(
+        "/v1/chat/completions/render",
+        "chat prompt rendering",
+        kv=False,
+        salt=False,
+        embeds="chat",
+    ),
+    _salted(
+        "/v1/completions/render",
+        "completion prompt rendering",
+        kv=False,
+        salt=False,
+        embeds="completion",
+    ),
     _salted("/v1/messages/render", "messages prompt rendering", kv=False, salt=False),
     _salted("/v1/responses/render", "responses prompt rendering", kv=False, salt=False),
     _salted("/v1/chat/completions/derender", "chat de-rendering", kv=False, salt=False),

@@ -5,7 +5,10 @@
 // `messages`, `prompt`), not copied.
 //
 // Protocol (stdin/stdout, one request at a time): a line "<route> <n>\n" followed by n
-// body bytes; the answer is one JSON line {"ok": bool, "salt": string, "err": string}.
+// body bytes; the answer is one JSON line {"ok": bool, "salt": string, "err": string,
+// "forwarded": string}. `forwarded` is the body the picker hands the gateway for the model
+// server: GIE v1.5.0 re-encodes the decoded map with json.Marshal (its director's
+// `repackage`), so keys come out sorted, numbers as float64 and HTML characters escaped.
 // With the argument "fold" it prints every non-ASCII rune whose encoding/json fold is
 // ASCII, one "U+XXXX X" line each, and exits.
 package main
@@ -35,14 +38,19 @@ type completionRequest struct {
 }
 
 type answer struct {
-	OK   bool   `json:"ok"`
-	Salt string `json:"salt"`
-	Err  string `json:"err"`
+	OK        bool   `json:"ok"`
+	Salt      string `json:"salt"`
+	Err       string `json:"err"`
+	Forwarded string `json:"forwarded"`
 }
 
 func decode(route string, body []byte) answer {
 	bodyMap := map[string]any{}
 	if err := json.Unmarshal(body, &bodyMap); err != nil {
+		return answer{Err: err.Error()}
+	}
+	forwarded, err := json.Marshal(bodyMap)
+	if err != nil {
 		return answer{Err: err.Error()}
 	}
 	switch route {
@@ -51,13 +59,13 @@ func decode(route string, body []byte) answer {
 		if err := json.Unmarshal(body, &r); err != nil {
 			return answer{Err: err.Error()}
 		}
-		return answer{OK: true, Salt: r.CacheSalt}
+		return answer{OK: true, Salt: r.CacheSalt, Forwarded: string(forwarded)}
 	default:
 		var r completionRequest
 		if err := json.Unmarshal(body, &r); err != nil {
 			return answer{Err: err.Error()}
 		}
-		return answer{OK: true, Salt: r.CacheSalt}
+		return answer{OK: true, Salt: r.CacheSalt, Forwarded: string(forwarded)}
 	}
 }
 

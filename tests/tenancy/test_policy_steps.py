@@ -17,10 +17,14 @@ from promptcache.contract import CACHE_SALT_FIELD, IsolationMode
 from promptcache.contract.front import VLLM_REQUEST_ID_FIELD
 from promptcache.tenancy import errors
 from promptcache.tenancy.errors import FrontError
+from promptcache.tenancy.identity import Account
 from promptcache.tenancy.policy import (
     Isolation,
     check_route_isolated,
+    check_uncacheable,
+    foreign_salt,
     isolation_key,
+    require_identity,
     require_key,
     salt,
     session,
@@ -28,7 +32,12 @@ from promptcache.tenancy.policy import (
     usage,
 )
 from promptcache.tenancy.routes import ROUTES, RouteClass, find_route
-from promptcache.tenancy.salt import KEYED_SALT_PREFIX, UNCACHEABLE_SALT_PREFIX, derive_salt
+from promptcache.tenancy.salt import (
+    KEYED_SALT_PREFIX,
+    UNCACHEABLE_SALT_PREFIX,
+    derive_account_salt,
+    derive_salt,
+)
 from promptcache.tenancy.settings import PolicySettings, SettingsError
 
 SECRET = b"k" * 32
@@ -38,9 +47,9 @@ KEY_HEADER = PolicySettings().isolation_header
 
 def test_strip_client_fields_removes_the_clients_salt_and_request_id() -> None:
     body: dict[str, Any] = {CACHE_SALT_FIELD: "forged", VLLM_REQUEST_ID_FIELD: "r", "a": 1}
-    assert strip_client_fields(body) == (True, True)
+    assert strip_client_fields(body) == ("forged", True)
     assert body == {"a": 1}
-    assert strip_client_fields(body) == (False, False)
+    assert strip_client_fields(body) == (None, False)
 
 
 def test_isolation_key_reads_header_or_field_and_refuses_two_different() -> None:
@@ -130,3 +139,85 @@ def test_policy_settings_refuse_what_the_front_refuses() -> None:
         )
     with pytest.raises(SettingsError):
         PolicySettings(isolation_header="bad header")
+
+
+# ------------------------------------------------------------ isolation by account (#27)
+
+ACCOUNT = Account(b"a" * 32)
+BY_ACCOUNT = PolicySettings(
+    isolation_mode=IsolationMode.PER_KEY, identity_header="x-user", identity_required=True
+)
+
+
+def test_require_identity_refuses_salted_requests_without_an_account_with_401() -> None:
+    require_identity(CHAT, ACCOUNT, BY_ACCOUNT)
+    require_identity(find_route("/v1/models"), None, BY_ACCOUNT)  # read-only: not salted
+    require_identity(CHAT, None, PolicySettings(isolation_mode=IsolationMode.PER_KEY))
+    with pytest.raises(FrontError) as refused:
+        require_identity(CHAT, None, BY_ACCOUNT)
+    assert (refused.value.status, refused.value.code) == (401, errors.IDENTITY_REQUIRED)
+    assert refused.value.body()["error"]["type"] == "authentication_error"
+    assert refused.value.param == "x-user"
+
+
+def test_salt_of_an_account_with_and_without_a_key() -> None:
+    mode = IsolationMode.PER_KEY
+    assert salt(CHAT, None, None, mode, SECRET, account=ACCOUNT) == (
+        Isolation.ACCOUNT,
+        derive_account_salt(SECRET, ACCOUNT.digest, None),
+    )
+    _, keyed = salt(CHAT, "k", None, mode, SECRET, account=ACCOUNT)
+    assert keyed == derive_account_salt(SECRET, ACCOUNT.digest, "k") != derive_salt(SECRET, "k")
+    # uncacheable and Shared win over the account, as over a key
+    assert salt(CHAT, "k", 0, mode, SECRET, account=ACCOUNT)[0] is Isolation.UNCACHEABLE
+    assert salt(CHAT, "k", None, IsolationMode.SHARED, SECRET, account=ACCOUNT) == (
+        Isolation.SHARED,
+        None,
+    )
+
+
+def test_an_empty_isolation_key_is_no_key_in_every_mode() -> None:
+    """spec/004 leaves it open; the product reads "" as "no key sent" (header or field)."""
+    for mode in IsolationMode:
+        policy = PolicySettings(isolation_mode=mode)
+        assert isolation_key(CIMultiDict({KEY_HEADER: ""}), {}, policy) is None
+        assert isolation_key(CIMultiDict(), {policy.isolation_field: ""}, policy) is None
+        # and so: Required refuses it, PerKey shares it, an account keeps it as no key
+        if mode is IsolationMode.REQUIRED:
+            with pytest.raises(FrontError):
+                require_key(CHAT, None, policy)
+    assert isolation_key(CIMultiDict({KEY_HEADER: ""}), {BY_ACCOUNT.isolation_field: "k"},
+                         BY_ACCOUNT) == "k"  # fmt: skip
+
+
+def test_uncacheable_is_refused_where_no_salt_can_carry_it() -> None:
+    cohere = find_route("/cohere/v2/chat")
+    check_uncacheable(cohere, None)
+    check_uncacheable(cohere, 5)  # a positive limit is accepted (and not enforced) anyway
+    check_uncacheable(CHAT, 0)
+    check_uncacheable(find_route("/tokenize"), 0)  # no KV cache to keep it out of
+    with pytest.raises(FrontError) as refused:
+        check_uncacheable(cohere, 0)
+    assert refused.value.code == errors.PROMPT_CACHE_MAX_LEN_NOT_SUPPORTED
+    assert refused.value.param == "prompt_cache_max_len"
+
+
+def test_a_salt_counts_as_foreign_unless_it_is_the_policys_own() -> None:
+    own = derive_salt(SECRET, "k")
+    assert not foreign_salt(None, Isolation.KEYED, own)
+    assert not foreign_salt(own, Isolation.KEYED, own)  # the gateway's step set it
+    assert foreign_salt("forged", Isolation.KEYED, own)
+    assert foreign_salt(own, Isolation.UNKEYED, None)  # a keyed salt on a keyless request
+    assert not foreign_salt(UNCACHEABLE_SALT_PREFIX + "x", Isolation.UNCACHEABLE, "other")
+    assert foreign_salt("x", Isolation.UNCACHEABLE, "other")
+
+
+def test_identity_settings_are_checked_by_the_policys_rules() -> None:
+    with pytest.raises(SettingsError, match="Shared"):
+        PolicySettings(isolation_mode=IsolationMode.SHARED, identity_bearer=True)
+    with pytest.raises(SettingsError, match="no source"):
+        PolicySettings(isolation_mode=IsolationMode.PER_KEY, identity_required=True)
+    with pytest.raises(SettingsError, match="isolation-key header"):
+        PolicySettings(isolation_mode=IsolationMode.PER_KEY, identity_header=KEY_HEADER)
+    with pytest.raises(SettingsError, match="Authorization"):
+        PolicySettings(isolation_mode=IsolationMode.PER_KEY, identity_header="authorization")

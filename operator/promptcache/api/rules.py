@@ -55,6 +55,8 @@ def _unique_tier_names(prefix_cache: Any) -> bool:
 
 
 GIE_PICKER = "gie-v1.5"
+VLLM_RENDER = "VllmRender"
+"""`prefixCache.tokenProducer`'s value for vLLM's render backend."""
 """`contract.PickerTarget.GIE`, spelled out: the API package stays free of the contract's enum."""
 
 
@@ -64,6 +66,8 @@ def picker_refusals(spec: Any, picker: str) -> list[str]:
     The rules check an explicit `gateway.picker`; the renderer calls this with the picker
     it resolved (the operator's default when the field is empty), so both say the same."""
     refused = []
+    if picker == GIE_PICKER and spec.prefix_cache.token_producer == VLLM_RENDER:
+        refused.append(GIE_RENDER_MESSAGE)
     if picker == GIE_PICKER and spec.prefix_cache.tiers:
         refused.append(GIE_TIERS_MESSAGE)
     if picker == GIE_PICKER and spec.session_affinity.enabled:
@@ -83,6 +87,17 @@ GIE_LRU_MESSAGE = (
 )
 
 
+GIE_RENDER_MESSAGE = (
+    "prefixCache.tokenProducer VllmRender cannot be honoured by gateway.picker gie-v1.5: its "
+    "prefix producer hashes characters and it has no token-producer plugin; leave "
+    "prefixCache.tokenProducer empty (or Estimate) or set gateway.picker to llm-d-router"
+)
+RENDER_NEEDS_KEYLESS_MESSAGE = (
+    "prefixCache.tokenProducer VllmRender sends the picker's own render requests through "
+    "the cache front without the client's isolation key or account, which isolation mode "
+    "Required and isolation.identity.required refuse; use Estimate, or isolation mode "
+    "PerKey without identity.required"
+)
 GIE_TIERS_MESSAGE = (
     "prefixCache.tiers cannot be honoured by gateway.picker gie-v1.5: its prefix producers "
     "all write one shared attribute and its prefix-cache-scorer ignores its parameters, so "
@@ -506,6 +521,44 @@ RULES: tuple[CrossFieldRule, ...] = (
         field_path=".mode",
     ),
     CrossFieldRule(
+        scope="isolation",
+        cel=(
+            f"self.mode != '{_SHARED}' "
+            "|| (self.identity.header == '' && !self.identity.bearerToken)"
+        ),
+        message=(
+            "isolation by account derives salts, which mode Shared never does: set "
+            "isolation.mode to PerKey or Required, or remove isolation.identity"
+        ),
+        holds=lambda m: m.mode != _SHARED or not m.identity.enabled,
+        field_path=".identity",
+    ),
+    CrossFieldRule(
+        scope="isolation",
+        cel="!self.identity.required || self.identity.header != '' || self.identity.bearerToken",
+        message=(
+            "isolation.identity.required names no source for the account: set "
+            "isolation.identity.header or isolation.identity.bearerToken"
+        ),
+        holds=lambda m: not m.identity.required or m.identity.enabled,
+        field_path=".identity.required",
+    ),
+    CrossFieldRule(
+        scope="isolation",
+        cel=(
+            "self.identity.header == '' || (self.identity.header != self.header "
+            "&& self.identity.header != 'authorization')"
+        ),
+        message=(
+            "isolation.identity.header must be the header the gateway's authentication sets, "
+            "not the isolation-key header or authorization (use identity.bearerToken for tokens)"
+        ),
+        holds=lambda m: (
+            not m.identity.header or m.identity.header not in (m.header, "authorization")
+        ),
+        field_path=".identity.header",
+    ),
+    CrossFieldRule(
         scope="prefixCache",
         cel="self.tiers.all(t, self.tiers.exists_one(u, u.name == t.name))",
         message="tier names must be unique",
@@ -590,6 +643,31 @@ RULES: tuple[CrossFieldRule, ...] = (
         message=GIE_TIERS_MESSAGE,
         holds=lambda m: GIE_TIERS_MESSAGE not in picker_refusals(m, m.gateway.picker or ""),
         field_path=".prefixCache.tiers",
+    ),
+    CrossFieldRule(
+        scope="spec",
+        cel=(
+            f"!has(self.gateway.picker) || self.gateway.picker != '{GIE_PICKER}' "
+            "|| !has(self.prefixCache.tokenProducer) "
+            "|| self.prefixCache.tokenProducer != 'VllmRender'"
+        ),
+        message=GIE_RENDER_MESSAGE,
+        holds=lambda m: GIE_RENDER_MESSAGE not in picker_refusals(m, m.gateway.picker or ""),
+        field_path=".prefixCache.tokenProducer",
+    ),
+    CrossFieldRule(
+        scope="spec",
+        cel=(
+            "!has(self.prefixCache.tokenProducer) || self.prefixCache.tokenProducer != "
+            f"'VllmRender' || (self.isolation.mode != '{_REQUIRED}' "
+            "&& !self.isolation.identity.required)"
+        ),
+        message=RENDER_NEEDS_KEYLESS_MESSAGE,
+        holds=lambda m: (
+            m.prefix_cache.token_producer != VLLM_RENDER
+            or (m.isolation.mode != _REQUIRED and not m.isolation.identity.required)
+        ),
+        field_path=".prefixCache.tokenProducer",
     ),
     CrossFieldRule(
         scope="spec",

@@ -61,9 +61,13 @@ PRIORITY_NOT_ALLOWED: Final = "priority_not_allowed"
 DUPLICATE_FIELD: Final = "duplicate_field"
 AMBIGUOUS_FIELD: Final = "ambiguous_field"
 FIELD_NOT_ALLOWED: Final = "field_not_allowed"
+IDENTITY_REQUIRED: Final = "identity_required"
+INVALID_IDENTITY: Final = "invalid_identity"
+PROMPT_CACHE_MAX_LEN_NOT_SUPPORTED: Final = "prompt_cache_max_len_not_supported"
 
 _TYPES: Final[dict[int, str]] = {
     400: "invalid_request_error",
+    401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",

@@ -9,9 +9,14 @@ prompt, so a tenant's salt, and every refusal, is the same in both.
 The steps, in the order `apply_policy` runs them (each a function of its own):
 `strip_client_fields` (the client's own salt and request id never pass), the
 field checks (`check_priority`, `check_engine_state`), `isolation_key` (the key),
-`max_len` (the uncacheable request), `check_route_isolated` and `require_key`
-(refusals), `salt` (the salt decision), `usage` (asking vLLM for the usage chunk)
-and `session` (the session header from `user`).
+`max_len` (the uncacheable request), `check_route_isolated`, `check_uncacheable`,
+`require_identity` and `require_key` (refusals), `salt` (the salt decision), `usage`
+(asking vLLM for the usage chunk) and `session` (the session header from `user`).
+
+The caller's account (`tenancy.identity.Account`) is an input, not read here: the gateway's
+policy step reads it behind the gateway's authentication, the cache front takes it only
+from the step's signed attestation (`tenancy.attestation`). Given one, the salt is the
+account's (and its key's); both processes pass the same account, so they derive the same.
 """
 
 from __future__ import annotations
@@ -36,16 +41,24 @@ from promptcache.contract.front import (
 )
 from promptcache.tenancy.errors import (
     FIELD_NOT_ALLOWED,
+    IDENTITY_REQUIRED,
     INVALID_FIELD,
     INVALID_ISOLATION_KEY,
     INVALID_PROMPT_CACHE_MAX_LEN,
     ISOLATION_KEY_REQUIRED,
     PRIORITY_NOT_ALLOWED,
+    PROMPT_CACHE_MAX_LEN_NOT_SUPPORTED,
     ROUTE_NOT_ISOLATED,
     FrontError,
 )
+from promptcache.tenancy.identity import Account, identity_carriers
 from promptcache.tenancy.routes import Route, RouteClass
-from promptcache.tenancy.salt import derive_salt, random_salt
+from promptcache.tenancy.salt import (
+    UNCACHEABLE_SALT_PREFIX,
+    derive_account_salt,
+    derive_salt,
+    random_salt,
+)
 from promptcache.tenancy.settings import PolicyReader
 
 MAX_ISOLATION_KEY_CHARS: Final[int] = 4096
@@ -99,6 +112,8 @@ class Isolation(StrEnum):
     """Mode Shared: no salt at all."""
     KEYED = "keyed"
     """A key was sent and became an HMAC salt."""
+    ACCOUNT = "account"
+    """An authenticated account (and its key, when sent) became an HMAC salt."""
     UNKEYED = "unkeyed"
     """Mode PerKey without a key: the unsalted shared scope."""
     UNCACHEABLE = "uncacheable"
@@ -117,6 +132,7 @@ class Plan:
     use_embeds_cache: bool
     """False for uncacheable requests: neither look up nor store prompt embeds."""
     client_salt_removed: bool
+    """The request carried a `cache_salt` other than the policy's own (`foreign_salt`)."""
     stream: bool
     strip_usage_chunk: bool
     """The front asked vLLM for a usage chunk the client did not ask for."""
@@ -254,14 +270,29 @@ def max_len(body: dict[str, Any], settings: PolicyReader) -> int | None:
     return value
 
 
-def strip_client_fields(body: dict[str, Any]) -> tuple[bool, bool]:
+def strip_client_fields(body: dict[str, Any]) -> tuple[Any, bool]:
     """Remove the client's own `cache_salt` (a forged salt must neither read another
     tenant's cache nor steer routing) and `request_id` (vLLM's id for the request: vLLM
     makes one; the front sends its own in X-Request-Id, which wins where vLLM reads both).
-    Whether each was there."""
-    salt_removed = body.pop(CACHE_SALT_FIELD, None) is not None
+    The salt that was there (None: none), and whether a request id was."""
+    salt_sent = body.pop(CACHE_SALT_FIELD, None)
     request_id_removed = body.pop(VLLM_REQUEST_ID_FIELD, None) is not None
-    return salt_removed, request_id_removed
+    return salt_sent, request_id_removed
+
+
+def foreign_salt(sent: Any, isolation: Isolation, derived: str | None) -> bool:
+    """Whether the `cache_salt` a request arrived with was not the policy's own: behind the
+    gateway every keyed request arrives with the salt the policy step derived (the same the
+    front derives), which is not a client's doing; anything else is (a forged or stale salt,
+    or one where the policy sets none). A one-off salt is the step's when the request is
+    uncacheable here too."""
+    if sent is None or sent == derived:
+        return False
+    return not (
+        isolation is Isolation.UNCACHEABLE
+        and isinstance(sent, str)
+        and sent.startswith(UNCACHEABLE_SALT_PREFIX)
+    )
 
 
 def check_route_isolated(route: Route, mode: IsolationMode) -> None:
@@ -282,6 +313,35 @@ def check_route_isolated(route: Route, mode: IsolationMode) -> None:
         )
 
 
+def check_uncacheable(route: Route, limit: int | None) -> None:
+    """Refuse `prompt_cache_max_len: 0` where it cannot be honoured: a route that fills the
+    prefix cache but whose vLLM request model has no `cache_salt` (`/cohere/v2/chat`), so
+    no one-off salt can keep the prompt out of the shared cache."""
+    salted = route.kind is RouteClass.SALTED and route.reaches_kv_cache
+    if limit == 0 and salted and not route.salt_field:
+        raise FrontError(
+            400,
+            PROMPT_CACHE_MAX_LEN_NOT_SUPPORTED,
+            f"{PROMPT_CACHE_MAX_LEN_FIELD}: 0 cannot be honoured on {route.path}: vLLM's "
+            "request model for it has no cache_salt, so the prompt would be cached and "
+            f"shared anyway; remove {PROMPT_CACHE_MAX_LEN_FIELD} or use /v1/chat/completions",
+            param=PROMPT_CACHE_MAX_LEN_FIELD,
+        )
+
+
+def require_identity(route: Route, account: Account | None, settings: PolicyReader) -> None:
+    """Isolation by account, required: a salted request without an authenticated account
+    is refused (HTTP 401), at the gateway and at the front alike."""
+    if settings.identity_required and account is None and route.kind is RouteClass.SALTED:
+        raise FrontError(
+            401,
+            IDENTITY_REQUIRED,
+            "this deployment serves authenticated accounts only, and the request has none: "
+            f"send it through the gateway with {identity_carriers(settings)}",
+            param=settings.identity_header or "Authorization",
+        )
+
+
 def require_key(route: Route, key: str | None, settings: PolicyReader) -> None:
     """Mode Required: a salted request without a key is refused."""
     required = settings.isolation_mode is IsolationMode.REQUIRED
@@ -296,21 +356,31 @@ def require_key(route: Route, key: str | None, settings: PolicyReader) -> None:
 
 
 def salt(
-    route: Route, key: str | None, limit: int | None, mode: IsolationMode, secret: bytes | None
+    route: Route,
+    key: str | None,
+    limit: int | None,
+    mode: IsolationMode,
+    secret: bytes | None,
+    *,
+    account: Account | None = None,
 ) -> tuple[Isolation, str | None]:
     """What isolates the request, and the salt vLLM gets (None: no salt at all).
 
     `prompt_cache_max_len: 0` on a salted route gets a one-off salt (it shares nothing);
-    Shared mode salts nothing; PerKey without a key is the unsalted shared scope; a key
-    becomes the HMAC of the secret."""
+    Shared mode salts nothing; an account gets its own salt (one per key it sends); PerKey
+    without a key or an account is the unsalted shared scope; a key alone becomes the HMAC
+    of the secret, a scope no account's salt ever equals."""
     if route.kind is RouteClass.SALTED and limit == 0:
         return Isolation.UNCACHEABLE, random_salt()
     if mode is IsolationMode.SHARED:
         return Isolation.SHARED, None
-    if key is None:
+    if key is None and account is None:
         return Isolation.UNKEYED, None
     if secret is None:  # settings guarantee a secret in salting modes
         raise RuntimeError("a salting isolation mode is running without its secret")
+    if account is not None:
+        return Isolation.ACCOUNT, derive_account_salt(secret, account.digest, key)
+    assert key is not None  # narrowed above
     return Isolation.KEYED, derive_salt(secret, key)
 
 
@@ -371,20 +441,27 @@ def apply_policy(
     body: dict[str, Any],
     settings: PolicyReader,
     secret: bytes | None,
+    *,
+    account: Account | None = None,
 ) -> Plan:
     """Rewrite `body` in place for vLLM and say what else the proxy must do.
 
     `headers` must be a case-insensitive multidict (aiohttp's `CIMultiDictProxy`).
+    `account`: the caller's authenticated account, or None (see the module's docstring).
     Raises `FrontError` for requests the policy refuses.
     """
-    client_salt_removed, request_id_removed = strip_client_fields(body)
+    salt_sent, request_id_removed = strip_client_fields(body)
     check_priority(body, settings)
     check_engine_state(body, settings)
     key = isolation_key(headers, body, settings)
     limit = max_len(body, settings)
     check_route_isolated(route, settings.isolation_mode)
+    check_uncacheable(route, limit)
+    require_identity(route, account, settings)
     require_key(route, key, settings)
-    isolation, salt_value = salt(route, key, limit, settings.isolation_mode, secret)
+    isolation, salt_value = salt(
+        route, key, limit, settings.isolation_mode, secret, account=account
+    )
     salted_path = route.kind is RouteClass.SALTED
     if salt_value is not None and salted_path and route.salt_field:
         body[CACHE_SALT_FIELD] = salt_value
@@ -393,7 +470,7 @@ def apply_policy(
         isolation=isolation,
         salt=salt_value if salted_path else None,
         use_embeds_cache=isolation is not Isolation.UNCACHEABLE,
-        client_salt_removed=client_salt_removed,
+        client_salt_removed=foreign_salt(salt_sent, isolation, salt_value),
         stream=stream,
         strip_usage_chunk=strip_usage,
         session_header_value=session(headers, body, settings),

@@ -24,6 +24,9 @@ KEYED_SALT_PREFIX: Final[str] = "pck1-"
 """Marks a salt derived from an isolation key (version 1 of the derivation)."""
 UNCACHEABLE_SALT_PREFIX: Final[str] = "pcn1-"
 """Marks a one-off salt that makes a request share nothing (prompt_cache_max_len 0)."""
+ACCOUNT_SALT_PREFIX: Final[str] = "pca1-"
+"""Marks a salt derived from an account (and the account's isolation key, when sent)."""
+_ACCOUNT_DOMAIN: Final[bytes] = b"promptcache/account-salt/v1\0"
 
 
 def _encode(digest: bytes) -> str:
@@ -35,6 +38,18 @@ def derive_salt(secret: bytes, isolation_key: str) -> str:
     # the one-shot C HMAC: the same digest as hmac.new(...).digest(), several times cheaper
     digest = hmac.digest(secret, isolation_key.encode("utf-8"), "sha256")
     return KEYED_SALT_PREFIX + _encode(digest)
+
+
+def derive_account_salt(secret: bytes, account: bytes, isolation_key: str | None) -> str:
+    """The salt for one account, and one of its isolation keys when it sends one.
+
+    `account` is `tenancy.identity.Account.digest` (fixed length, so the encoding below is
+    unambiguous). Never equal to `derive_salt` of any key: a client without the account
+    cannot reach its scope by sending the same key, and one account keeps several scopes
+    apart by key."""
+    key_part = b"-" if isolation_key is None else b"k" + isolation_key.encode("utf-8")
+    digest = hmac.digest(secret, _ACCOUNT_DOMAIN + account + key_part, "sha256")
+    return ACCOUNT_SALT_PREFIX + _encode(digest)
 
 
 def random_salt() -> str:

@@ -28,8 +28,12 @@ from promptcache.contract.front import (
     DEFAULT_ALLOW_CLIENT_PRIORITY,
     DEFAULT_ALLOW_ENGINE_STATE,
     DEFAULT_HONOR_MAX_LEN,
+    DEFAULT_IDENTITY_BEARER,
+    DEFAULT_IDENTITY_HEADER,
+    DEFAULT_IDENTITY_REQUIRED,
     DEFAULT_ISOLATION_MODE,
 )
+from promptcache.tenancy.identity import IdentityReader
 
 MIN_SALT_KEY_BYTES: Final[int] = 16
 """A shorter HMAC key would make per-tenant salts guessable."""
@@ -39,7 +43,7 @@ class SettingsError(ValueError):
     """A setting that can never work; the message names the setting and the fix."""
 
 
-class PolicyReader(Protocol):
+class PolicyReader(IdentityReader, Protocol):
     """The settings `tenancy.policy.apply_policy` reads (`FrontSettings` has them all)."""
 
     @property
@@ -71,11 +75,20 @@ class SaltKeySource(Protocol):
     def salt_key_file(self) -> str: ...
 
 
-def check_isolation(mode: IsolationMode, header: str, field: str) -> None:
+def check_isolation(
+    mode: IsolationMode,
+    header: str,
+    field: str,
+    *,
+    identity_header: str = "",
+    identity_bearer: bool = False,
+    identity_required: bool = False,
+) -> None:
     """The isolation settings either process refuses to start with."""
     try:
         check_header_name("isolation header", header, optional=True)
         check_body_field("isolation field", field, optional=True)
+        check_header_name("identity header", identity_header, optional=True)
     except (GrammarError, SettingInputError) as exc:
         raise SettingsError(str(exc)) from None
     if mode is IsolationMode.REQUIRED and not (header or field):
@@ -83,6 +96,34 @@ def check_isolation(mode: IsolationMode, header: str, field: str) -> None:
             "isolation mode Required needs an isolation header or an isolation field "
             "to carry the key; both are empty"
         )
+    by_account = bool(identity_header) or identity_bearer
+    if by_account and mode is IsolationMode.SHARED:
+        raise SettingsError(
+            "isolation by account derives salts, which isolation mode Shared never does; "
+            "set the isolation mode to PerKey or Required, or name no identity source"
+        )
+    if identity_required and not by_account:
+        raise SettingsError(
+            "identity required names no source for the account: set an identity header "
+            "or turn on the bearer-token identity"
+        )
+    if identity_header and identity_header.lower() in (header.lower(), "authorization"):
+        raise SettingsError(
+            f"the identity header {identity_header!r} cannot also be the isolation-key header "
+            "or Authorization: name the header the gateway's authentication sets"
+        )
+
+
+def check_policy_settings(settings: PolicyReader) -> None:
+    """`check_isolation` over one process' settings (both processes call it at start)."""
+    check_isolation(
+        settings.isolation_mode,
+        settings.isolation_header,
+        settings.isolation_field,
+        identity_header=settings.identity_header,
+        identity_bearer=settings.identity_bearer,
+        identity_required=settings.identity_required,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,9 +143,12 @@ class PolicySettings:
     session_header: str = ""
     session_from_user: bool = False
     usage_headers_enabled: bool = False
+    identity_header: str = DEFAULT_IDENTITY_HEADER
+    identity_bearer: bool = DEFAULT_IDENTITY_BEARER
+    identity_required: bool = DEFAULT_IDENTITY_REQUIRED
 
     def __post_init__(self) -> None:
-        check_isolation(self.isolation_mode, self.isolation_header, self.isolation_field)
+        check_policy_settings(self)
 
 
 def read_salt_key(settings: SaltKeySource) -> bytes | None:

@@ -21,9 +21,15 @@ from typing import Any
 import pytest
 
 from harness.epp.bbr import BbrProcess, chart_router_args, route_for
+from harness.operator import apply_yaml, namespaced_operator, wait_for
 from harness.pytest_cluster import Cluster, built_binary
 from promptcache.api import parse_resource
-from promptcache.contract.router import BASE_MODEL_HEADER, MAPPING_LABEL, MODEL_HEADER
+from promptcache.contract.router import (
+    BASE_MODEL_HEADER,
+    MAPPING_FINALIZER,
+    MAPPING_LABEL,
+    MODEL_HEADER,
+)
 from promptcache.render import render
 from tools import install_assets
 
@@ -53,11 +59,14 @@ def rendered(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def mapping_of(manifests: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rendered mapping ConfigMap, without the operator's finalizer: these tests apply it
+    with no operator running (which would release it) and look at the router alone."""
     (cm,) = [
         m
         for m in manifests
         if m["kind"] == "ConfigMap" and m["metadata"]["labels"].get(MAPPING_LABEL) == "true"
     ]
+    assert cm["metadata"].pop("finalizers") == [MAPPING_FINALIZER]
     return cm
 
 
@@ -153,3 +162,82 @@ def test_adapter_changes_reach_the_router_live(cluster: Cluster, world: dict[str
 
     cluster.kubectl("label", "configmap", "alpha-bbr", "-n", namespace, f"{MAPPING_LABEL}-")
     wait_base(bbr, "sql-lora", "")
+
+
+def _finalizers(cluster: Cluster, *args: str) -> list[str] | None:
+    """An object's finalizers; None when it is gone."""
+    got = cluster.kubectl("get", *args, "-o", "json", check=False)
+    if got.returncode != 0:
+        return None
+    return list(json.loads(got.stdout)["metadata"].get("finalizers") or [])
+
+
+def test_the_operator_takes_a_mapping_out_of_the_router_before_it_goes(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """The workaround for the defect above, by the operator (controller/router_map.py): a
+    mapping is unlabelled, and the router sees that, before its ConfigMap goes, whichever way
+    it goes: `routeByModel` turned off, the ConfigMap deleted by hand, the resource deleted.
+    Without it each of the three leaves the names mapped (the test above)."""
+    with namespaced_operator(cluster, "bbr-exit", tmp_path) as env:
+        ns, op = env["ns"], env["op"]
+        docs = {
+            "alpha": resource("alpha", ns, "base-a", ["sql-lora"]),
+            "beta": resource("beta", ns, "base-b", ["summary-lora"]),
+            "gamma": resource("gamma", ns, "base-c", ["chat-lora"]),
+        }
+        apply_yaml(cluster.kubectl, *docs.values())
+        args = chart_router_args(install_assets.helm_template)
+        with BbrProcess(built_binary("bbr"), tmp_path / "bbr", cluster.kubeconfig, args) as bbr:
+            bbr.wait_ready()
+            for adapter, base in (
+                ("sql-lora", "base-a"),
+                ("summary-lora", "base-b"),
+                ("chat-lora", "base-c"),
+            ):
+                wait_base(bbr, adapter, base, timeout_s=120)
+            for name in docs:
+                assert MAPPING_FINALIZER in (_finalizers(cluster, "pcd", name, "-n", ns) or [])
+                assert _finalizers(cluster, "cm", f"{name}-bbr", "-n", ns) == [MAPPING_FINALIZER]
+
+            # routeByModel off: the router forgets the names, then the ConfigMap goes and
+            # the resource no longer holds the finalizer.
+            patch = {"spec": {"gateway": {"route": {"routeByModel": False}}}}
+            cluster.kubectl(
+                "-n", ns, "patch", "pcd", "alpha", "--type=merge", "-p", json.dumps(patch)
+            )
+            wait_base(bbr, "sql-lora", "", timeout_s=60)
+            wait_for(
+                lambda: _finalizers(cluster, "cm", "alpha-bbr", "-n", ns) is None,
+                "alpha-bbr deleted",
+                operator=op,
+            )
+            wait_for(
+                lambda: (
+                    MAPPING_FINALIZER not in (_finalizers(cluster, "pcd", "alpha", "-n", ns) or [])
+                ),
+                "alpha released",
+                operator=op,
+            )
+
+            # The ConfigMap deleted by hand: held until unmapped, then made again.
+            cluster.kubectl("-n", ns, "delete", "cm", "gamma-bbr", "--wait=false")
+            wait_base(bbr, "chat-lora", "", timeout_s=60)
+            wait_base(bbr, "chat-lora", "base-c", timeout_s=60)
+
+            # The resource deleted: held until its mapping left the router, then gone.
+            cluster.kubectl("-n", ns, "delete", "pcd", "beta", "--wait=false")
+            wait_base(bbr, "summary-lora", "", timeout_s=60)
+            wait_base(bbr, "base-b", "", timeout_s=5)
+            wait_for(
+                lambda: _finalizers(cluster, "pcd", "beta", "-n", ns) is None,
+                "beta deleted",
+                operator=op,
+            )
+            wait_base(bbr, "sql-lora", "", timeout_s=5)
+            assert (
+                ask(bbr, {"model": "chat-lora", "prompt": "hi"}).set_headers.get(
+                    BASE_MODEL_HEADER.lower()
+                )
+                == "base-c"
+            ), "the other resource's mapping stays"

@@ -12,10 +12,19 @@ the pod that took the first, every time; with autoTune off (the same config othe
 fresh picker) the shared prefix is invisible and the idle pods tie, so the picks scatter.
 Twelve prompt families each: a chance pass of the first check, or a chance fail of the
 second, is 2^-12.
+
+The same pool isolates by account (`isolation.identity`, #27): through the real picker and
+the rendered policy step, two accounts sending one isolation key get two scopes by the
+engine's own cached-token counts, and neither a forged identity header at the pod nor a
+copied attestation (through the gateway or replayed at the pod) reaches an account's
+scope. The autoTune checks send no account, so it changes nothing for them.
 """
 
 from __future__ import annotations
 
+import json
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,9 +40,14 @@ from harness.epp.pool import PoolOnCluster
 from harness.epp.rendered import Rendered, render_resource
 from harness.epp.scenarios import settle_index, unique_text
 from harness.epp.traffic import for_gie
+from harness.extproc_gateway import envoy_applies
 from harness.pod import ProcessPod
 from harness.pytest_cluster import Cluster
-from promptcache.contract import PickerTarget
+from promptcache.contract import (
+    DEFAULT_ISOLATION_HEADER,
+    IDENTITY_ATTESTATION_HEADER,
+    PickerTarget,
+)
 from promptcache.render.epp_config import PREFIX_PRODUCER
 
 pytestmark = pytest.mark.cluster
@@ -45,6 +59,11 @@ SHARED_BYTES = 400
 """About 100 tokens at the picker's 4 bytes a token: 3 blocks of 32, no block of 256."""
 KV_CACHE_BYTES = 8 << 20
 """8 MiB each: 256 blocks of 32 for the tiny model; the resource caps maxModelLen to fit."""
+ACCOUNT_HEADER = "x-account-id"
+"""What the gateway's authentication sets (the test plays the gateway)."""
+KEY = DEFAULT_ISOLATION_HEADER
+PROMPT_BYTES = 800
+"""Several 32-token blocks, few enough that a pod's 256 blocks hold every prompt here."""
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +79,7 @@ def real_pool(
         gateway={"picker": "gie-v1.5"},
         engine={"maxModelLen": 4096},
         prefixCache={"autoTune": True},
+        isolation={"identity": {"header": ACCOUNT_HEADER, "bearerToken": True}},
     )
     resource["spec"]["model"]["replicas"] = 2
     resource["metadata"]["namespace"] = cluster.create_namespace("picker-real")
@@ -132,3 +152,77 @@ def test_without_autotune_the_configured_block_size_hides_the_prefix(
     """The control: the same check cannot pass by itself."""
     pool, pods = real_pool
     assert _followers(pool, pods, auto_tune=False) < FAMILIES
+
+
+def _serve(pod: ProcessPod, body: bytes, headers: list[tuple[str, str]]) -> int:
+    """POST to one pod's front what the gateway would send it; the engine's cached tokens."""
+    skip = {"host", "content-length", "transfer-encoding"}
+    req = urllib.request.Request(
+        f"{pod.url()}/v1/chat/completions",
+        data=body,
+        headers={k: v for k, v in headers if not k.startswith(":") and k not in skip},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=300) as resp:
+            answer = json.loads(resp.read())
+    except urllib.error.HTTPError as error:
+        raise AssertionError(f"{error.code}: {error.read()[:300]!r}") from None
+    return int(answer["usage"]["prompt_tokens_details"]["cached_tokens"] or 0)
+
+
+def test_accounts_are_isolated_by_the_engines_own_counts(
+    real_pool: tuple[PoolOnCluster, list[ProcessPod]],
+) -> None:
+    pool, pods = real_pool
+    by_endpoint = {f"{p.ip}:{p.ports['http']}": p for p in pods}
+    pool.start_epp(wait_scraped=False)
+    assert pool.epp is not None
+    pool.epp.wait_scraped({p.name: 0.0 for p in pods})
+    alice = {ACCOUNT_HEADER: "alice", KEY: "team"}
+    try:
+        with pool.client() as gateway:
+
+            def through(
+                text: str, headers: dict[str, str]
+            ) -> tuple[ProcessPod, bytes, list[tuple[str, str]]]:
+                pick = gateway.pick(chat_body(text, model="tiny"), headers=headers)
+                assert pick.endpoint in by_endpoint, (pick.endpoint, pick.immediate_body)
+                sent = envoy_applies(pick.sent_headers, pick.responses)
+                return by_endpoint[pick.endpoint], pick.body, sent
+
+            def alices(text: str) -> tuple[ProcessPod, bytes, list[tuple[str, str]]]:
+                """Alice sends `text` twice; her repeat hits, on the pod the picker keeps."""
+                home, body, sent = through(text, alice)
+                assert _serve(home, body, sent) == 0
+                settle_index()
+                again, body2, sent2 = through(text, alice)
+                assert again is home, "alice's repeat left the pod holding her prefix"
+                assert _serve(home, body2, sent2) > 0, "alice's repeat must hit her own scope"
+                return home, body2, sent2
+
+            # another account with the same key, on alice's very engine: nothing
+            text = unique_text(PROMPT_BYTES)
+            home, _, _ = alices(text)
+            _, bob_body, bob_sent = through(text, {ACCOUNT_HEADER: "bob", KEY: "team"})
+            assert _serve(home, bob_body, bob_sent) == 0, "bob reached alice's scope"
+            _, anon_body, anon_sent = through(text, {KEY: "team"})
+            assert _serve(home, anon_body, anon_sent) == 0, "the key alone reached alice's"
+            # a forged identity header sent straight to the pod: nothing of alice's
+            text = unique_text(PROMPT_BYTES)
+            home, body, sent = alices(text)
+            forged = [(k, v) for k, v in sent if k != IDENTITY_ATTESTATION_HEADER]
+            assert _serve(home, body, forged) == 0, "a forged identity header reached alice"
+            # her signed request replayed at the pod: nothing of alice's
+            text = unique_text(PROMPT_BYTES)
+            home, body, sent = alices(text)
+            assert _serve(home, body, sent) == 0, "a replayed attestation reached alice"
+            # her attestation copied into a request through the gateway: removed there
+            text = unique_text(PROMPT_BYTES)
+            home, body, sent = alices(text)
+            stolen = next(v for k, v in sent if k == IDENTITY_ATTESTATION_HEADER)
+            _, s_body, s_sent = through(text, {IDENTITY_ATTESTATION_HEADER: stolen, KEY: "team"})
+            assert IDENTITY_ATTESTATION_HEADER not in {k for k, _ in s_sent}
+            assert _serve(home, s_body, s_sent) == 0, "a smuggled attestation reached alice"
+    finally:
+        pool.stop_picker()

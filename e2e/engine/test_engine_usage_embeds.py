@@ -1,8 +1,9 @@
 """Usage headers and prompt embeddings through the real front, against the real engine.
 
 Usage: the `dashflow-*` headers (whole answers) and SSE comment lines (streams) must be
-exactly what vLLM's own `usage` said, on every route that carries them (completions and
-chat). Prompt embeddings: inline, by reference after an upload, and TurboQuant-compressed
+exactly what vLLM's own `usage` said, on every route that carries them (completions,
+chat, and `/invocations` dispatched to either); a route with its own usage shape gets
+none. Prompt embeddings: inline, by reference after an upload, and TurboQuant-compressed
 give the same greedy output where the payloads are the same tensor; the repeat is served
 from cache; another tenant's reference is a miss with the identifiers to re-upload.
 """
@@ -28,7 +29,14 @@ HIDDEN = 128  # the tiny model's hidden size (harness.vllm.models.TinyModel)
 
 @pytest.mark.parametrize(
     ("path", "body"),
-    [("/v1/chat/completions", chat_body), ("/v1/completions", completion_body)],
+    [
+        ("/v1/chat/completions", chat_body),
+        ("/v1/completions", completion_body),
+        # SageMaker's route: vLLM dispatches it by the body's shape, and so do the headers
+        ("/invocations", chat_body),
+        ("/invocations", completion_body),
+    ],
+    ids=["chat", "completions", "invocations-chat", "invocations-completions"],
 )
 async def test_usage_headers_equal_vllm_usage(
     path: str,
@@ -49,6 +57,24 @@ async def test_usage_headers_equal_vllm_usage(
     direct = await post(http, engine_url, path, body(prompt))
     assert direct.body["usage"]["prompt_tokens"] == usage["prompt_tokens"]
     assert PROMPT_HEADER not in direct.headers  # the engine itself sends none
+
+
+async def test_routes_with_their_own_usage_shape_get_no_usage_headers(
+    engine_pod: Any, http: aiohttp.ClientSession, fresh_prompt: Callable[[], str]
+) -> None:
+    """Anthropic messages report `input_tokens`, not OpenAI's usage: no dashflow headers
+    (docs/cache-front.md, "Usage headers")."""
+    body = {
+        "model": SERVED_NAME,
+        "max_tokens": 4,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": fresh_prompt()}],
+    }
+    answer = await post(http, engine_pod.url(), "/v1/messages", body, key="usage")
+    assert answer.status == 200, answer.raw[:300]
+    assert "input_tokens" in answer.body["usage"]
+    assert PROMPT_HEADER not in answer.headers
+    assert CACHED_HEADER not in answer.headers
 
 
 @pytest.mark.parametrize(

@@ -50,6 +50,9 @@ class UpOptions:
     dir: str | None = None
     nodes: int = 2
     gpus: int = 8
+    pods_per_node: int = 110
+    """The kubelet's default; a node's /24 podCIDR holds at most 254."""
+    cpus_per_node: int = 64
     pod_cidr: str | None = None
     gateway_crds: bool = True
     allow_build: bool = True
@@ -118,7 +121,7 @@ def process_pod_stages(pod_ready: str) -> list[str]:
     return [plain, processes]
 
 
-def node_manifest(state: State, nodes: int, gpus: int) -> str:
+def node_manifest(state: State, nodes: int, gpus: int, pods: int = 110, cpus: int = 64) -> str:
     net = ipaddress.ip_network(state.pod_cidr)
     subnets = net.subnets(new_prefix=24)
     next(subnets)  # keep x.y.0.0/24 unused: .0 addresses read as "network" to people
@@ -126,7 +129,8 @@ def node_manifest(state: State, nodes: int, gpus: int) -> str:
     for i in range(nodes):
         name = f"kwok-gpu-{i}"
         state.nodes.append(name)
-        resources = {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
+        resources = {"cpu": str(cpus), "memory": f"{8 * cpus}Gi", "pods": str(pods),
+                     "nvidia.com/gpu": str(gpus)}  # fmt: skip
         items.append(
             {
                 "apiVersion": "v1",
@@ -239,6 +243,11 @@ def up_local(opts: UpOptions, d: Path) -> State:
         "--allocate-node-cidrs=false",
         "--use-service-account-credentials=false",
         "--profiling=false",
+        # The default 20 requests/s makes a fleet of 2,000 resources (bench/operator_scale.py:
+        # 4,000 Deployments, their ReplicaSets and pods) take minutes to roll out and to
+        # garbage-collect; a real control plane's controller-manager is sized up alike.
+        "--kube-api-qps", "200", "--kube-api-burst", "400",
+        "--concurrent-deployment-syncs", "10", "--concurrent-replicaset-syncs", "10",
     ])  # fmt: skip
     procs.start("kube-scheduler", [
         str(binary_path("kube-scheduler")), *common,
@@ -274,7 +283,13 @@ def up_local(opts: UpOptions, d: Path) -> State:
     )
 
     say(f"creating {opts.nodes} fake nodes with {opts.gpus} nvidia.com/gpu each")
-    kubectl(state, "create", "-f", "-", input_=node_manifest(state, opts.nodes, opts.gpus))
+    kubectl(
+        state,
+        "create",
+        "-f",
+        "-",
+        input_=node_manifest(state, opts.nodes, opts.gpus, opts.pods_per_node, opts.cpus_per_node),
+    )
     state.save()
     procs.wait_until(
         "fake nodes Ready",
@@ -289,6 +304,17 @@ def up_local(opts: UpOptions, d: Path) -> State:
                                      check=False),
         60,
         "kube-controller-manager",
+    )  # fmt: skip
+    # A Service's ClusterIP comes from the default ServiceCIDR, which the API server creates
+    # and marks Ready shortly after it is itself ready; until then creating a Service hangs
+    # until the request times out (seen as the first reconciles' 15 s timeouts).
+    procs.wait_until(
+        "default ServiceCIDR Ready",
+        lambda: kubectl(state, "get", "servicecidr", "kubernetes", "-o",
+                        "jsonpath={.status.conditions[?(@.type=='Ready')].status}",
+                        check=False).strip() == "True",
+        60,
+        "kube-apiserver",
     )  # fmt: skip
     if state.gateway_crds:
         install_gateway_crds(state)

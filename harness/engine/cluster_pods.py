@@ -3,8 +3,9 @@
 kwok makes a pod annotated `kubelet.harness.promptcache.io/processes` Running with a pod
 IP but never Ready (e2e/localcluster/lifecycle.py). `run_on_cluster` reads that pod from
 the API server, resolves its Secrets there, runs its containers as a `ProcessPod`, and
-writes Ready / ContainersReady and each container's `ready` to the pod's status whenever
-the probes change their verdict, so the Deployment, the operator and the picker see
+writes Ready / ContainersReady and each container's `ready`, restart count and last
+termination (with its message) to the pod's status whenever the probes change their verdict
+or a container restarts, so the Deployment, the operator and the picker see
 what a real kubelet would report. `stop_on_cluster` stops it and says so (not Ready), as
 a kubelet would once the containers have gone.
 """
@@ -15,7 +16,9 @@ import base64
 import contextlib
 import json
 import os
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,8 +28,6 @@ from harness.pod import ProcessPod
 from harness.pytest_cluster import Cluster
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from harness.epp.pool import PoolOnCluster
 
 PROCESS_POD_TEMPLATE = {"metadata": {"annotations": {PROCESS_POD_ANNOTATION: "true"}}}
@@ -58,6 +59,11 @@ def _write_readiness(cluster: Cluster, namespace: str) -> Any:
                         and (c.readiness is None or c.readiness.passed),
                         "started": c.started,
                         "restartCount": c.restarts,
+                        **(
+                            {"lastState": {"terminated": c.last_terminated}}
+                            if c.last_terminated is not None
+                            else {}
+                        ),
                     }
                     for c in pod.containers
                 ],
@@ -104,6 +110,24 @@ def stop_on_cluster(cluster: Cluster, namespace: str, pod: ProcessPod) -> None:
         _write_readiness(cluster, namespace)(pod, False)
 
 
+def _running_pods(pool: PoolOnCluster, timeout_s: float = 120) -> list[dict[str, Any]]:
+    """The pool's model-server pods once kwok gave each an IP (Ready or not)."""
+    selector = ",".join(f"{k}={v}" for k, v in pool.rendered.selector.items())
+    deadline = time.monotonic() + timeout_s
+    while True:
+        items = pool.cluster.get_json("pods", "-n", pool.rendered.namespace, "-l", selector)
+        pods = [
+            p
+            for p in items["items"]
+            if p["status"].get("podIP") and not p["metadata"].get("deletionTimestamp")
+        ]
+        if len(pods) == pool.rendered.replicas:
+            return sorted(pods, key=lambda p: p["metadata"]["name"])
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{len(pods)}/{pool.rendered.replicas} pods Running")
+        time.sleep(0.3)
+
+
 def start_pool_pods(
     pool: PoolOnCluster,
     workdir: Path,
@@ -111,10 +135,15 @@ def start_pool_pods(
     say: Callable[[str], None] = print,
     ready_timeout_s: float = 900,
     first_core: int = 0,
+    reports_to: Cluster | None = None,
 ) -> list[ProcessPod]:
     """One ProcessPod per kwok pod of `pool`'s model Deployment, on its IP, with the pool's
     salt Secret (the policy step reads the same key); all started at once (each waits for
     an engine slot), then waited for.
+
+    `reports_to`: the pods are annotated to run as processes (kwok leaves them not Ready),
+    and their probes' verdict is written to that cluster, as a kubelet would, so the
+    Deployment and the operator see the engines' real readiness.
 
     Each engine's worker is bound to a core of its own, from `first_core` on (so two pools
     need not share one) (`VLLM_CPU_OMP_THREADS_BIND`: the CPU build otherwise binds every
@@ -125,7 +154,9 @@ def start_pool_pods(
     spec = pool.rendered.model_deployment["spec"]["template"]["spec"]
     cores = sorted(os.sched_getaffinity(0))
     pods = []
-    for i, obj in enumerate(pool.wait_pods()):
+    on_ready = None if reports_to is None else _write_readiness(reports_to, pool.rendered.namespace)
+    objs = pool.wait_pods() if reports_to is None else _running_pods(pool)
+    for i, obj in enumerate(objs):
         mine = json.loads(json.dumps(spec))
         for c in mine["containers"]:
             if c["name"] == "vllm":
@@ -138,7 +169,15 @@ def start_pool_pods(
                 )
         name, ip = obj["metadata"]["name"], obj["status"]["podIP"]
         pods.append(
-            ProcessPod(name, mine, ip, workdir / name, secrets_, kv_cache_bytes=kv_cache_bytes)
+            ProcessPod(
+                name,
+                mine,
+                ip,
+                workdir / name,
+                secrets_,
+                kv_cache_bytes=kv_cache_bytes,
+                on_ready=on_ready,
+            )
         )
     started = time.monotonic()
     try:
@@ -153,3 +192,154 @@ def start_pool_pods(
         raise
     say(f"{len(pods)} pods Ready after {time.monotonic() - started:.0f} s")
     return pods
+
+
+class ProcessKubelet:
+    """The kubelet for every annotated pod matching `selector` in `namespace`, as they come
+    and go: a Deployment's rollout, a scale or a deletion plays out with real processes.
+
+    Every `period_s` it lists the pods (one `kubectl get`). A new pod that kwok has given an
+    IP is started from its spec as the API server holds it (its own thread: starting waits
+    for an engine slot); a pod that is gone or being deleted is terminated as a kubelet
+    would (`ProcessPod.terminate`: preStop hooks, SIGTERM, the grace period), in its own
+    thread too, so the old pod drains while the new one serves. kwok deletes a pod object
+    at once, so here the picker sees a deleted pod leave at once; a real kubelet marks it
+    not Ready first, which the front's lame duck covers either way.
+    """
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        namespace: str,
+        selector: str,
+        workdir: Path,
+        *,
+        kv_cache_bytes: int | None = None,
+        period_s: float = 0.5,
+        say: Callable[[str], None] = print,
+    ) -> None:
+        self.cluster, self.namespace, self.selector = cluster, namespace, selector
+        self.workdir, self.kv_cache_bytes, self.period_s, self.say = (
+            workdir,
+            kv_cache_bytes,
+            period_s,
+            say,
+        )
+        self.pods: dict[str, ProcessPod] = {}
+        """Running (or starting) pods by name."""
+        self.stopping: dict[str, float] = {}
+        """When each deleted pod's stop began (`time.monotonic()`)."""
+        self.terminated: dict[str, float] = {}
+        """Pods stopped, with the seconds their termination took."""
+        self._cores = sorted(os.sched_getaffinity(0))
+        self._bound: dict[str, int] = {}
+        """The core each engine still running (starting, serving or draining) is bound to."""
+        self._binding = threading.Lock()
+        self._leaving: dict[str, bool] = {}
+        """Pods deleted and still stopping, by whether they served when deleted."""
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._loop = threading.Thread(target=self._run, name=f"kubelet-{namespace}", daemon=True)
+
+    def __enter__(self) -> ProcessKubelet:
+        self._loop.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._loop.join(timeout=30)
+        for t in self._threads:
+            t.join(timeout=300)
+        for pod in list(self.pods.values()):
+            pod.stop()
+        self.pods.clear()
+
+    def ready(self) -> list[ProcessPod]:
+        return [p for p in self.pods.values() if p.ready]
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            listed = self.cluster.kubectl(
+                "get", "pods", "-n", self.namespace, "-l", self.selector, "-o", "json", check=False
+            )
+            if listed.returncode != 0:
+                continue
+            live = {
+                p["metadata"]["name"]: p
+                for p in json.loads(listed.stdout)["items"]
+                if not p["metadata"].get("deletionTimestamp")
+            }
+            for name, obj in live.items():
+                annotated = obj["metadata"].get("annotations", {}).get(PROCESS_POD_ANNOTATION)
+                if name in self.pods or name in self.terminated or annotated != "true":
+                    continue
+                if obj["status"].get("podIP"):
+                    self._spawn(self._start, obj)
+            for name in [n for n in self.pods if n not in live]:
+                self._spawn(self._terminate, self.pods.pop(name))
+
+    def _spawn(self, target: Callable[..., None], arg: Any) -> None:
+        t = threading.Thread(target=target, args=(arg,), daemon=True)
+        self._threads.append(t)
+        t.start()
+
+    def _start(self, obj: dict[str, Any]) -> None:
+        name, ip = obj["metadata"]["name"], obj["status"]["podIP"]
+        spec = json.loads(json.dumps(obj["spec"]))
+        core = self._least_bound_core(name)
+        for c in spec["containers"]:
+            if c["name"] == "vllm":  # a machine layout: each engine on a core of its own
+                c.setdefault("env", []).append(
+                    {"name": "VLLM_CPU_OMP_THREADS_BIND", "value": str(core)}
+                )
+        write = _write_readiness(self.cluster, self.namespace)
+
+        def report(pod: ProcessPod, ready: bool) -> None:
+            with contextlib.suppress(AssertionError):  # the pod object may be gone already
+                write(pod, ready)
+
+        pod = ProcessPod(
+            name,
+            spec,
+            ip,
+            self.workdir / name,
+            _secrets(self.cluster, self.namespace),
+            kv_cache_bytes=self.kv_cache_bytes,
+            on_ready=report,
+        )
+        self.pods[name] = pod
+        self.say(f"kubelet: starting {name} on {ip}")
+        pod.start()
+
+    def _least_bound_core(self, name: str) -> int:
+        """The core fewest running engines are bound to. A new pod of a rollout starts
+        while the old one still serves (and drains): bound to the same core, the new
+        engine's start waited behind the old one's busy worker for many minutes (the CPU
+        build's worker spins while it waits for work); counting starts round-robin put
+        them together whenever the number of pods started so far said so. Engines that
+        serve count first: a pod whose engine keeps failing to start (a bad adapter) uses
+        little of its core, and the serving one beside it is what a new engine must avoid."""
+        with self._binding:
+            serving = {core: 0 for core in self._cores}
+            bound = {core: 0 for core in self._cores}
+            for pod_name, core in self._bound.items():
+                bound[core] += 1
+                pod = self.pods.get(pod_name)
+                # a Ready engine spins on its core (and goes on while it drains); one failing
+                # to start mostly waits
+                ready = pod.ready if pod is not None else self._leaving.get(pod_name, False)
+                serving[core] += 1 if ready else 0
+            core = min(self._cores, key=lambda c: (serving[c], bound[c]))
+            self._bound[name] = core
+            return core
+
+    def _terminate(self, pod: ProcessPod) -> None:
+        with self._binding:
+            self._leaving[pod.name] = pod.ready
+        self.stopping[pod.name] = time.monotonic()
+        self.say(f"kubelet: {pod.name} was deleted; stopping it")
+        self.terminated[pod.name] = pod.terminate()
+        with self._binding:
+            self._bound.pop(pod.name, None)
+            self._leaving.pop(pod.name, None)
+        self.say(f"kubelet: {pod.name} stopped in {self.terminated[pod.name]:.1f} s")

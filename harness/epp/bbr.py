@@ -92,6 +92,12 @@ class BbrProcess:
         if self._log is not None:
             self._log.close()
 
+    @property
+    def pid(self) -> int:
+        """The running process's id (for its CPU time in /proc)."""
+        assert self._proc is not None, "not started"
+        return self._proc.pid
+
     def log_tail(self, lines: int = 60) -> str:
         if self._log is not None:
             self._log.flush()
@@ -133,10 +139,29 @@ class BbrProcess:
         return ExtProcClient(f"127.0.0.1:{self.ports.grpc}", tls=self.secure)
 
 
-def _matches(match: Mapping[str, Any], path: str, headers: Mapping[str, str]) -> bool:
+@dataclass(frozen=True)
+class Routed:
+    """Where a Gateway sends a request after the router ran: the rule's backend, and the
+    request's headers after the rule's `RequestHeaderModifier` filters."""
+
+    backend: str
+    headers: dict[str, str]
+
+
+def _matches(match: Mapping[str, Any], method: str, path: str, headers: Mapping[str, str]) -> bool:
     lowered = {k.lower(): v for k, v in headers.items()}
     want_path = match.get("path", {"type": "PathPrefix", "value": "/"})
-    if want_path["type"] != "PathPrefix" or not path.startswith(want_path["value"]):
+    if want_path["type"] == "Exact":
+        if path.split("?", 1)[0] != want_path["value"]:
+            return False
+    elif want_path["type"] == "PathPrefix":
+        prefix = want_path["value"].rstrip("/")
+        bare = path.split("?", 1)[0]
+        if not (bare == prefix or bare.startswith(prefix + "/") or not prefix):
+            return False
+    else:
+        raise NotImplementedError(want_path)
+    if "method" in match and match["method"] != method:
         return False
     for header in match.get("headers", []):
         if header.get("type", "Exact") != "Exact":
@@ -146,14 +171,52 @@ def _matches(match: Mapping[str, Any], path: str, headers: Mapping[str, str]) ->
     return True
 
 
+def _precedence(match: Mapping[str, Any]) -> tuple[bool, int, bool, int]:
+    """Gateway API's order among matching rules: an exact path, then the longest prefix,
+    then a method match, then the most header matches (ties: the first route, the oldest)."""
+    path = match.get("path", {"type": "PathPrefix", "value": "/"})
+    return (path["type"] == "Exact", len(path["value"]), "method" in match,
+            len(match.get("headers", [])))  # fmt: skip
+
+
+def _modified(rule: Mapping[str, Any], headers: Mapping[str, str]) -> dict[str, str]:
+    out = dict(headers)
+    for f in rule.get("filters", []):
+        if f["type"] != "RequestHeaderModifier":
+            raise NotImplementedError(f)
+        mod = f["requestHeaderModifier"]
+        for h in mod.get("set", []):
+            out = {k: v for k, v in out.items() if k.lower() != h["name"].lower()}
+            out[h["name"]] = h["value"]
+        for name in mod.get("remove", []):
+            out = {k: v for k, v in out.items() if k.lower() != name.lower()}
+    return out
+
+
+def route(
+    routes: Sequence[Mapping[str, Any]], method: str, path: str, headers: Mapping[str, str]
+) -> Routed | None:
+    """The rule a Gateway picks among every rule of `routes` (all on one Gateway), by Gateway
+    API precedence, or None (the Gateway answers 404). Only the shapes this project renders:
+    Exact and PathPrefix paths, a method, exact headers, RequestHeaderModifier."""
+    best: tuple[tuple[bool, int, bool, int], Mapping[str, Any]] | None = None
+    for r in routes:
+        for rule in r["spec"]["rules"]:
+            for match in rule.get("matches", [{}]):
+                if _matches(match, method, path, headers) and (
+                    best is None or _precedence(match) > best[0]
+                ):
+                    best = (_precedence(match), rule)
+    if best is None:
+        return None
+    (backend,) = best[1]["backendRefs"]
+    return Routed(str(backend["name"]), _modified(best[1], headers))
+
+
 def route_for(
     routes: Sequence[Mapping[str, Any]], path: str, headers: Mapping[str, str]
 ) -> str | None:
-    """The InferencePool a Gateway sends the request to after the router ran, or None (no
-    rule matches: the Gateway answers 404). Only the shapes the renderer writes."""
-    for route in routes:
-        for rule in route["spec"]["rules"]:
-            if any(_matches(m, path, headers) for m in rule.get("matches", [{}])):
-                (backend,) = rule["backendRefs"]
-                return str(backend["name"])
-    return None
+    """The backend a Gateway sends a POST to after the router ran, or None (no rule matches:
+    the Gateway answers 404)."""
+    routed = route(routes, "POST", path, headers)
+    return None if routed is None else routed.backend

@@ -1,0 +1,492 @@
+"""Changing a live resource's LoRA adapters, and per-adapter status, on real engines.
+
+On the local control plane, the operator reconciles `alpha` (the tiny model served as
+`base-a`, one locally made adapter `sql-lora` on a hostPath volume); the real Deployment
+controller rolls its model-server pods; the harness's kubelet (`ProcessKubelet`) runs each
+pod kwok gives an IP as processes (the real cache front before a real `vllm serve`, exactly
+as the API server holds the pod) and stops each deleted pod as a kubelet would (the vllm
+container's preStop hook, SIGTERM, the grace period). The real GIE v1.5 picker of the pool
+chooses the pod of every request, as the Gateway would ask it.
+
+What must hold, read back from the real API server and from what clients received:
+
+* `status.adapters` says `Served` with the number of ready pods that serve each adapter;
+* while continuous traffic (base model and adapters, whole and streamed answers) runs, an
+  adapter is added and then removed: the Deployment rolls a new pod in and the old one
+  out, every request gets its whole answer (no 5xx, no connection error, no truncated
+  stream), some of them were in flight on the old pod as it was stopped, and the status
+  follows (the new adapter `NotOnEveryPod` with 0 ready pods, then `Served` by 1);
+* an adapter whose path holds nothing shows `AdapterNotFound`, and one whose rank is above
+  `engine.maxLoraRank` shows `RankOverLimit`, both from what vLLM said as it stopped (the
+  termination message), while the old pod goes on serving the rest;
+* with two pods and an adapter running on one of them, the picker's `lora-affinity-scorer`
+  (reading `vllm:lora_requests_info`) sends that adapter's requests to that pod, and with
+  its weight at 0 the same picker sends them to the idle pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+
+from harness.engine.cluster_pods import PROCESS_POD_TEMPLATE, ProcessKubelet
+from harness.engine.pods import engine_resource
+from harness.epp.binary import find_epp_binary, missing_reason
+from harness.epp.extproc import DESTINATION_HEADER
+from harness.epp.pool import PoolOnCluster
+from harness.epp.rendered import Rendered, deep_merge, render_resource
+from harness.operator import get_json, namespaced_operator, wait_for
+from harness.pytest_cluster import Cluster
+from harness.vllm.adapters import TinyAdapter, tiny_adapter
+from harness.vllm.server import START_TIMEOUT_S
+from promptcache.contract import DEFAULT_ISOLATION_HEADER, PickerTarget
+from promptcache.render.names import Component, Names, selector_labels
+
+pytestmark = [pytest.mark.cluster]
+
+NAME = "alpha"
+BASE = "base-a"
+MOUNT = "/adapters"
+KV_CACHE_BYTES = 8 << 20
+SQL, CHAT, BIG = TinyAdapter(seed=1), TinyAdapter(seed=2), TinyAdapter(seed=3, rank=32)
+ROLLOUT_TIMEOUT_S = START_TIMEOUT_S + 300
+"""A new engine's start on a loaded 2-core machine, plus the old pod's drain."""
+
+
+@dataclass
+class Alpha:
+    cluster: Cluster
+    ns: str
+    op: Any
+    doc: dict[str, Any]
+    kubelet: ProcessKubelet
+    pool: PoolOnCluster
+    folders: dict[str, Path]
+
+    def adapters(self, *entries: dict[str, Any], engine: dict[str, Any] | None = None) -> None:
+        """Set `model.adapters` (and `engine` fields) on the live resource."""
+        patch: dict[str, Any] = {"spec": {"model": {"adapters": list(entries)}}}
+        if engine is not None:
+            patch["spec"]["engine"] = engine
+        self.cluster.kubectl(
+            "-n", self.ns, "patch", "pcd", NAME, "--type=merge", "-p", json.dumps(patch)
+        )
+
+    def status(self) -> dict[str, dict[str, Any]]:
+        pcd = get_json(self.cluster.kubectl, "pcd", NAME, "-n", self.ns)
+        return {a["name"]: a for a in (pcd.get("status") or {}).get("adapters") or []}
+
+    def wait_adapters(self, want: dict[str, tuple[str, int]], what: str) -> None:
+        """Until status.adapters is exactly `want` (name -> (reason, readyReplicas))."""
+
+        def seen() -> bool:
+            got = {
+                n: (a.get("reason"), a.get("readyReplicas", 0)) for n, a in self.status().items()
+            }
+            return got == want
+
+        wait_for(seen, f"{what}: status.adapters {want}", ROLLOUT_TIMEOUT_S, operator=self.op)
+
+    def entry(self, name: str, folder: str | None = None, **extra: Any) -> dict[str, Any]:
+        """An adapter named `name` on the folder made for `folder` (default: for `name`)."""
+        return {"name": name, "path": f"{MOUNT}/{self.folders[folder or name].name}", **extra}
+
+
+@pytest.fixture(scope="module")
+def alpha(
+    cluster: Cluster, engine_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Alpha]:
+    if find_epp_binary(PickerTarget.GIE) is None:  # `e2e/cluster build` builds it: never skip
+        pytest.fail(missing_reason(PickerTarget.GIE))
+    workdir = tmp_path_factory.mktemp("adapters")
+    folders = {
+        "sql-lora": tiny_adapter(engine_model, SQL),
+        "chat-lora": tiny_adapter(engine_model, CHAT),
+        "big-lora": tiny_adapter(engine_model, BIG),
+    }
+    root = folders["sql-lora"].parent
+    assert all(f.parent == root for f in folders.values())
+    (root / "empty").mkdir(exist_ok=True)  # a directory that holds no adapter
+    folders["empty"] = root / "empty"
+    first = {"name": "sql-lora", "path": f"{MOUNT}/{folders['sql-lora'].name}"}
+    with namespaced_operator(cluster, "adapters", workdir) as env:
+        ns, op = env["ns"], env["op"]
+        doc = engine_resource(
+            engine_model, name=NAME, engine={"maxModelLen": 2048}, gateway={"picker": "gie-v1.5"}
+        )
+        doc["metadata"]["namespace"] = ns
+        deep_merge(
+            doc["spec"],
+            {
+                "model": {
+                    "servedModelName": BASE,
+                    "adapters": [first],
+                    "podTemplate": {
+                        **PROCESS_POD_TEMPLATE,
+                        "spec": {
+                            "volumes": [{"name": "adapters", "hostPath": {"path": str(root)}}],
+                            "containers": [
+                                {
+                                    "name": "vllm",
+                                    "volumeMounts": [
+                                        {"name": "adapters", "mountPath": MOUNT, "readOnly": True}
+                                    ],
+                                }
+                            ],
+                        },
+                    },
+                }
+            },
+        )
+        cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
+        names = Names(instance=NAME, namespace=ns)
+        selector = ",".join(
+            f"{k}={v}" for k, v in selector_labels(names, Component.MODEL_SERVER).items()
+        )
+        pool = PoolOnCluster(cluster, Rendered(render_resource(doc)), workdir / "pool")
+        with ProcessKubelet(
+            cluster, ns, selector, workdir / "pods", kv_cache_bytes=KV_CACHE_BYTES
+        ) as kubelet:
+            found = Alpha(cluster, ns, op, doc, kubelet, pool, folders)
+            found.wait_adapters({"sql-lora": ("Served", 1)}, "the first pod")
+            # The picker alone chooses (the policy step would only add the tenant's prefix
+            # affinity, which this test does not look at).
+            pool.start_epp(wait_scraped=False, with_policy_step=False)
+            try:
+                yield found
+            finally:
+                pool.stop_picker()
+
+
+# --- the clients ----------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    model: str
+    stream: bool
+    endpoint: str
+    started: float
+    ended: float
+    status: int
+    whole: bool
+    detail: str = ""
+
+
+def _whole(stream: bool, raw: str) -> tuple[bool, str]:
+    """Whether an answer is complete: a JSON body with a finish reason, or an event stream
+    whose last choice has one and that ends with `[DONE]`."""
+    if not stream:
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return False, raw[:200]
+        choices = body.get("choices") or [{}]
+        return choices[0].get("finish_reason") == "length", ""
+    lines = [ln[6:] for ln in raw.splitlines() if ln.startswith("data: ")]
+    if not lines or lines[-1].strip() != "[DONE]":
+        return False, raw[-200:]
+    finished = [
+        c.get("finish_reason")
+        for ev in lines[:-1]
+        for c in (json.loads(ev).get("choices") or [])
+        if c.get("finish_reason")
+    ]
+    return finished == ["length"], ""
+
+
+class Traffic:
+    """Clients that keep asking through the picker until stopped, and what they got."""
+
+    def __init__(self, pool: PoolOnCluster, models: list[str], clients: int = 3) -> None:
+        self.pool, self.models, self.clients = pool, models, clients
+        self.outcomes: list[Outcome] = []
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def _pick(self, raw: bytes, headers: dict[str, str]) -> tuple[str, dict[str, str]]:
+        with self.pool.client() as picker:
+            picked = picker.pick(raw, headers=headers, path="/v1/completions")
+        assert picked.immediate_status is None, picked
+        assert picked.endpoint is not None, picked
+        extra = {
+            k: v
+            for k, v in picked.set_headers.items()
+            if not k.startswith(":") and k not in ("content-length", DESTINATION_HEADER)
+        }
+        return picked.endpoint, extra
+
+    async def request(
+        self,
+        http: aiohttp.ClientSession,
+        model: str,
+        stream: bool,
+        key: str,
+        *,
+        endpoint: str | None = None,
+        max_tokens: int = 40,
+    ) -> None:
+        """One request, to the pod the picker picks (or to `endpoint`), recorded."""
+        body = {
+            "model": model,
+            "prompt": f"{key} request {len(self.outcomes)}: the adapters change while we talk",
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "temperature": 0,
+            "stream": stream,
+        }
+        raw = json.dumps(body).encode()
+        headers = {"content-type": "application/json", DEFAULT_ISOLATION_HEADER: key}
+        started = time.monotonic()
+        if endpoint is None:
+            target, extra = await asyncio.to_thread(self._pick, raw, headers)
+            headers.update(extra)
+        else:
+            target = endpoint
+        try:
+            async with http.post(
+                f"http://{target}/v1/completions", data=raw, headers=headers
+            ) as resp:
+                text = await resp.text()
+                whole, detail = _whole(stream, text) if resp.status == 200 else (False, text)
+                status = resp.status
+        except aiohttp.ClientError as error:
+            status, whole, detail = 0, False, repr(error)
+        self.outcomes.append(
+            Outcome(model, stream, target, started, time.monotonic(), status, whole, detail)
+        )
+
+    async def _client(self, http: aiohttp.ClientSession, n: int) -> None:
+        i = 0
+        while not self._stop.is_set():
+            model = self.models[(n + i) % len(self.models)]
+            await self.request(http, model, (n + i) % 2 == 0, f"t{n}")
+            i += 1
+
+    async def pinned(
+        self, http: aiohttp.ClientSession, alpha: Alpha, pod: str, endpoint: str
+    ) -> None:
+        """Long streams on one pod, one after another, until the kubelet begins to stop it:
+        what a Gateway that picked the pod a moment ago sends. (The picker's own choices
+        go to the idle new pod as soon as it is Ready; these make sure requests are in
+        flight on the old one when it stops, on a fast machine too.)"""
+        while pod not in alpha.kubelet.stopping:
+            await self.request(http, BASE, True, "pinned", endpoint=endpoint, max_tokens=300)
+
+    def start(self, http: aiohttp.ClientSession) -> None:
+        self._tasks = [asyncio.create_task(self._client(http, n)) for n in range(self.clients)]
+
+    async def stop(self) -> list[Outcome]:
+        self._stop.set()
+        await asyncio.gather(*self._tasks)
+        return self.outcomes
+
+    def failures(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.status != 200 or not o.whole]
+
+
+async def _wait(cond: Any, what: str, alpha: Alpha) -> None:
+    """`wait_for` off the event loop, so the clients keep running."""
+    await asyncio.to_thread(wait_for, cond, what, ROLLOUT_TIMEOUT_S, operator=alpha.op)
+
+
+def _pod_endpoints(alpha: Alpha) -> dict[str, str]:
+    return {name: f"{pod.ip}:{pod.ports['http']}" for name, pod in alpha.kubelet.pods.items()}
+
+
+async def _roll(
+    alpha: Alpha, traffic: Traffic, http: aiohttp.ClientSession, change: Any, what: str
+) -> tuple[str, float]:
+    """Apply `change`, then wait until the old pod was replaced and has stopped; returns the
+    old pod's endpoint and when its stop began (monotonic)."""
+    (old,) = alpha.kubelet.pods
+    old_endpoint = _pod_endpoints(alpha)[old]
+    pinned = asyncio.create_task(traffic.pinned(http, alpha, old, old_endpoint))
+    change()
+    await _wait(lambda: old in alpha.kubelet.terminated, f"{what}: the old pod stopped", alpha)
+    await pinned
+    (new,) = alpha.kubelet.pods
+    assert alpha.kubelet.pods[new].ready
+    return old_endpoint, alpha.kubelet.stopping[old]
+
+
+async def test_adding_and_removing_an_adapter_drops_no_request(alpha: Alpha) -> None:
+    assert alpha.status()["sql-lora"]["reason"] == "Served"
+    traffic = Traffic(alpha.pool, [BASE, "sql-lora"])
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as http:
+        traffic.start(http)
+        await _wait(lambda: len(traffic.outcomes) >= 6, "traffic before the change", alpha)
+
+        # Add chat-lora: a new pod, the old one drained; the status read all along.
+        seen: list[tuple[str, int]] = []
+
+        def watch_chat() -> bool:
+            entry = alpha.status().get("chat-lora")
+            if entry is not None and (entry["reason"], entry.get("readyReplicas", 0)) not in seen:
+                seen.append((entry["reason"], entry.get("readyReplicas", 0)))
+            return entry is not None and entry["reason"] == "Served"
+
+        watching = asyncio.create_task(_wait(watch_chat, "chat-lora Served", alpha))
+        old, stopped_at = await _roll(
+            alpha,
+            traffic,
+            http,
+            lambda: alpha.adapters(alpha.entry("sql-lora"), alpha.entry("chat-lora")),
+            "adding chat-lora",
+        )
+        stops = [(old, stopped_at)]
+        await watching
+        assert seen[0] == ("NotOnEveryPod", 0), seen
+        assert seen[-1] == ("Served", 1), seen
+        assert alpha.status()["chat-lora"]["readyReplicas"] == 1
+        on_old = [o for o in traffic.outcomes if o.endpoint == old]
+        assert any(o.started < stopped_at < o.ended for o in on_old), (
+            "no request was in flight on the old pod as it was stopped: the test proved nothing"
+        )
+        traffic.models.append("chat-lora")
+        count = len(traffic.outcomes)
+        await _wait(lambda: len(traffic.outcomes) >= count + 6, "traffic with chat-lora", alpha)
+
+        # Remove it again: clients stop asking for it first, as they would.
+        traffic.models.remove("chat-lora")
+        await asyncio.sleep(2)
+        stops.append(
+            await _roll(
+                alpha,
+                traffic,
+                http,
+                lambda: alpha.adapters(alpha.entry("sql-lora")),
+                "removing chat-lora",
+            )
+        )
+        await _wait(lambda: "chat-lora" not in alpha.status(), "chat-lora gone from status", alpha)
+        count = len(traffic.outcomes)
+        await _wait(lambda: len(traffic.outcomes) >= count + 4, "traffic after removal", alpha)
+        outcomes = await traffic.stop()
+    assert not traffic.failures(), traffic.failures()[:5]
+    in_flight = [
+        sum(1 for o in outcomes if o.endpoint == endpoint and o.started < at < o.ended)
+        for endpoint, at in stops
+    ]
+    print(
+        f"\n{len(outcomes)} requests ({sum(o.stream for o in outcomes)} streamed), all whole; "
+        f"in flight on the old pod as it stopped: {in_flight}; pod stops took "
+        f"{[round(t, 1) for t in alpha.kubelet.terminated.values()]} s"
+    )
+    assert all(in_flight), f"a roll with no request in flight on the old pod: {in_flight}"
+    assert {o.model for o in outcomes} >= {BASE, "sql-lora", "chat-lora"}
+    assert {o.stream for o in outcomes} == {True, False}
+    assert alpha.status() == {
+        "sql-lora": {
+            "name": "sql-lora",
+            "readyReplicas": 1,
+            "reason": "Served",
+            "message": "served by 1 ready pod(s)",
+        }
+    }
+
+
+async def test_a_bad_adapter_is_named_in_status_while_the_old_pod_serves(alpha: Alpha) -> None:
+    """A path with no adapter, then a rank above the limit: the new pod's engine stops, the
+    status names the adapter and why, and the old pod answers everything meanwhile."""
+    traffic = Traffic(alpha.pool, [BASE, "sql-lora"], clients=2)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as http:
+        traffic.start(http)
+        alpha.adapters(alpha.entry("sql-lora"), alpha.entry("gone", folder="empty"))
+        await asyncio.to_thread(
+            alpha.wait_adapters,
+            {"sql-lora": ("Served", 1), "gone": ("AdapterNotFound", 0)},
+            "a path without an adapter",
+        )
+        gone = alpha.status()["gone"]["message"]
+        assert "No adapter found" in gone, gone
+        assert "model.adapters[].path" in gone, gone
+
+        alpha.adapters(
+            alpha.entry("sql-lora", rank=8), alpha.entry("big-lora"), engine={"maxLoraRank": 8}
+        )
+        await asyncio.to_thread(
+            alpha.wait_adapters,
+            {"sql-lora": ("Served", 1), "big-lora": ("RankOverLimit", 0)},
+            "a rank above the limit",
+        )
+        big = alpha.status()["big-lora"]["message"]
+        assert "rank 32" in big, big
+        assert "engine.maxLoraRank to at least 32" in big, big
+
+        alpha.adapters(alpha.entry("sql-lora"), engine={"maxLoraRank": None})
+        await asyncio.to_thread(alpha.wait_adapters, {"sql-lora": ("Served", 1)}, "reverted")
+        outcomes = await traffic.stop()
+    assert outcomes
+    assert not traffic.failures(), traffic.failures()[:5]
+
+
+async def _long_stream(http: aiohttp.ClientSession, url: str, model: str) -> str:
+    body = {
+        "model": model,
+        "prompt": "a long answer keeps this adapter running on one pod",
+        "max_tokens": 1500,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+    }
+    headers = {DEFAULT_ISOLATION_HEADER: "busy"}
+    async with http.post(f"{url}/v1/completions", json=body, headers=headers) as resp:
+        assert resp.status == 200, await resp.text()
+        return await resp.text()
+
+
+async def _picks(alpha: Alpha, model: str, n: int) -> list[str]:
+    traffic = Traffic(alpha.pool, [model])
+    out = []
+    for i in range(n):
+        raw = json.dumps({"model": model, "prompt": f"which pod {i}?", "max_tokens": 1}).encode()
+        headers = {"content-type": "application/json", DEFAULT_ISOLATION_HEADER: f"ask{i}"}
+        endpoint, _ = await asyncio.to_thread(traffic._pick, raw, headers)
+        out.append(endpoint)
+        await asyncio.sleep(0.2)
+    return out
+
+
+async def test_the_picker_sends_an_adapter_to_the_pod_that_runs_it(alpha: Alpha) -> None:
+    """GIE's `lora-affinity-scorer` on `vllm:lora_requests_info`: with two pods and
+    `sql-lora` running on one of them (a long stream sent there directly), the picker sends
+    new `sql-lora` requests to that pod, although it is the busier one; with the scorer's
+    weight at 0 the same picker sends them to the idle pod (the load scorers' choice). So
+    the choice is the scorer's, read from the engine's metric."""
+    patch = {"spec": {"model": {"replicas": 2}, "prefixCache": {"weights": {"loraAffinity": 4}}}}
+    alpha.cluster.kubectl(
+        "-n", alpha.ns, "patch", "pcd", NAME, "--type=merge", "-p", json.dumps(patch)
+    )
+    await _wait(lambda: len(alpha.kubelet.ready()) == 2, "two ready pods", alpha)
+    busy, idle = sorted(alpha.kubelet.ready(), key=lambda p: p.name)
+    endpoints = {p.name: f"{p.ip}:{p.ports['http']}" for p in (busy, idle)}
+
+    async def choices(weight: float) -> list[str]:
+        doc = json.loads(json.dumps(alpha.doc))
+        deep_merge(doc["spec"], patch["spec"])
+        doc["spec"]["prefixCache"]["weights"]["loraAffinity"] = weight
+        alpha.pool.start_epp(
+            config_text=Rendered(render_resource(doc)).epp_config_text,
+            wait_scraped=False,
+            with_policy_step=False,
+        )
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
+            running = asyncio.create_task(_long_stream(http, busy.url(), "sql-lora"))
+            await asyncio.sleep(3)  # the stream is running and the picker has scraped it
+            picked = await _picks(alpha, "sql-lora", 6)
+            assert not running.done(), "the long stream ended before the picks: no proof"
+            await running
+        return picked
+
+    assert await choices(4) == [endpoints[busy.name]] * 6, "affinity: where it runs"
+    assert await choices(0) == [endpoints[idle.name]] * 6, "no affinity: the idle pod"

@@ -12,12 +12,19 @@ from harness.engine.pods import rendered_pod_spec
 def test_front_overhead_real_mode_measures_1_8_and_64_in_one_run() -> None:
     args = front_overhead.parse_args(["--engine", "real"])
     plan = front_overhead.real_plan(args)
-    assert [c for c, _ in plan.points] == [1, 8, 64]
+    assert plan.concurrencies == (1, 8, 64)
     assert plan.streams == (False, True)
-    assert all(n // plan.rounds > 0 for _, n in plan.points)
+    assert plan.pairs > 0
+    assert plan.rounds > 1
+    assert plan.window_s > 0
+    assert plan.relay
+    # every connection a point uses is opened before it is measured
+    assert all(plan.warm(c) >= c for c in plan.concurrencies)
     quick = front_overhead.real_plan(front_overhead.parse_args(["--engine", "real", "--quick"]))
     assert quick.streams == (False,)
-    assert sum(n for _, n in quick.points) < sum(n for _, n in plan.points)
+    assert quick.pairs * quick.rounds * quick.window_s < plan.pairs * plan.rounds * plan.window_s
+    bare = front_overhead.parse_args(["--engine", "real", "--no-relay"])
+    assert not front_overhead.real_plan(bare).relay
 
 
 def test_front_overhead_standin_mode_keeps_its_defaults() -> None:

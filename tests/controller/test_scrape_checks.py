@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from promptcache.controller import scrape
 from promptcache.controller.checks import gpu_shortfall
 from promptcache.controller.kube import RequestCounter, by_kind
 from promptcache.controller.scrape import (
@@ -11,6 +14,7 @@ from promptcache.controller.scrape import (
     aggregate,
     parse_metrics,
     ready_pod_ips,
+    relevant_lines,
 )
 
 VLLM_TEXT = """\
@@ -31,6 +35,23 @@ vllm:prefix_cache_hits_total{engine="1",model_name="m"} 250.0
 def test_parse_vllm_metrics() -> None:
     pod = parse_metrics(VLLM_TEXT)
     assert (pod.block_size, pod.num_gpu_blocks, pod.hits, pod.queries) == (16, 2048, 750, 2000)
+
+
+def test_only_the_three_metrics_are_parsed_and_nothing_else_changes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A real page has hundreds of histogram lines: they are skipped before parsing, and
+    the result equals parsing the page whole."""
+    noise = "".join(
+        f'vllm:e2e_request_latency_seconds_bucket{{le="{i}",model_name="m"}} {i}.0\n'
+        f"# HELP vllm:x_{i} noise\n# TYPE vllm:x_{i} gauge\nvllm:x_{i} {i}\n"
+        for i in range(300)
+    )
+    page = noise + VLLM_TEXT + noise
+    filtered = parse_metrics(page)
+    assert relevant_lines(page).count("\n") == 5  # the five samples, no help or type line
+    monkeypatch.setattr(scrape, "relevant_lines", lambda text: text)  # parse the page whole
+    assert filtered == parse_metrics(page) == parse_metrics(VLLM_TEXT)
 
 
 def test_aggregate_over_pods() -> None:

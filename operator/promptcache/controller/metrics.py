@@ -59,6 +59,46 @@ class OperatorMetrics:
             ["resource"],
             registry=r,
         )
+        self.throttles = Counter(
+            "promptcache_api_throttled",
+            "429 answers from the API server, each waited out for its Retry-After.",
+            registry=r,
+        )
+        self.throttle_wait = Counter(
+            "promptcache_api_throttle_wait_seconds",
+            "Seconds the Retry-After of those 429s asked for (before jitter).",
+            registry=r,
+        )
+        self.watch_errors = Counter(
+            "promptcache_watch_errors",
+            "Failed lists or watches of the informers, by error.",
+            ["reason"],
+            registry=r,
+        )
+        self.cache_objects = Gauge(
+            "promptcache_cache_objects",
+            "Objects held by the informers, by kind (as of the last full resync).",
+            ["kind"],
+            registry=r,
+        )
+        self.cache_bytes = Gauge(
+            "promptcache_cache_bytes",
+            "Bytes of compact JSON the informers hold, by kind (as of the last full resync).",
+            ["kind"],
+            registry=r,
+        )
+        self.scrapes = Counter(
+            "promptcache_pod_scrapes",
+            "Model-server pod /metrics scrapes, by result (ok, failed).",
+            ["result"],
+            registry=r,
+        )
+        self.scrape_duration = Histogram(
+            "promptcache_scrape_duration_seconds",
+            "Wall time of one resource's pod scrapes (all its ready pods).",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=r,
+        )
         self.leader = Gauge(
             "promptcache_leader", "1 while this replica holds the leader Lease.", registry=r
         )
@@ -91,6 +131,10 @@ class OperatorMetrics:
         for gauge in (self.model_server_desired, self.model_server_ready):
             with contextlib.suppress(KeyError):
                 gauge.remove(namespace, name)
+
+    def throttled(self, wait_s: float) -> None:
+        self.throttles.inc()
+        self.throttle_wait.inc(wait_s)
 
     def count_request(self, verb: str, path: str) -> None:
         self.api_requests.labels(verb).inc()

@@ -1,12 +1,14 @@
 """The periodic resync: level-triggered, independent of any watch, no finalizer.
 
-Every `period_s` the resyncer LISTs the PromptCacheDeployments it serves and
-reconciles each (drift, status, metrics scrape); a poke (one of a resource's
-Deployments changed) reconciles that one resource after a short debounce. It
-is one task for all resources, not a kopf daemon per resource: kopf gives every
-object with a daemon a finalizer, which would block deletion (and namespace
-deletion) whenever the operator is down, and cost a write per resource. Listing
-also makes the operator converge even if a watch event was ever missed.
+Every `period_s` the resyncer reconciles every PromptCacheDeployment it serves
+(drift, status, metrics scrape), reading them from the resource informer
+(`cache.py`: one LIST, then a WATCH that resumes from its resourceVersion, so no
+event is missed and no request is sent per period); a poke (one of a resource's
+Deployments changed, or any of its children was deleted) reconciles that one
+resource after a short debounce. It is one task for all resources, not a kopf
+daemon per resource: kopf gives every object with a daemon a finalizer, which
+would block deletion (and namespace deletion) whenever the operator is down, and
+cost a write per resource.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from typing import Any
 
 from promptcache.controller.errors import ApiError
 from promptcache.controller.kube import by_kind
-from promptcache.controller.reconcile import Outcome, Reconciler
+from promptcache.controller.reconcile import Reconciler
+from promptcache.controller.scope import Outcome
 
 log = logging.getLogger(__name__)
 PCD = by_kind("PromptCacheDeployment")
@@ -30,14 +33,12 @@ class Resyncer:
         self,
         reconciler: Reconciler,
         *,
-        namespaces: tuple[str, ...],
         period_s: float,
         debounce_s: float = 1.0,
         concurrency: int = 8,
         on_outcome: Callable[[Mapping[str, Any], Outcome], Awaitable[None]] | None = None,
     ) -> None:
         self.reconciler = reconciler
-        self.namespaces = namespaces
         self.period_s = period_s
         self.debounce_s = debounce_s
         self.on_outcome = on_outcome
@@ -50,14 +51,18 @@ class Resyncer:
         self._poked.add((namespace, name))
         self._wake.set()
 
+    def requeue(self, body: Mapping[str, Any], outcome: Outcome) -> None:
+        """Poke the resource again when its reconcile asked to be run again soon."""
+        if outcome.requeue_after_s is None:
+            return
+        meta = body.get("metadata", {})
+        asyncio.get_running_loop().call_later(
+            outcome.requeue_after_s, self.poke, str(meta.get("namespace")), str(meta.get("name"))
+        )
+
     async def _list(self) -> list[dict[str, Any]]:
-        kube = self.reconciler.kube
-        if not self.namespaces:
-            return await kube.list(PCD)
-        found: list[dict[str, Any]] = []
-        for namespace in self.namespaces:
-            found += await kube.list(PCD, namespace)
-        return found
+        informer = await self.reconciler.caches.synced(PCD)
+        return list(informer.items())
 
     async def _one(self, body: dict[str, Any]) -> None:
         meta = body.get("metadata", {})
@@ -76,6 +81,7 @@ class Resyncer:
         if key in self._failing:
             log.info("resync of %s recovered", key)
             self._failing.discard(key)
+        self.requeue(body, outcome)
         if self.on_outcome is not None:
             await self.on_outcome(body, outcome)
 
@@ -104,9 +110,13 @@ class Resyncer:
                     self._poked.clear()
                     bodies = await self._list()
                     self.reconciler.metrics.managed.set(len(bodies))
+                    for kind, (count, size) in self.reconciler.caches.sizes().items():
+                        self.reconciler.metrics.cache_objects.labels(kind).set(count)
+                        self.reconciler.metrics.cache_bytes.labels(kind).set(size)
                 else:
                     keys, self._poked = self._poked, set()
-                    fetched = [await self.reconciler.kube.get(PCD, ns, name) for ns, name in keys]
+                    informer = await self.reconciler.caches.synced(PCD)
+                    fetched = [informer.get(ns, name) for ns, name in sorted(keys)]
                     bodies = [b for b in fetched if b is not None]
             except (ApiError, OSError) as error:
                 log.warning("listing PromptCacheDeployments failed: %s", error)

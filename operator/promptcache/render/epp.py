@@ -34,6 +34,7 @@ from promptcache.render.epp_config import (
     needs_experimental_plugins,
     picker_of,
 )
+from promptcache.render.epp_sizing import picker_millicores, step_millicores, step_workers
 from promptcache.render.front import SALT_VOLUME, front_env, salt_secret, salt_volume
 from promptcache.render.names import Component, Names, metadata, selector_labels
 from promptcache.render.overlay import apply_pod_template
@@ -131,13 +132,23 @@ _ISOLATION_ENV: Final[frozenset[str]] = frozenset(
 )
 
 
+GATEWAY_POLICY_RUNTIME_BYTES: Final[int] = 128 * 1024**2
+"""Memory one step process needs besides the bodies it holds: the interpreter, gRPC and its
+decide workers' interpreters (bench/gateway_hop.py and bench/hostile_load.py measure it)."""
+GATEWAY_POLICY_TMP_VOLUME: Final[str] = "gateway-policy-tmp"
+"""Where several workers' counters are summed (prometheus_client's multiprocess files)."""
+
+
 def _policy_body_limits(pcd: PromptCacheDeployment) -> tuple[int, int]:
     """(per request, all requests): the front's own limit, so the step refuses with 413
     only what the front would; all requests together hold at least the default budget and
-    `GATEWAY_POLICY_BUDGET_PER_MAX_BODY` largest bodies (one stalled body never holds all of it)."""
+    `GATEWAY_POLICY_BUDGET_PER_MAX_BODY` largest bodies (one stalled body never holds all of
+    it), and each worker's equal share at least one largest body."""
     per_request = pcd.spec.front.max_request_bytes
     return per_request, max(
-        DEFAULT_GATEWAY_POLICY_MAX_BUFFERED_BYTES, GATEWAY_POLICY_BUDGET_PER_MAX_BODY * per_request
+        DEFAULT_GATEWAY_POLICY_MAX_BUFFERED_BYTES,
+        GATEWAY_POLICY_BUDGET_PER_MAX_BODY * per_request,
+        step_workers(pcd) * per_request,
     )
 
 
@@ -149,9 +160,11 @@ def gateway_policy_container(
     It owns the `grpc` port the Service targets and relays to the picker on the pod's
     loopback in plain gRPC. It mounts the front's salt Secret and gets the front's isolation
     settings, so it derives the very salt the front derives. Its memory limit covers the
-    bodies it may hold (parsed and copied once) plus the runtime."""
+    bodies it may hold (parsed and copied once) plus each worker process's runtime; its CPU
+    and its workers follow `gateway.sizing` (`epp_sizing`)."""
     session = pcd.spec.session_affinity
     per_request, budget = _policy_body_limits(pcd)
+    workers = step_workers(pcd)
     names_sessions = session.enabled and picker_of(pcd) is PickerTarget.LLM_D_ROUTER
     env = {
         GatewayPolicyEnv.LISTEN: DEFAULT_GATEWAY_POLICY_LISTEN,
@@ -164,12 +177,15 @@ def gateway_policy_container(
         # the front's own body timeout: a body too slow for the front is refused here first
         GatewayPolicyEnv.BODY_TIMEOUT_SECONDS: format_float(pcd.spec.front.body_timeout_seconds),
         GatewayPolicyEnv.METRICS_LISTEN: DEFAULT_GATEWAY_POLICY_METRICS_LISTEN,
+        GatewayPolicyEnv.WORKERS: str(workers),
         # The front's own isolation variables, with the very values the front gets.
         **{k: v for k, v in front_env(pcd, names).items() if k in _ISOLATION_ENV},
     }
     mounts: list[dict[str, Any]] = []
     if salt_secret(pcd, names) is not None:
         mounts.append({"name": SALT_VOLUME, "mountPath": SALT_KEY_MOUNT_DIR, "readOnly": True})
+    if workers > 1:
+        mounts.append({"name": GATEWAY_POLICY_TMP_VOLUME, "mountPath": "/tmp"})
     tcp = {"tcpSocket": {"port": "grpc"}}
     container: dict[str, Any] = {
         "name": GATEWAY_POLICY_CONTAINER,
@@ -188,9 +204,12 @@ def gateway_policy_container(
         "livenessProbe": {**tcp, "initialDelaySeconds": 5, "periodSeconds": 10},
         "readinessProbe": {**tcp, "periodSeconds": 2},
         "resources": {
-            "requests": {"cpu": "100m", "memory": "128Mi"},
+            "requests": {
+                "cpu": f"{step_millicores(pcd)}m",
+                "memory": mebibytes(workers * GATEWAY_POLICY_RUNTIME_BYTES),
+            },
             # the budget charges bodies, their parse and re-encoding; the rest is runtime
-            "limits": {"memory": mebibytes(2 * budget + 128 * 1024**2)},
+            "limits": {"memory": mebibytes(2 * budget + workers * GATEWAY_POLICY_RUNTIME_BYTES)},
         },
         "securityContext": container_security_context(),
     }
@@ -226,7 +245,11 @@ def epp_deployment(
         ],
         "livenessProbe": {**_probe(liveness, 10), "initialDelaySeconds": 5},
         "readinessProbe": _probe(readiness, 2),
-        "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+        # CPU from `gateway.sizing`; memory is the prefix index's, not the rate's
+        "resources": {
+            "requests": {"cpu": f"{picker_millicores(pcd)}m", "memory": "512Mi"},
+            "limits": {"memory": "2Gi"},
+        },
         "securityContext": container_security_context(),
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
     }
@@ -234,6 +257,9 @@ def epp_deployment(
     salt = salt_volume(pcd, names) if shim else None
     if salt is not None:
         volumes.append(salt)
+    if shim and step_workers(pcd) > 1:
+        tmp = {"medium": "Memory", "sizeLimit": "16Mi"}
+        volumes.append({"name": GATEWAY_POLICY_TMP_VOLUME, "emptyDir": tmp})
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

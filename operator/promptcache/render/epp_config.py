@@ -14,8 +14,9 @@ from __future__ import annotations
 from typing import Any, Final
 
 from promptcache.api import PromptCacheDeployment
-from promptcache.contract import DEFAULT_PICKER
+from promptcache.contract import DEFAULT_PICKER, SERVING_PORT
 from promptcache.contract import PickerTarget as Picker
+from promptcache.render.names import names_of
 from promptcache.render.picker import PickerTarget, picker_target
 from promptcache.yamlio import dump
 
@@ -35,6 +36,13 @@ LORA_SCORER: Final[str] = "lora-affinity-scorer"
 metric by default and the plugin takes no parameters: GIE v1.5.0 and llm-d-router v0.10.0
 `scorer/loraaffinity`)."""
 SESSION_FILTER: Final[str] = "session-affinity-filter"
+AFFINITY_FILTER: Final[str] = "prefix-cache-affinity-filter"
+"""Keeps only pods whose prefix match reaches a threshold (GIE v1.5.0
+`filter/prefixcacheaffinity`: `affinityThreshold`, `explorationProbability`,
+`maxTTFTPenaltyMs`; llm-d-router the same plugin)."""
+TOKEN_PRODUCER: Final[str] = "token-producer"  # noqa: S105 - a plugin type
+"""llm-d-router's producer of the tokens the prefix producer hashes (`estimate` unless a
+`vllm` render backend is named)."""
 PICKER: Final[str] = "max-score-picker"
 PROFILE_HANDLER: Final[str] = "single-profile-handler"
 PROFILE: Final[str] = "default"
@@ -91,6 +99,7 @@ def endpoint_picker_config(pcd: PromptCacheDeployment) -> dict[str, Any]:
     adapters = bool(pcd.spec.model.adapters)
     if adapters:
         plugins.append({"type": LORA_SCORER})
+    plugins += _token_producer(pcd)
     profile: list[dict[str, Any]] = []
     # GIE has no session plugin: the API refuses sessionAffinity there (api/rules.py).
     if session.enabled and picker_of(pcd) is Picker.LLM_D_ROUTER:
@@ -107,6 +116,18 @@ def endpoint_picker_config(pcd: PromptCacheDeployment) -> dict[str, Any]:
             }
         )
         profile.append({"pluginRef": SESSION_FILTER})
+    affinity = prefix.affinity_filter
+    if affinity.enabled:
+        plugins.append(
+            {
+                "type": AFFINITY_FILTER,
+                "parameters": {
+                    "affinityThreshold": affinity.threshold,
+                    "explorationProbability": affinity.exploration_probability,
+                },
+            }
+        )
+        profile.append({"pluginRef": AFFINITY_FILTER})
     for ref, weight in (
         (PREFIX_SCORER, weights.prefix),
         (QUEUE_SCORER, weights.queue),
@@ -147,6 +168,27 @@ def endpoint_picker_config(pcd: PromptCacheDeployment) -> dict[str, Any]:
         "plugins": plugins,
         "schedulingProfiles": [{"name": PROFILE, "plugins": profile}],
     }
+
+
+def _token_producer(pcd: PromptCacheDeployment) -> list[dict[str, Any]]:
+    """The explicit `token-producer`, when the resource names one (llm-d-router only: the
+    API refuses VllmRender on GIE, and Estimate is what both do without one)."""
+    chosen = pcd.spec.prefix_cache.token_producer
+    if chosen is None or picker_of(pcd) is not Picker.LLM_D_ROUTER:
+        return []
+    if chosen == "Estimate":
+        return [{"type": TOKEN_PRODUCER}]
+    names = names_of(pcd)
+    url = f"http://{names.model_server}.{names.namespace}.svc:{SERVING_PORT}"
+    return [
+        {
+            "type": TOKEN_PRODUCER,
+            "parameters": {
+                "modelName": pcd.spec.model.effective_served_name,
+                "vllm": {"url": url},
+            },
+        }
+    ]
 
 
 def needs_experimental_plugins(config: dict[str, Any]) -> bool:

@@ -84,8 +84,7 @@ PRUNABLE: tuple[Prunable, ...] = (
     Prunable(by_kind("HorizontalPodAutoscaler"), lambda n: (n.instance,)),
     # no policy step in front of the picker any more, or gateway.networkPolicy off
     Prunable(by_kind("NetworkPolicy"), lambda n: (n.epp,)),
-    # gateway.route.routeByModel off: the body-based router's mapping goes with it
-    Prunable(by_kind("ConfigMap"), lambda n: (n.model_map,)),
 )
 """Every owned kind that can disappear from a render; every other child stays while its
-resource does (the garbage collector removes all of them with it)."""
+resource does (the garbage collector removes all of them with it). The body-based router's
+mapping ConfigMap is not here: it leaves the router before it goes (router_map.py)."""

@@ -11,6 +11,9 @@ Callers catch the case they handle instead of comparing status codes::
 
 `transient` (worth retrying unchanged) is true for 408, 429 and every 5xx.
 
+No answer at all (a timeout, a refused or reset connection) is `ApiUnreachableError`, an
+`OSError`, so every path that handles an unreachable API server handles it alike.
+
     >>> isinstance(api_error(404, "NotFound", "x"), NotFoundError)
     True
     >>> api_error(429, "TooManyRequests", "slow down", retry_after="3").retry_after_s
@@ -23,6 +26,7 @@ from typing import ClassVar
 
 __all__ = [
     "ApiError",
+    "ApiUnreachableError",
     "ConflictError",
     "ForbiddenError",
     "GoneError",
@@ -84,6 +88,10 @@ class TooManyRequestsError(ApiError):
     ) -> None:
         super().__init__(code, reason, message)
         self.retry_after_s = retry_after_s
+
+
+class ApiUnreachableError(OSError):
+    """No answer from the API server: a timeout, a refused or reset connection."""
 
 
 _BY_STATUS: dict[int, type[ApiError]] = {

@@ -3,11 +3,13 @@
 - create / update / resume: reconcile now; a transient API failure becomes
   `kopf.TemporaryError` so kopf retries with back-off.
 - the resyncer (resync.py, one task started at startup): the periodic drift/status
-  check of every resource, woken early when one of its Deployments changes.
-- delete (optional: no finalizer): children go with the garbage collector via
-  their ownerReferences; the handler only forgets in-memory state.
-- an event handler on Deployments managed by promptcache: pokes the owner's
-  daemon. It never writes.
+  check of every resource, woken early when one of its Deployments changes or one
+  of its children is deleted (seen by the child informers of cache.py, started with
+  it: they watch label-selected, where a kopf event handler would watch every
+  Deployment of the cluster).
+- delete (optional: no kopf finalizer): children go with the garbage collector via
+  their ownerReferences; the handler only forgets in-memory state, and pokes a resource
+  that a router mapping still holds (its own finalizer, controller/router_map.py).
 - one startup handler holds every kopf setting.
 """
 
@@ -25,15 +27,16 @@ import kopf
 
 from promptcache.api import GROUP, PLURAL, VERSION
 from promptcache.api.status import ConditionType
+from promptcache.contract.router import MAPPING_FINALIZER
 from promptcache.controller.children import owning_resource
 from promptcache.controller.diagnose import NOT_READY_WARNINGS
 from promptcache.controller.errors import ApiError, TooManyRequestsError
 from promptcache.controller.events import post_event
 from promptcache.controller.kube import Kube
 from promptcache.controller.options import DEFAULT_RESYNC_SECONDS
-from promptcache.controller.reconcile import Outcome, Reconciler
+from promptcache.controller.reconcile import DEFAULT_MAX_CONCURRENT, Reconciler
 from promptcache.controller.resync import Resyncer
-from promptcache.render.names import MANAGED_BY
+from promptcache.controller.scope import Outcome
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +50,6 @@ class HandlerSettings:
     resync_s: float = DEFAULT_RESYNC_SECONDS
     debounce_s: float = DEBOUNCE_S
     posting: bool = True
-    namespaces: tuple[str, ...] = ()
-    """Empty: all namespaces."""
     instance: str = field(
         default_factory=lambda: os.environ.get("POD_NAME") or socket.gethostname()
     )
@@ -88,7 +89,6 @@ def build_registry(  # noqa: PLR0915, C901 - one small closure per handler, kept
     resyncer = (
         Resyncer(
             reconciler,
-            namespaces=options.namespaces,
             period_s=options.resync_s,
             debounce_s=options.debounce_s,
             on_outcome=events,
@@ -120,8 +120,16 @@ def build_registry(  # noqa: PLR0915, C901 - one small closure per handler, kept
         settings.watching.connect_timeout = 10
         settings.networking.request_timeout = 60
         settings.execution.max_workers = 4  # only for sync handlers; ours are all async
-        # Started here so it runs in kopf's context (kopf.event needs it) and only while kopf
-        # runs, which is only while this replica leads.
+        # kopf keeps one worker task per object with pending events, and a worker lingers
+        # `idle_timeout` after its last event. The reconciler admits DEFAULT_MAX_CONCURRENT at
+        # once anyway; the limit only bounds the bodies held, and with kopf's 5 s linger a
+        # limit of 64 would cap creations and restarts at ~13 resources per second.
+        settings.queueing.worker_limit = 16 * DEFAULT_MAX_CONCURRENT
+        settings.queueing.idle_timeout = 1.0
+        # Started here so they run in kopf's context (kopf.event needs it) and only while
+        # kopf runs, which is only while this replica leads.
+        reconciler.caches.on_child_change = child_changed
+        reconciler.caches.start()
         if resyncer is not None:
             tasks.append(asyncio.create_task(resyncer.run(), name="promptcache-resync"))
 
@@ -130,6 +138,16 @@ def build_registry(  # noqa: PLR0915, C901 - one small closure per handler, kept
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await reconciler.caches.stop()
+
+    def child_changed(kind: str, event: str, body: Mapping[str, Any]) -> None:
+        """A Deployment changed (a rollout, a hand edit) or any child went: reconcile its
+        owner soon (debounced). Other changes wait for the resync."""
+        if event != "DELETED" and kind != "Deployment":
+            return
+        owner = owning_resource(body)
+        if owner is not None and resyncer is not None:
+            resyncer.poke(str((body.get("metadata") or {}).get("namespace")), owner)
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -149,6 +167,8 @@ def build_registry(  # noqa: PLR0915, C901 - one small closure per handler, kept
             raise kopf.TemporaryError(str(error), delay=30) from error
         except OSError as error:
             raise kopf.TemporaryError(f"API server unreachable: {error}", delay=10) from error
+        if resyncer is not None:
+            resyncer.requeue(body, outcome)
         await events(body, outcome)
 
     @kopf.on.resume(*resource, registry=registry)
@@ -156,8 +176,10 @@ def build_registry(  # noqa: PLR0915, C901 - one small closure per handler, kept
         await _reconcile(body, "resume")
 
     @kopf.on.create(*resource, registry=registry)
-    async def on_create(body: kopf.Body, **_: Any) -> None:
-        await _reconcile(body, "create")
+    async def on_create(body: kopf.Body, retry: int = 0, **_: Any) -> None:
+        # Only the first attempt may skip reading the children (none can exist yet); a
+        # retry after a failed apply reads them, and applies only what is missing.
+        await _reconcile(body, "create" if retry == 0 else "create-retry")
 
     @kopf.on.update(*resource, registry=registry)
     async def on_update(body: kopf.Body, **_: Any) -> None:
@@ -166,18 +188,10 @@ def build_registry(  # noqa: PLR0915, C901 - one small closure per handler, kept
     @kopf.on.delete(*resource, registry=registry, optional=True)
     async def on_delete(body: kopf.Body, meta: kopf.Meta, **_: Any) -> None:
         reconciler.forget(str(meta.get("uid")))
+        if MAPPING_FINALIZER in (meta.get("finalizers") or []) and resyncer is not None:
+            # held until its router mapping has left the router (router_map.py)
+            resyncer.poke(str(meta.get("namespace")), str(meta.get("name")))
+            return
         log.info("%s/%s deleted; its children go with it", meta.get("namespace"), meta.get("name"))
-
-    @kopf.on.event(
-        "apps",
-        "v1",
-        "deployments",
-        labels={"app.kubernetes.io/managed-by": MANAGED_BY},
-        registry=registry,
-    )
-    async def child_changed(body: kopf.Body, meta: kopf.Meta, **_: Any) -> None:
-        owner = owning_resource(body)
-        if owner is not None and resyncer is not None:
-            resyncer.poke(str(meta.get("namespace")), owner)
 
     return registry

@@ -12,21 +12,62 @@ import asyncio
 import contextlib
 import logging
 import signal
+import sys
+from typing import Any
 
 import aiohttp
 import kopf
 
+from promptcache.controller.cache import Caches
 from promptcache.controller.handlers import HandlerSettings, build_registry
-from promptcache.controller.kube import Kube, load_config
+from promptcache.controller.kube import Kube, by_kind, load_config
 from promptcache.controller.leader import LeaderElector, LeadershipLostError
 from promptcache.controller.metrics import OperatorMetrics
 from promptcache.controller.options import OperatorOptions
 from promptcache.controller.reconcile import Reconciler, ReconcileSettings
 from promptcache.controller.server import HealthState, start_servers
+from promptcache.render.names import MANAGED_BY, Component
+
+
+def dump_tasks() -> None:
+    """`kill -USR2 <pid>`: every asyncio task and the chain of awaits it waits in, to
+    stderr (USR1 shows only threads, and a stuck reconcile waits in a task)."""
+    for task in asyncio.all_tasks():
+        print(f"--- {task.get_name()}", file=sys.stderr)
+        coro: Any = task.get_coro()
+        while coro is not None:
+            frame = getattr(coro, "cr_frame", None) or getattr(coro, "ag_frame", None)
+            if frame is not None:
+                code = frame.f_code
+                print(f"    {code.co_filename}:{frame.f_lineno} {code.co_name}", file=sys.stderr)
+            coro = getattr(coro, "cr_await", None) or getattr(coro, "ag_await", None)
+    sys.stderr.flush()
+
+
+def build_caches(kube: Kube, namespaces: tuple[str, ...], metrics: OperatorMetrics) -> Caches:
+    """The informers the reconciler reads: resources, children (label-selected) and the
+    model-server pods (by their selector labels)."""
+    return Caches(
+        kube,
+        namespaces,
+        resource=by_kind("PromptCacheDeployment"),
+        pod=by_kind("Pod"),
+        child_selector=f"app.kubernetes.io/managed-by={MANAGED_BY}",
+        pod_selector=",".join(
+            f"{k}={v}"
+            for k, v in (
+                ("app.kubernetes.io/name", "promptcache"),
+                ("app.kubernetes.io/component", Component.MODEL_SERVER),
+            )
+        ),
+        on_error=lambda reason: metrics.watch_errors.labels(reason).inc(),
+    )
+
 
 log = logging.getLogger(__name__)
 
 EXIT_LOST_LEADERSHIP = 3
+LEADER_TIMEOUT_S = 5.0
 
 
 async def _wait_or_stop(coro: asyncio.Future[None], stop: asyncio.Event) -> bool:
@@ -50,16 +91,19 @@ async def _until(event: asyncio.Event) -> None:
 async def serve(options: OperatorOptions) -> int:
     config = load_config()
     metrics = OperatorMetrics()
-    kube = Kube(config, on_request=metrics.count_request)
+    kube = Kube(config, on_request=metrics.count_request, on_throttle=metrics.throttled)
     http = aiohttp.ClientSession()
+    namespaces = () if options.all_namespaces else options.namespaces
     reconciler = Reconciler(
         kube,
+        build_caches(kube, namespaces, metrics),
         http,
         metrics,
         ReconcileSettings(
             scrape_port=options.scrape_port,
             scrape_timeout_s=options.scrape_timeout_s,
             defaults=options.defaults,
+            scrape_interval_s=options.resync_s / 2,
         ),
     )
     state = HealthState()
@@ -73,9 +117,12 @@ async def serve(options: OperatorOptions) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGUSR2, dump_tasks)
     elector = (
         LeaderElector(
-            kube,
+            # Its own client, with a timeout well inside the renew deadline: a renewal
+            # must not wait behind the reconciler's requests or for a minute.
+            Kube(config, on_request=metrics.count_request, timeout_s=LEADER_TIMEOUT_S),
             options.lease_namespace,
             options.lease_name,
             options.identity,
@@ -99,7 +146,6 @@ async def serve(options: OperatorOptions) -> int:
                 resync_s=options.resync_s,
                 posting=options.events,
                 instance=options.identity,
-                namespaces=() if options.all_namespaces else options.namespaces,
             ),
         )
         operator = asyncio.create_task(
@@ -134,6 +180,8 @@ async def serve(options: OperatorOptions) -> int:
         metrics.leader.set(0)
         if elector is not None and state.leading and code == 0:
             await elector.release()
+        if elector is not None:
+            await elector.kube.close()
         await http.close()
         await kube.close()
         for runner in runners:

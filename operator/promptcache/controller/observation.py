@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from promptcache.api import PromptEmbedsCeiling
-from promptcache.api.status import PrefixCacheStatus
+from promptcache.api.status import AdapterStatus, PrefixCacheStatus
 
 if TYPE_CHECKING:
     from promptcache.controller.diagnose import Diagnosis
@@ -58,5 +58,7 @@ class Observation:
     gateway_addresses: list[str] = field(default_factory=list)
     monitoring: Desired | None = None
     """MonitoringReady while monitoring is enabled; None removes the condition."""
+    adapters: list[AdapterStatus] = field(default_factory=list)
+    """Per `model.adapters[]`: where it is served and why not (empty without adapters)."""
     deprecated_fields: list[str] = field(default_factory=list)
     """Fields the spec sets under a deprecated name; empty removes DeprecatedFields."""

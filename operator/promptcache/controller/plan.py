@@ -13,8 +13,9 @@ the `Problem` to report instead (`Degraded`), and nothing is applied.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from promptcache.api import (
@@ -28,7 +29,7 @@ from promptcache.controller.children import owned
 from promptcache.controller.observation import Problem
 from promptcache.render import Names, RenderError, names_of, render, resolved
 
-__all__ = ["Plan", "plan"]
+__all__ = ["Plan", "PlanMemo", "plan"]
 
 
 @dataclass(frozen=True)
@@ -62,3 +63,39 @@ def plan(raw: Mapping[str, Any], defaults: OperatorDefaults) -> Plan | Problem:
     except KeyError as error:
         return Problem(Reason.INVALID_SPEC, f"missing {error.args[0]}")
     return Plan(pcd, names, desired)
+
+
+_VOLATILE = ("resourceVersion", "managedFields")
+"""Metadata a status write or a field-manager change moves, which render never reads."""
+
+
+def plan_key(raw: Mapping[str, Any]) -> str:
+    """Everything `plan` reads from a body, as one string: equal keys, equal plans."""
+    meta = {k: v for k, v in (raw.get("metadata") or {}).items() if k not in _VOLATILE}
+    inputs = [raw.get("apiVersion"), raw.get("kind"), meta, raw.get("spec")]
+    return json.dumps(inputs, sort_keys=True, separators=(",", ":"), default=str)
+
+
+@dataclass
+class PlanMemo:
+    """The last plan of each resource, reused while its inputs are unchanged.
+
+    Render is pure, so a body whose spec and metadata did not move renders the very same
+    children; at 2,000 resources re-rendering each one every resync (the picker's YAML
+    config twice, the owner references and hashes) was most of an idle operator's CPU.
+    One entry per resource (about 60 KiB); the plans are never mutated by the phases."""
+
+    defaults: OperatorDefaults
+    _plans: dict[str, tuple[str, Plan | Problem]] = field(default_factory=dict)
+
+    def get(self, uid: str, raw: Mapping[str, Any]) -> tuple[str, Plan | Problem]:
+        """(the inputs' key, the plan): the stored one when the key is unchanged."""
+        key = plan_key(raw)
+        found = self._plans.get(uid)
+        if found is not None and found[0] == key:
+            return found
+        self._plans[uid] = (key, plan(raw, self.defaults))
+        return self._plans[uid]
+
+    def forget(self, uid: str) -> None:
+        self._plans.pop(uid, None)

@@ -1,6 +1,6 @@
 """One reconcile of one PromptCacheDeployment, as a sequence of named phases.
 
-    render → ensure secrets → check → discover → apply → prune → observe → status
+    render → ensure secrets → check → discover → router map → apply → prune → observe → status
 
 `plan` (render, `controller/plan.py`) is pure: the resource parsed, resolved against
 the operator-wide defaults (`render.resolved`), named and rendered into owned
@@ -8,12 +8,18 @@ children. Every later phase reads that one resolved resource through the `Scope`
 what the status says is what render deployed. A resource that cannot be rendered
 skips to the status (`Degraded`), with nothing applied. Prune follows one table of
 the kinds a render can drop (`children.PRUNABLE`); the conditions are built in
-`conditions.py`; API refusals are the types of `errors.py`.
+`conditions.py`; API refusals are the types of `errors.py`. A resource being deleted only
+takes its body-based router mapping out of the router (`router_exit.py`). The types the
+phases share are in `scope.py`; the pods' observation, which keeps state between
+reconciles (hit windows, last scrapes, served adapters), is `pod_observer.py`.
 
 The same function serves every trigger (create, update, resume, the periodic
 resync, a watched child changing), so behaviour cannot drift between them.
 Reconciles of one resource are serialised by a lock; different resources run
-concurrently. Nothing here blocks the event loop: all I/O is awaited.
+concurrently, at most `max_concurrent` at once whatever the trigger (a burst of
+2,000 creations must not become 2,000 reconciles racing for the API server).
+Children and pods are read from the watch-fed caches (`cache.py`), never with a
+request: an idle reconcile sends nothing. Nothing here blocks the event loop.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import copy
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -33,11 +39,11 @@ from promptcache.api import (
     BUILT_IN_DEFAULTS,
     KIND,
     OperatorDefaults,
-    PromptCacheDeployment,
     ceiling_of,
 )
 from promptcache.api.status import ConditionType, Reason
 from promptcache.controller import conditions
+from promptcache.controller.cache import Caches
 from promptcache.controller.checks import (
     GatewayApis,
     NodeCache,
@@ -48,32 +54,26 @@ from promptcache.controller.checks import (
 from promptcache.controller.children import PRUNABLE, controller_uid
 from promptcache.controller.compare import needs_apply
 from promptcache.controller.conditions import Desired, now_rfc3339, transitions
-from promptcache.controller.diagnose import diagnose
 from promptcache.controller.errors import ApiError, NotFoundError
 from promptcache.controller.gateway_status import gateway_view, route_parents
 from promptcache.controller.kube import Kube, by_kind, kind_of
 from promptcache.controller.metrics import OperatorMetrics
 from promptcache.controller.observation import Observation, Problem
 from promptcache.controller.options import DEFAULT_SCRAPE_PORT, DEFAULT_SCRAPE_TIMEOUT_SECONDS
-from promptcache.controller.plan import Plan, plan
+from promptcache.controller.plan import PlanMemo
+from promptcache.controller.pod_observer import PodObserver
+from promptcache.controller.router_exit import RouterExit
 from promptcache.controller.salt import ensure_salt_secret
-from promptcache.controller.scrape import (
-    ScrapedPrefixCache,
-    aggregate,
-    ready_pod_ips,
-    scrape_by_ip,
-)
+from promptcache.controller.scope import Outcome, Scope, degrade, label_of
 from promptcache.controller.status import (
     compute_status,
     prefix_cache_status,
     selector_string,
     status_differs,
 )
-from promptcache.controller.window import HitWindow, WindowedRatio
 from promptcache.render import (
     GATEWAY_KINDS,
     MONITORING_KINDS,
-    Names,
 )
 from promptcache.render.model_server import gpu_resource, node_selector
 from promptcache.render.monitoring import MONITORING_API, monitoring_enabled
@@ -89,8 +89,12 @@ POOL = by_kind("InferencePool")
 ROUTE = by_kind("HTTPRoute")
 GATEWAY = by_kind("Gateway")
 POD_MONITOR = by_kind("PodMonitor")
+CONFIG_MAP = by_kind("ConfigMap")
+PCD_KIND = by_kind(KIND)
 OPTIONAL_KINDS = GATEWAY_KINDS | MONITORING_KINDS
 """Kinds whose CRDs a cluster may lack: applied only while discovery says they are served."""
+DEFAULT_MAX_CONCURRENT = 16
+"""Reconciles in flight at once, all triggers together."""
 STATUS_ECHO_S = 10.0
 """How long a just-written status is trusted over a body that may not show it yet."""
 
@@ -101,47 +105,11 @@ class ReconcileSettings:
     scrape_timeout_s: float = DEFAULT_SCRAPE_TIMEOUT_SECONDS
     defaults: OperatorDefaults = BUILT_IN_DEFAULTS
     """Operator-wide defaults for what a resource leaves empty (`promptcache run` flags)."""
-
-
-@dataclass
-class Outcome:
-    """What one reconcile did: for handlers (events, retries), metrics and tests."""
-
-    applied: list[str] = field(default_factory=list)
-    status_written: bool = False
-    transitions: list[dict[str, Any]] = field(default_factory=list)
-    problem: Problem | None = None
-
-
-@dataclass
-class Scope:
-    """One reconcile of a renderable resource: its plan, what the phases learned so far,
-    and what they did. Each phase reads and fills it in turn."""
-
-    raw: dict[str, Any]
-    plan: Plan
-    fresh: bool
-    """Just created: its children cannot exist yet (their names derive from it and their
-    owner is this very object), so they are applied without reading them first and nothing
-    is pruned. Every other trigger reads first, so an unchanged resource costs no writes."""
-    obs: Observation
-    outcome: Outcome
-    served: dict[str, bool] = field(default_factory=dict)
-    """Optional kinds by name: whether discovery says the cluster serves them."""
-    live: dict[str, Mapping[str, Any]] = field(default_factory=dict)
-    """The children as the API server holds them after apply, by `Kind/name`."""
-
-    @property
-    def uid(self) -> str:
-        return str(self.raw["metadata"]["uid"])
-
-    @property
-    def pcd(self) -> PromptCacheDeployment:
-        return self.plan.pcd
-
-    @property
-    def names(self) -> Names:
-        return self.plan.names
+    max_concurrent: int = DEFAULT_MAX_CONCURRENT
+    scrape_interval_s: float = 0.0
+    """A resource's pods are scraped at most this often (the same ready pods): a burst of
+    child events during a rollout must not become a burst of scrapes. `promptcache run`
+    sets half the resync period."""
 
 
 async def apply_in_order(
@@ -164,42 +132,41 @@ async def apply_in_order(
     return [results[i] for i in range(len(manifests))]
 
 
-def _label(manifest: Mapping[str, Any]) -> str:
-    return f"{manifest['kind']}/{manifest['metadata']['name']}"
-
-
-def _degrade(obs: Observation, reason: str, message: str) -> None:
-    """Keep the first problem of a reconcile: it is the one to fix first."""
-    obs.degraded = obs.degraded or Problem(reason, message[:1000])
-
-
 class Reconciler:
     """Holds what reconciles share: the API client, caches, locks and metrics."""
 
     def __init__(
         self,
         kube: Kube,
+        caches: Caches,
         http: aiohttp.ClientSession,
         metrics: OperatorMetrics,
         settings: ReconcileSettings | None = None,
     ) -> None:
         self.kube = kube
+        self.caches = caches
         self.http = http
         self.metrics = metrics
         self.settings = settings or ReconcileSettings()
+        self._gate = asyncio.Semaphore(self.settings.max_concurrent)
+        self.plans = PlanMemo(self.settings.defaults)
+        self._in_sync: dict[str, tuple[str, tuple[str | None, ...]]] = {}
+        """Per resource: the plan key and the children's resourceVersions when every child
+        was last found to contain its rendered form; equal again, the comparison is skipped."""
         self.nodes = NodeCache()
         self.gateway_apis = GatewayApis()
-        self.scrape_gate = asyncio.Semaphore(16)
         self._locks: dict[str, asyncio.Lock] = {}
         self._written: dict[str, tuple[dict[str, Any], float]] = {}
         self._salts: set[str] = set()
         """Salt Secrets known to exist (created, or a create answered 409)."""
-        self._windows: dict[str, HitWindow] = {}
         self._identity: dict[str, tuple[str, str]] = {}
+        self.pods = PodObserver(http, caches, metrics, self.settings)
+        self.router_exit = RouterExit(kube, caches)
         self._phases: tuple[Callable[[Scope], Awaitable[None]], ...] = (
             self._ensure_secrets,
             self._check,
             self._discover,
+            self.router_exit.phase,
             self._apply,
             self._prune,
             self._observe,
@@ -210,8 +177,10 @@ class Reconciler:
         """Drop per-resource state once a resource is gone."""
         self._locks.pop(uid, None)
         self._written.pop(uid, None)
+        self.plans.forget(uid)
+        self._in_sync.pop(uid, None)
         self._salts = {s for s in self._salts if not s.startswith(f"{uid}/")}
-        self._windows.pop(uid, None)
+        self.pods.forget(uid)
         identity = self._identity.pop(uid, None)
         if identity is not None:
             self.metrics.drop_resource(*identity)
@@ -223,7 +192,7 @@ class Reconciler:
         started = time.monotonic()
         result = "error"
         try:
-            async with lock:
+            async with lock, self._gate:
                 outcome = await self._reconcile(raw, fresh=trigger == "create")
             result = "degraded" if outcome.problem else "ok"
             if outcome.problem:
@@ -239,11 +208,16 @@ class Reconciler:
     async def _reconcile(self, raw: dict[str, Any], *, fresh: bool) -> Outcome:
         obs = Observation(generation=raw["metadata"].get("generation"))
         outcome = Outcome()
-        planned = plan(raw, self.settings.defaults)
+        if raw["metadata"].get("deletionTimestamp"):
+            await self.router_exit.leave(raw, outcome)  # nothing else: the GC deletes the rest
+            return outcome
+        key, planned = self.plans.get(str(raw["metadata"]["uid"]), raw)
         if isinstance(planned, Problem):
             obs.blocked = planned
         else:
-            scope = Scope(raw=raw, plan=planned, fresh=fresh, obs=obs, outcome=outcome)
+            scope = Scope(
+                raw=raw, plan=planned, fresh=fresh, obs=obs, outcome=outcome, plan_key=key
+            )
             for phase in self._phases:
                 await phase(scope)
         outcome.problem = obs.blocked or obs.degraded
@@ -270,6 +244,8 @@ class Reconciler:
         if message:
             obs.degraded = Problem(Reason.SECRET_NOT_FOUND, message)
             return
+        if spec.model.resources.gpus <= 0:
+            return  # nothing to check: no node list for a resource that asks for no GPU
         nodes = await self.nodes.get(self.kube)
         short = gpu_shortfall(
             nodes, spec.model.resources.gpus, node_selector(pcd), gpu_resource(pcd)
@@ -302,6 +278,8 @@ class Reconciler:
             for m in scope.plan.desired
             if m["kind"] not in OPTIONAL_KINDS or scope.served.get(m["kind"])
         ]
+        if not scope.fresh and await self._unchanged(scope, to_sync):
+            return
         lives: list[dict[str, Any] | ApiError | None] = (
             [None] * len(to_sync)
             if scope.fresh
@@ -309,16 +287,18 @@ class Reconciler:
         )
         pending: list[dict[str, Any]] = []
         for manifest, live in zip(to_sync, lives, strict=True):
-            label = _label(manifest)
+            label = label_of(manifest)
             if isinstance(live, ApiError):
-                _degrade(scope.obs, Reason.APPLY_FAILED, f"{label}: {live.message}")
+                degrade(scope.obs, Reason.APPLY_FAILED, f"{label}: {live.message}")
             elif live is not None and controller_uid(live) not in (None, scope.uid):
-                _degrade(
+                degrade(
                     scope.obs,
                     Reason.APPLY_FAILED,
                     f"{label} already exists and is controlled by another owner; "
                     "delete it or rename this resource",
                 )
+            elif live is not None and live.get("metadata", {}).get("deletionTimestamp"):
+                continue  # being deleted (held by a finalizer): applied again once it is gone
             elif needs_apply(manifest, live):
                 pending.append(manifest)
             elif live is not None:
@@ -326,6 +306,8 @@ class Reconciler:
         results = await apply_in_order(self.kube, pending)
         for manifest, result in zip(pending, results, strict=True):
             self._applied(scope, manifest, result)
+        if not scope.fresh and not pending and scope.obs.degraded is None:
+            self._in_sync[scope.uid] = (scope.plan_key, await self._versions(to_sync))
         if scope.outcome.applied:
             names = scope.names
             log.info(
@@ -339,19 +321,20 @@ class Reconciler:
         self, scope: Scope, manifest: dict[str, Any], result: dict[str, Any] | BaseException
     ) -> None:
         """Record one apply's result; an optional kind whose CRD went away is not served."""
-        label = _label(manifest)
+        label = label_of(manifest)
         if isinstance(result, ApiError) and not result.transient:
             if isinstance(result, NotFoundError) and manifest["kind"] in OPTIONAL_KINDS:
                 self.gateway_apis.invalidate()
                 scope.served[manifest["kind"]] = False
             else:
-                _degrade(scope.obs, Reason.APPLY_FAILED, f"{label}: {result.message}")
+                degrade(scope.obs, Reason.APPLY_FAILED, f"{label}: {result.message}")
             return
         if isinstance(result, BaseException):
             raise result
         scope.outcome.applied.append(label)
         self.metrics.children_applied.labels(manifest["kind"]).inc()
         scope.live[label] = result
+        self.caches.informer(kind_of(manifest)).observe(result)
 
     async def _prune(self, scope: Scope) -> None:
         """Delete the children of `PRUNABLE` the spec no longer renders, if they are ours."""
@@ -364,7 +347,7 @@ class Reconciler:
             for name in prunable.names(names):
                 if scope.plan.renders(prunable.kind.kind, name):
                     continue
-                live = await self.kube.get(prunable.kind, names.namespace, name)
+                live = (await self.caches.synced(prunable.kind)).get(names.namespace, name)
                 if live is not None and controller_uid(live) == scope.uid:
                     await self.kube.delete(prunable.kind, names.namespace, name)
 
@@ -383,7 +366,7 @@ class Reconciler:
                 ],
             )
         obs.gateway = await self._gateway_condition(scope)
-        scraped, recent = await self._observe_pods(scope)
+        scraped, recent = await self.pods.observe(scope)
         obs.prefix_cache = prefix_cache_status(scope.pcd, scraped)
         if recent.ratio is not None:
             obs.prefix_cache = obs.prefix_cache.model_copy(
@@ -399,19 +382,49 @@ class Reconciler:
 
     # ------------------------------------------------------------------ helpers
 
+    async def _versions(self, manifests: list[dict[str, Any]]) -> tuple[str | None, ...]:
+        """The cached resourceVersion of each manifest's live object."""
+        out = []
+        for m in manifests:
+            informer = await self.caches.synced(kind_of(m))
+            out.append(informer.version(m["metadata"]["namespace"], m["metadata"]["name"]))
+        return tuple(out)
+
+    async def _unchanged(self, scope: Scope, to_sync: list[dict[str, Any]]) -> bool:
+        """Neither the plan nor any child moved since every child was last found in sync:
+        take the live children from the cache and skip the comparison."""
+        known = self._in_sync.pop(scope.uid, None)
+        if known is None or known[0] != scope.plan_key:
+            return False
+        try:
+            versions = await self._versions(to_sync)
+        except ApiError:
+            return False
+        if versions != known[1] or None in versions:
+            return False
+        for m in to_sync:
+            live = (await self.caches.synced(kind_of(m))).get(
+                m["metadata"]["namespace"], m["metadata"]["name"]
+            )
+            if live is None:
+                return False
+            scope.live[label_of(m)] = live
+        self._in_sync[scope.uid] = known
+        return True
+
     def _monitoring(self, scope: Scope) -> bool:
         return monitoring_enabled(scope.pcd, self.settings.defaults)
 
     async def _read(self, manifest: Mapping[str, Any]) -> dict[str, Any] | ApiError | None:
-        """The live child; a refusal (403, 422) is returned to be reported, not raised."""
+        """The live child, from its kind's cache; a refusal to list the kind (403) is returned
+        to be reported, not raised."""
         try:
-            return await self.kube.get(
-                kind_of(manifest), manifest["metadata"]["namespace"], manifest["metadata"]["name"]
-            )
+            informer = await self.caches.synced(kind_of(manifest))
         except ApiError as error:
             if error.transient:
                 raise
             return error
+        return informer.get(manifest["metadata"]["namespace"], manifest["metadata"]["name"])
 
     async def _gateway_condition(self, scope: Scope) -> Desired:
         """GatewayReady: the CRDs and the picker first, then the Gateway controller's verdict."""
@@ -428,7 +441,7 @@ class Reconciler:
             return early
         route = live.get(f"HTTPRoute/{names.route}") if "HTTPRoute" in kinds else None
         if "HTTPRoute" in kinds and route is None:
-            route = await self.kube.get(ROUTE, names.namespace, names.route)
+            route = (await self.caches.synced(ROUTE)).get(names.namespace, names.route)
         gateways = []
         for parent in route_parents(route, names.namespace) if route is not None else []:
             try:
@@ -449,29 +462,6 @@ class Reconciler:
         )
         scope.obs.gateway_addresses = view.addresses
         return view.condition
-
-    async def _observe_pods(self, scope: Scope) -> tuple[ScrapedPrefixCache, WindowedRatio]:
-        """Why pods are not ready (into `obs.pods`); the pods' prefix-cache reports, lifetime
-        and over the recent window."""
-        names = scope.names
-        selector = selector_string(selector_labels(names, Component.MODEL_SERVER))
-        pods = await self.kube.list(POD, names.namespace, label_selector=selector)
-        scope.obs.pods = diagnose(pods)
-        ips = ready_pod_ips(pods)
-        if not ips:
-            return ScrapedPrefixCache(), WindowedRatio(None, 0.0, 0.0)
-        results = await scrape_by_ip(
-            self.http,
-            ips,
-            port=self.settings.scrape_port,
-            timeout_s=self.settings.scrape_timeout_s,
-            limit=self.scrape_gate,
-        )
-        window = self._windows.setdefault(scope.uid, HitWindow())
-        recent = window.add(
-            time.monotonic(), {ip: (m.hits, m.queries) for ip, m in results.items()}
-        )
-        return aggregate(list(results.values())), recent
 
     async def _write_status(self, raw: dict[str, Any], obs: Observation, outcome: Outcome) -> None:
         """Status phase: write `.status` only when it differs from the live one."""

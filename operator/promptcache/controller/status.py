@@ -109,6 +109,7 @@ def compute_status(
         gateway=GatewayStatus(addresses=list(obs.gateway_addresses))
         if obs.gateway_addresses
         else None,
+        adapters=list(obs.adapters) or None,
     )
     written: dict[str, Any] = status.model_dump(mode="json", by_alias=True, exclude_none=True)
     return written

@@ -25,6 +25,8 @@ VARIANTS = {
     "small-blocks": {"prefixCache": {"autoTune": False, "blockSizeTokens": 16}},
     "tiered": {"prefixCache": {"tiers": [{"name": "coarse", "blockSizeTokens": 512}]}},
     "adapters": {"model": {"adapters": [{"name": "sql-lora", "path": "/model-cache/sql"}]}},
+    "affinity": {"prefixCache": {"affinityFilter": {"enabled": True, "threshold": 0.5}}},
+    "estimate-tokens": {"prefixCache": {"tokenProducer": "Estimate"}},
 }
 
 
@@ -51,7 +53,7 @@ def rendered_configs() -> list[Any]:
     for example in example_files():
         for variant, patch in VARIANTS.items():
             out.append(pytest.param(example, patch, id=f"{example.stem}-{variant}"))
-            if variant in ("as-is", "small-blocks", "adapters"):
+            if variant in ("as-is", "small-blocks", "adapters", "affinity", "estimate-tokens"):
                 gie = {**GIE_OFF, "gateway": {"picker": "gie-v1.5"}}
                 for key, value in patch.items():
                     gie[key] = {**gie.get(key, {}), **value}

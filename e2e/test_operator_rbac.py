@@ -10,6 +10,7 @@ is all a namespace user needs to create a PromptCacheDeployment.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,53 +20,24 @@ import yaml
 from lightkube.config.kubeconfig import KubeConfig
 
 from harness.operator import (
-    RULES_FILE,
-    OperatorProcess,
     apply_yaml,
+    bind_operator_rules,
     condition,
     get_json,
     install_crd,
+    operator_rules,
     resource,
+    run_as_service_account,
     wait_for,
 )
 from harness.pytest_cluster import Cluster
+from promptcache.contract.router import MAPPING_FINALIZER
 from promptcache.controller.errors import NotFoundError
 from promptcache.controller.kube import Kube
-from promptcache.controller.rbac import leader_election_role, load_rules, picker_cluster_role
 from promptcache.controller.reconcile import apply_in_order
 
 pytestmark = pytest.mark.cluster
 TIMEOUT_S = 180
-
-
-def operator_rules(name: str) -> list[dict[str, Any]]:
-    """The rules file as the chart gives it: `bind` on this operator's picker role."""
-    return load_rules(RULES_FILE, picker_role=f"{name}-endpoint-picker")
-
-
-def bind(cluster: Cluster, name: str, ns: str, rules: list[dict[str, Any]]) -> None:
-    leader = leader_election_role(name)
-    leader["metadata"]["namespace"] = ns
-    apply_yaml(
-        cluster.kubectl,
-        picker_cluster_role(name),
-        leader,
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-         "metadata": {"name": leader["metadata"]["name"], "namespace": ns},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                     "name": leader["metadata"]["name"]},
-         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}]},
-    )  # fmt: skip
-    apply_yaml(
-        cluster.kubectl,
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": ns}},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-         "metadata": {"name": name}, "rules": rules},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-         "metadata": {"name": name},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}]},
-    )  # fmt: skip
 
 
 @pytest.fixture
@@ -78,21 +50,9 @@ def rbac_ns(cluster: Cluster) -> Iterator[str]:
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 
-def _run(
-    cluster: Cluster, ns: str, name: str, rules: list[dict[str, Any]], tmp: Path
-) -> OperatorProcess:
-    bind(cluster, name, ns, rules)
-    kubeconfig = cluster.service_account_kubeconfig(ns, name, tmp / f"{name}.kubeconfig")
-    return OperatorProcess(
-        kubeconfig=kubeconfig, log_path=tmp / f"{name}.log",
-        args=["-n", ns, "--lease-namespace", ns, "--resync-seconds", "2",
-              "--endpoint-picker-cluster-role", f"{name}-endpoint-picker"],
-    ).start()  # fmt: skip
-
-
 def test_the_exact_rules_are_enough(cluster: Cluster, rbac_ns: str, tmp_path: Path) -> None:
     name = f"pco-full-{rbac_ns}"
-    op = _run(cluster, rbac_ns, name, operator_rules(name), tmp_path)
+    op = run_as_service_account(cluster, rbac_ns, name, operator_rules(name), tmp_path)
     try:
         apply_yaml(
             cluster.kubectl,
@@ -130,11 +90,71 @@ def test_the_exact_rules_are_enough(cluster: Cluster, rbac_ns: str, tmp_path: Pa
         op.stop()
 
 
+def test_the_exact_rules_take_a_router_mapping_out(
+    cluster: Cluster, rbac_ns: str, tmp_path: Path
+) -> None:
+    """routeByModel on, then off, then the resource deleted, under exactly the ClusterRole:
+    the finalizers are held and released on the resource and its mapping (patch) and the
+    mapping is deleted (the ConfigMap `delete` verb; without it the old prune was refused)."""
+    name = f"pco-map-{rbac_ns}"
+    op = run_as_service_account(cluster, rbac_ns, name, operator_rules(name), tmp_path)
+    route = {"parentRefs": [{"name": "gw"}], "routeByModel": True}
+    try:
+        apply_yaml(cluster.kubectl, resource("mapped", rbac_ns, gateway={"route": route}))
+
+        def finalizers(*args: str) -> list[str] | None:
+            obj = get_json(cluster.kubectl, *args, "-n", rbac_ns)
+            return None if obj is None else list(obj["metadata"].get("finalizers") or [])
+
+        wait_for(
+            lambda: (
+                finalizers("configmap", "mapped-bbr") == [MAPPING_FINALIZER]
+                and MAPPING_FINALIZER in (finalizers("pcd", "mapped") or [])
+            ),
+            "the mapping and its resource hold the finalizer",
+            TIMEOUT_S,
+            operator=op,
+        )
+        off = {"spec": {"gateway": {"route": {"routeByModel": False}}}}
+        cluster.kubectl("-n", rbac_ns, "patch", "pcd", "mapped", "--type=merge", "-p",
+                        json.dumps(off))  # fmt: skip
+        wait_for(
+            lambda: (
+                finalizers("configmap", "mapped-bbr") is None
+                and MAPPING_FINALIZER not in (finalizers("pcd", "mapped") or [])
+            ),
+            "the mapping deleted and the resource released",
+            TIMEOUT_S,
+            operator=op,
+        )
+        cluster.kubectl("-n", rbac_ns, "patch", "pcd", "mapped", "--type=merge", "-p",
+                        json.dumps({"spec": {"gateway": {"route": route}}}))  # fmt: skip
+        wait_for(
+            lambda: finalizers("configmap", "mapped-bbr") == [MAPPING_FINALIZER],
+            "the mapping back",
+            TIMEOUT_S,
+            operator=op,
+        )
+        cluster.kubectl("-n", rbac_ns, "delete", "pcd", "mapped", "--wait=false")
+        wait_for(
+            lambda: (
+                finalizers("pcd", "mapped") is None
+                and finalizers("configmap", "mapped-bbr") is None
+            ),
+            "the resource and its mapping gone",
+            TIMEOUT_S,
+            operator=op,
+        )
+        assert "orbidden" not in op.log_text()
+    finally:
+        op.stop()
+
+
 def test_removing_one_rule_breaks_it(cluster: Cluster, rbac_ns: str, tmp_path: Path) -> None:
     name = f"pco-less-{rbac_ns}"
     rules = [r for r in operator_rules(name) if r["resources"] != ["poddisruptionbudgets"]]
     assert len(rules) == len(operator_rules(name)) - 1
-    op = _run(cluster, rbac_ns, name, rules, tmp_path)
+    op = run_as_service_account(cluster, rbac_ns, name, rules, tmp_path)
     try:
         apply_yaml(cluster.kubectl, resource("unguarded", rbac_ns))
 
@@ -189,7 +209,7 @@ def test_a_rolebinding_is_applied_after_its_role(
          "verbs": ["get", "create", "patch"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
     ]  # fmt: skip
-    bind(cluster, sa, rbac_ns, operator_rules(sa) + role_creator)
+    bind_operator_rules(cluster, sa, rbac_ns, operator_rules(sa) + role_creator)
     config = KubeConfig.from_file(
         cluster.service_account_kubeconfig(rbac_ns, sa, tmp_path / "kc")
     ).get()
@@ -242,8 +262,10 @@ def test_the_charts_rbac_is_least_privilege_in_all_namespaces_mode(cluster: Clus
         assert can_i(cluster, sa, "bind", f"clusterroles/{name}-endpoint-picker", team)
         assert not can_i(cluster, sa, "bind", "clusterroles/cluster-admin", team)
         assert not can_i(cluster, sa, "escalate", "clusterroles", None)
-        assert not can_i(cluster, sa, "watch", "pods", team)
-        assert can_i(cluster, sa, "list", "pods", team)
+        # Pods and children are read from label-selected watches (controller/cache.py).
+        assert can_i(cluster, sa, "watch", "pods", team)
+        assert not can_i(cluster, sa, "get", "pods", team)
+        assert not can_i(cluster, sa, "delete", "pods", team)
         assert not can_i(cluster, sa, "create", "roles", team)
         # Still all it needs to act in every namespace.
         assert can_i(cluster, sa, "watch", "promptcachedeployments.serving.promptcache.io", None)

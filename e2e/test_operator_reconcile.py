@@ -131,11 +131,17 @@ def test_idle_resync_writes_nothing(cluster: Cluster, env: dict[str, Any]) -> No
         every=0.1,
     )
     server_before, client_before = apiserver_writes(cluster.kubectl), op.writes()
+    reads_before = op.counter("promptcache_api_requests_total", verb="GET")
     resyncs_before = op.counter("promptcache_reconciles_total", trigger="resync")
     wait_for(lambda: op.counter("promptcache_reconciles_total", trigger="resync")
              >= resyncs_before + 6, "six resyncs", timeout=120)  # fmt: skip
     assert op.writes() - client_before == 0
     assert apiserver_writes(cluster.kubectl) - server_before == 0
+    # Nor a read: children, pods and resources come from the watch-fed caches (a GET per
+    # child and a pod LIST per resource, ~16 a resync, made the traffic grow with the
+    # fleet). At most the discovery re-checks of InferencePool and HTTPRoute (every 5 min)
+    # can fall into the window.
+    assert op.counter("promptcache_api_requests_total", verb="GET") - reads_before <= 2
 
 
 def _server_quiet(cluster: Cluster, window_s: float) -> bool:

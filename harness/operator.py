@@ -30,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from e2e.localcluster.crds import wait_established as crd_wait
 from harness.net import free_port
 from promptcache.api.constants import API_VERSION, CRD_NAME, GROUP, KIND, PLURAL
+from promptcache.controller.rbac import leader_election_role, load_rules, picker_cluster_role
 
 ROOT = Path(__file__).resolve().parents[1]
 CRD_FILE = ROOT / "crds" / f"{GROUP}_{PLURAL}.yaml"
@@ -360,3 +361,54 @@ def namespaced_operator(cluster: Any, label: str, log_dir: Path) -> Iterator[dic
     finally:
         op.stop()
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def operator_rules(name: str) -> list[dict[str, Any]]:
+    """The rules file as the chart gives it: `bind` on this operator's picker role."""
+    return load_rules(RULES_FILE, picker_role=f"{name}-endpoint-picker")
+
+
+def bind_operator_rules(cluster: Any, name: str, ns: str, rules: list[dict[str, Any]]) -> None:
+    """ServiceAccount `ns/name` bound to `rules` cluster-wide, its leader-election Role in
+    `ns` and the picker ClusterRole it binds per namespace, as the chart makes them."""
+    leader = leader_election_role(name)
+    leader["metadata"]["namespace"] = ns
+    apply_yaml(
+        cluster.kubectl,
+        picker_cluster_role(name),
+        leader,
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": leader["metadata"]["name"], "namespace": ns},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                     "name": leader["metadata"]["name"]},
+         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}]},
+    )  # fmt: skip
+    apply_yaml(
+        cluster.kubectl,
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": ns}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": name}, "rules": rules},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": name},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}]},
+    )  # fmt: skip
+
+
+def run_as_service_account(
+    cluster: Any,
+    ns: str,
+    name: str,
+    rules: list[dict[str, Any]],
+    tmp: Path,
+    extra_args: tuple[str, ...] = (),
+) -> OperatorProcess:
+    """The operator as ServiceAccount `ns/name` bound to `rules` (a token in a kubeconfig of
+    its own), watching `ns`; `cluster` is harness/pytest_cluster.Cluster."""
+    bind_operator_rules(cluster, name, ns, rules)
+    kubeconfig = cluster.service_account_kubeconfig(ns, name, tmp / f"{name}.kubeconfig")
+    return OperatorProcess(
+        kubeconfig=kubeconfig, log_path=tmp / f"{name}.log",
+        args=["-n", ns, "--lease-namespace", ns, "--resync-seconds", "2",
+              "--endpoint-picker-cluster-role", f"{name}-endpoint-picker", *extra_args],
+    ).start()  # fmt: skip

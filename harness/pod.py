@@ -15,8 +15,16 @@ what a kubelet would, from the pod spec alone:
 * **probes**: startup, liveness and readiness as rendered (httpGet and exec, period,
   timeout, failure threshold), evaluated in a thread; a container whose liveness fails
   is restarted; the pod is Ready when every container is started and every readiness
-  probe passes. `on_ready` hears every change, so a cluster test can write it to the
-  pod's status the way the kubelet does.
+  probe passes. `on_ready` hears every change of readiness and every restart, so a
+  cluster test can write them to the pod's status the way the kubelet does;
+* **stopping** (`terminate`, what the kubelet does for a deleted pod): not Ready at once,
+  each container's `lifecycle.preStop` hook (exec, httpGet, sleep) and then SIGTERM to
+  that container, all containers at once, and SIGKILL to whatever still runs when the
+  pod's `terminationGracePeriodSeconds` is over;
+* **restarts** with a back-off that doubles from one second (a kubelet starts at ten);
+* **termination messages**: a container that exits non-zero under
+  `terminationMessagePolicy: FallbackToLogsOnError` leaves the tail of its log (the last
+  80 lines, at most 2048 bytes, as the kubelet cuts it) as its last state's message.
 
 What is not emulated: resource limits, cgroups, users (the processes run as the test's
 user), image contents. The rendered security context is tested statically elsewhere.
@@ -48,6 +56,9 @@ VLLM_CONTAINER = "vllm"
 SecretResolver = Callable[[str, str], bytes]
 """(Secret name, key) -> value."""
 _LOCALHOSTS = ("127.0.0.1", "0.0.0.0")
+FALLBACK_TO_LOGS = "FallbackToLogsOnError"
+FALLBACK_LINES, FALLBACK_BYTES = 80, 2048
+"""How much log the kubelet keeps as the message (its `MaxContainerTerminationMessage*`)."""
 
 
 def pod_local(value: str, pod_ip: str, mounts: Mapping[str, Path]) -> str:
@@ -102,9 +113,14 @@ class Container:
     startup: _Probe | None = None
     liveness: _Probe | None = None
     readiness: _Probe | None = None
+    termination_policy: str = "File"
+    pre_stop: Mapping[str, Any] | None = None
+    """`lifecycle.preStop` as rendered."""
     restarts: int = 0
     started: bool = False
     exited_at: float | None = None
+    last_terminated: dict[str, Any] | None = None
+    """The previous run's end, as `containerStatuses[].lastState.terminated` says it."""
     proc: subprocess.Popen[bytes] | None = None
     _log: IO[bytes] | None = field(default=None, repr=False)
 
@@ -146,6 +162,26 @@ class Container:
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def record_exit(self) -> None:
+        """Note how the run ended (its exit code, and under FallbackToLogsOnError with a
+        failure, the tail of its log as the message)."""
+        code = self.proc.poll() if self.proc is not None else None
+        if code is None:
+            return
+        exit_code = 128 - code if code < 0 else code  # killed by a signal: 128 + signal
+        message = ""
+        if exit_code != 0 and self.termination_policy == FALLBACK_TO_LOGS:
+            try:
+                lines = self.log_path.read_bytes().splitlines(keepends=True)[-FALLBACK_LINES:]
+            except OSError:
+                lines = []
+            message = b"".join(lines)[-FALLBACK_BYTES:].decode("utf-8", errors="replace")
+        self.last_terminated = {
+            "exitCode": exit_code,
+            "reason": "Completed" if exit_code == 0 else "Error",
+            "message": message,
+        }
 
     def log_tail(self, lines: int = 40) -> str:
         try:
@@ -250,6 +286,8 @@ class ProcessPod:
             startup=probe("startupProbe"),
             liveness=probe("livenessProbe"),
             readiness=probe("readinessProbe"),
+            termination_policy=str(spec.get("terminationMessagePolicy", "File")),
+            pre_stop=(spec.get("lifecycle") or {}).get("preStop"),
         )
 
     # --- running -------------------------------------------------------------------------
@@ -299,9 +337,70 @@ class ProcessPod:
             self._thread.join(timeout=30)
         for c in reversed(self.containers):
             c.stop()
+        self._release_slot()
+
+    def _release_slot(self) -> None:
         if self._slot is not None:
             self._slot.__exit__(None, None, None)
             self._slot = None
+
+    def terminate(self) -> float:
+        """Stop as the kubelet stops a deleted pod; returns the seconds it took.
+
+        The probes stop and the pod is not Ready at once; then for every container at the
+        same time: its preStop hook, then SIGTERM, then SIGKILL when the grace period
+        (`terminationGracePeriodSeconds`, 30 by default) is over."""
+        started = time.monotonic()
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self.ready = False
+        deadline = started + float(self.spec.get("terminationGracePeriodSeconds", 30))
+
+        def stop_one(c: Container) -> None:
+            if c.pre_stop is not None and c.running():
+                self._hook(c, c.pre_stop, deadline)
+            c.stop(grace_s=max(0.0, deadline - time.monotonic()))
+
+        threads = [
+            threading.Thread(target=stop_one, args=(c,), name=f"stop-{self.name}-{c.name}")
+            for c in self.containers
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self._release_slot()
+        return time.monotonic() - started
+
+    def _hook(self, c: Container, hook: Mapping[str, Any], deadline: float) -> None:
+        """Run one lifecycle hook until it ends or the grace period does (its result, as
+        for the kubelet, does not stop the container being stopped)."""
+        left = max(0.0, deadline - time.monotonic())
+        if "sleep" in hook:
+            time.sleep(min(left, float(hook["sleep"]["seconds"])))
+        elif "exec" in hook:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                subprocess.run(
+                    self._exec_argv(c, hook), capture_output=True, timeout=left, check=False
+                )
+        elif "httpGet" in hook:
+            with contextlib.suppress(OSError):
+                urllib.request.urlopen(self._http_url(hook["httpGet"]), timeout=left).close()
+        else:
+            raise ValueError(f"hook kind not emulated: {sorted(hook)}")
+
+    def _exec_argv(self, c: Container, spec: Mapping[str, Any]) -> list[str]:
+        mounts = self.mounts_by_container.get(c.name, {})
+        argv = [pod_local(str(a), self.ip, mounts) for a in spec["exec"]["command"]]
+        if argv and argv[0] in ("python3", "python"):
+            argv[0] = sys.executable
+        return argv
+
+    def _http_url(self, get: Mapping[str, Any]) -> str:
+        port = get["port"]
+        number = self.ports[port] if isinstance(port, str) else int(port)
+        return f"http://{self.ip}:{number}{get.get('path', '/')}"
 
     def __enter__(self) -> ProcessPod:
         return self.start().wait_ready()
@@ -311,6 +410,7 @@ class ProcessPod:
 
     # --- the kubelet's loop --------------------------------------------------------------
     def _kubelet(self) -> None:
+        restarts = tuple(c.restarts for c in self.containers)
         while not self._stop.wait(0.1):
             now = time.monotonic()
             with self._lock:
@@ -320,8 +420,9 @@ class ProcessPod:
                     c.running() and c.started and (c.readiness is None or c.readiness.passed)
                     for c in self.containers
                 )
-            if ready != self.ready:
-                self.ready = ready
+            now_restarts = tuple(c.restarts for c in self.containers)
+            if ready != self.ready or now_restarts != restarts:
+                self.ready, restarts = ready, now_restarts
                 if self._on_ready is not None:
                     self._on_ready(self, ready)
 
@@ -334,12 +435,16 @@ class ProcessPod:
             self._liveness_and_readiness(c, now)
 
     def _restart_exited(self, c: Container, now: float) -> None:
-        """restartPolicy Always, with a one-second back-off and no more."""
+        """restartPolicy Always, with a back-off of 1, 2, 4 ... 32 seconds (a kubelet's
+        starts at 10 and stops at 300: shorter here, for the tests' sake)."""
         if c.proc is None:
             return
         if c.exited_at is None:
             c.exited_at = now
-        elif now - c.exited_at > 1.0:
+            c.record_exit()
+            if self._on_ready is not None:
+                self._on_ready(self, False)  # the kubelet reports the exit at once
+        elif now - c.exited_at > float(2 ** min(c.restarts, 5)):
             c.stop(grace_s=0)
             c.restarts += 1
             c.start(self.workdir)
@@ -372,6 +477,7 @@ class ProcessPod:
 
     def _restart(self, c: Container) -> None:
         c.stop(grace_s=5)
+        c.record_exit()
         c.restarts += 1
         c.start(self.workdir)
 
@@ -388,10 +494,7 @@ class ProcessPod:
     def _run(self, probe: _Probe, c: Container) -> bool:
         spec = probe.spec
         if "httpGet" in spec:
-            get = spec["httpGet"]
-            port = get["port"]
-            number = self.ports[port] if isinstance(port, str) else int(port)
-            url = f"http://{self.ip}:{number}{get.get('path', '/')}"
+            url = self._http_url(spec["httpGet"])
             try:
                 with urllib.request.urlopen(url, timeout=probe.timeout) as resp:
                     return 200 <= int(resp.status) < 400
@@ -400,10 +503,7 @@ class ProcessPod:
             except OSError:
                 return False
         if "exec" in spec:
-            mounts = self.mounts_by_container.get(c.name, {})
-            argv = [pod_local(str(a), self.ip, mounts) for a in spec["exec"]["command"]]
-            if argv and argv[0] in ("python3", "python"):
-                argv[0] = sys.executable
+            argv = self._exec_argv(c, spec)
             try:
                 done = subprocess.run(argv, capture_output=True, timeout=probe.timeout, check=False)
             except subprocess.TimeoutExpired:

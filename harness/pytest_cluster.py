@@ -208,11 +208,26 @@ class Cluster:
         return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
 
 
-def start_local_cluster(gateway_crds: bool = True, name: str | None = None) -> Cluster:
-    """Start a fresh local cluster in its own dir; the caller must ``stop_cluster`` it."""
+def start_local_cluster(
+    gateway_crds: bool = True,
+    name: str | None = None,
+    *,
+    nodes: int | None = None,
+    pods_per_node: int | None = None,
+    cpus_per_node: int | None = None,
+) -> Cluster:
+    """Start a fresh local cluster in its own dir; the caller must ``stop_cluster`` it.
+    `nodes`, `pods_per_node`, `cpus_per_node` size the fake nodes (`e2e/cluster up`'s
+    defaults if None)."""
     name = name or f"pytest-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     d = CACHE / "clusters" / name
     args = ["up", "--dir", str(d), "--no-build", "--watch-pid", str(os.getpid())]
+    if nodes is not None:
+        args += ["--nodes", str(nodes)]
+    if pods_per_node is not None:
+        args += ["--pods-per-node", str(pods_per_node)]
+    if cpus_per_node is not None:
+        args += ["--cpus-per-node", str(cpus_per_node)]
     if not gateway_crds:
         args.append("--no-gateway-crds")
     proc = _cli(*args)

@@ -38,3 +38,47 @@ def by_kind(
     ]
     assert len(found) == 1, f"{kind}/{component}: {len(found)}"
     return found[0]
+
+
+def routed_resource(
+    name: str,
+    served: str,
+    adapters: list[str],
+    *,
+    namespace: str = "team",
+    route_by_model: bool = True,
+    ready: int | None = 1,
+    ready_adapters: list[str] | None = None,
+    parent: dict[str, str] | None = None,
+    **route: Any,
+) -> dict[str, Any]:
+    """A resource serving `served` and `adapters` on the Gateway `gw/shared` (or `parent`),
+    routing by model, with the status the operator writes when `ready` replicas are ready
+    and `ready_adapters` (default: all) are served on them; `ready=None`: no status."""
+    served_adapters = adapters if ready_adapters is None else ready_adapters
+    doc: dict[str, Any] = {
+        "apiVersion": "serving.promptcache.io/v1alpha1",
+        "kind": "PromptCacheDeployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "model": {
+                "name": f"org/{served}",
+                "servedModelName": served,
+                "adapters": [{"name": a, "path": f"/model-cache/{a}"} for a in adapters],
+            },
+            "gateway": {
+                "route": {
+                    "parentRefs": [parent or {"name": "shared", "namespace": "gw"}],
+                    "routeByModel": route_by_model,
+                    **route,
+                }
+            },
+        },
+    }
+    if ready is not None:
+        doc["status"] = {"readyReplicas": ready}
+        if adapters:
+            doc["status"]["adapters"] = [
+                {"name": a, "readyReplicas": ready if a in served_adapters else 0} for a in adapters
+            ]
+    return doc

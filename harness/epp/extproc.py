@@ -38,6 +38,11 @@ class Pick:
     immediate_body: str = ""
     body: bytes = b""
     """The request body the picker hands back to the gateway for the model server."""
+    sent_headers: list[tuple[str, str]] = field(default_factory=list)
+    """The request headers the gateway sent (pseudo-headers included)."""
+    responses: list[pb.ProcessingResponse] = field(default_factory=list)
+    """Every answer up to the body's, for applying their mutations as Envoy does
+    (`harness.extproc_gateway.envoy_applies`)."""
 
 
 def _header_map(headers: Mapping[str, str]) -> base_pb2.HeaderMap:
@@ -91,28 +96,39 @@ class ExtProcClient:
 
     def pick(  # noqa: C901 - one ext_proc exchange, step by step
         self,
-        body: Mapping[str, Any] | bytes,
+        body: Mapping[str, Any] | bytes | None,
         headers: Mapping[str, str] | None = None,
         path: str = "/v1/chat/completions",
+        method: str = "POST",
     ) -> Pick:
-        """Send one request's headers and buffered body; return the EPP's decision."""
-        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+        """Send one request's headers and buffered body (None: a request without one, such
+        as a GET, whose headers end the stream); return the processor's decision."""
+        raw = (
+            None if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
+        )
         all_headers = {
-            ":method": "POST",
+            ":method": method,
             ":path": path,
             ":authority": "gateway.local",
             ":scheme": "http",
-            "content-type": "application/json",
-            "content-length": str(len(raw)),
             REQUEST_ID_HEADER: str(uuid.uuid4()),
         }
+        if raw is not None:
+            all_headers.update(
+                {"content-type": "application/json", "content-length": str(len(raw))}
+            )
         all_headers.update({k.lower(): v for k, v in (headers or {}).items()})
 
         outbox: queue.Queue[pb.ProcessingRequest | None] = queue.Queue()
         outbox.put(
-            pb.ProcessingRequest(request_headers=pb.HttpHeaders(headers=_header_map(all_headers)))
+            pb.ProcessingRequest(
+                request_headers=pb.HttpHeaders(
+                    headers=_header_map(all_headers), end_of_stream=raw is None
+                )
+            )
         )
-        outbox.put(pb.ProcessingRequest(request_body=pb.HttpBody(body=raw, end_of_stream=True)))
+        if raw is not None:
+            outbox.put(pb.ProcessingRequest(request_body=pb.HttpBody(body=raw, end_of_stream=True)))
 
         def requests() -> Iterator[pb.ProcessingRequest]:
             # Keep the stream open until the answer arrived: a half-close before the
@@ -123,10 +139,11 @@ class ExtProcClient:
                     return
                 yield item
 
-        result = Pick(endpoint=None)
+        result = Pick(endpoint=None, sent_headers=list(all_headers.items()))
         responses = self._stub.Process(requests(), timeout=self._timeout)
         try:
             for resp in self._relayed(responses):
+                result.responses.append(resp)
                 kind = resp.WhichOneof("response")
                 if kind == "immediate_response":
                     result.immediate_status = int(resp.immediate_response.status.code)
@@ -145,8 +162,15 @@ class ExtProcClient:
                         result.body += mutation.body
                     elif mutation.WhichOneof("mutation") == "streamed_response":
                         result.body += mutation.streamed_response.body
-                if kind == "request_body":
+                if raw is None and kind == "request_headers":
                     break
+                if kind == "request_body":
+                    # A streamed body comes back in chunks (GIE cuts at 62,000 bytes): the
+                    # last one says end_of_stream.
+                    mutation = resp.request_body.response.body_mutation
+                    streamed = mutation.WhichOneof("mutation") == "streamed_response"
+                    if not streamed or mutation.streamed_response.end_of_stream:
+                        break
         finally:
             outbox.put(None)
             responses.cancel()

@@ -41,6 +41,11 @@ class FrontProcess:
         full[FrontEnv.LISTEN] = f"{self.ip}:{self.port}"
         full[FrontEnv.UPSTREAM] = upstream
         full[FrontEnv.WORKERS] = "1"  # one process is enough for routing tests
+        lifecycle = full.get(FrontEnv.LIFECYCLE_LISTEN, "")
+        if lifecycle:
+            # the pod's loopback is its own IP here (as `harness.pod` translates it): two
+            # fronts of one pool must not both bind 127.0.0.1's lifecycle port
+            full[FrontEnv.LIFECYCLE_LISTEN] = f"{self.ip}:{lifecycle.rsplit(':', 1)[1]}"
         if env.get(FrontEnv.SALT_KEY_FILE) is not None:
             if salt_key_file is None:
                 salt_key_file = workdir / "salt-key"

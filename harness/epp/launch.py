@@ -25,7 +25,8 @@ def shape_patch(with_front: bool) -> dict[str, Any]:
         return {"front": {"enabled": True}}
     return {
         "front": {"enabled": False, "usageHeaders": {"enabled": False}},
-        "isolation": {"mode": "Shared"},
+        # no salts without the front's pods either: isolation by account goes with them
+        "isolation": {"mode": "Shared", "identity": None},
         "promptEmbeds": {"enabled": False, "cacheGiB": 0},
     }
 

@@ -148,6 +148,12 @@ class EppProcess:
             return None
 
     @property
+    def pid(self) -> int:
+        """The running process's id (benches meter its CPU and memory)."""
+        assert self._proc is not None, "not started"
+        return self._proc.pid
+
+    @property
     def returncode(self) -> int | None:
         return None if self._proc is None else self._proc.poll()
 

@@ -31,8 +31,12 @@ def example_files() -> list[Path]:
 
 
 def deep_merge(base: dict[str, Any], patch: Mapping[str, Any]) -> None:
+    """`patch` into `base` as a JSON merge patch (RFC 7386, what `kubectl patch --type=merge`
+    does): mappings merge, `None` removes the key, anything else replaces."""
     for key, value in patch.items():
-        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
+        if value is None:
+            base.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(base.get(key), dict):
             deep_merge(base[key], value)
         else:
             base[key] = copy.deepcopy(value)

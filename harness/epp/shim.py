@@ -60,6 +60,12 @@ class GatewayPolicyProcess:
         self._log: BinaryIO | None = None
 
     @property
+    def pid(self) -> int:
+        """The running process's id (benches meter its CPU and memory)."""
+        assert self._proc is not None, "start it first"
+        return self._proc.pid
+
+    @property
     def target(self) -> str:
         return f"127.0.0.1:{self.port}"
 

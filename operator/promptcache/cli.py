@@ -39,10 +39,17 @@ def _gateway_command() -> ModuleType:
     return command
 
 
+def _catalog_command() -> ModuleType:
+    from promptcache.catalog import command
+
+    return command
+
+
 _PLANE_COMMANDS: tuple[tuple[str, Callable[[], ModuleType]], ...] = (
     ("promptcache.front", _front_command),
     ("promptcache.controller", _controller_command),
     ("promptcache.gateway", _gateway_command),
+    ("promptcache.catalog", _catalog_command),
 )
 """Sub-commands that live with their plane, each a `command` module with `register(sub)`.
 Imported in functions, so `import promptcache.cli` stays light, and with plain import

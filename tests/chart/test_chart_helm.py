@@ -410,6 +410,10 @@ def test_bad_values_fail_with_the_path_and_the_rule(
             ("serviceAccount.create=false",),
             "serviceAccount.name is required when serviceAccount.create is false",
         ),
+        (
+            ("bodyBasedRouter.modelList.enabled=true",),
+            "bodyBasedRouter.modelList.enabled needs bodyBasedRouter.enabled",
+        ),
     ],
 )
 def test_inconsistent_values_fail_with_a_sentence(set_args: tuple[str, ...], message: str) -> None:
@@ -434,7 +438,11 @@ def test_the_operator_accepts_the_charts_command_line(value_set: Path) -> None:
     """The chart's args parse with the real `promptcache` parser: flags cannot drift apart."""
     from promptcache.cli import build_parser
 
-    docs = [d for d in render("-f", str(value_set)) if not d["metadata"]["name"].endswith("-bbr")]
+    docs = [
+        d
+        for d in render("-f", str(value_set))
+        if not d["metadata"]["name"].endswith(("-bbr", "-models"))
+    ]
     (container,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
     assert container["command"] == ["promptcache"]
     args = build_parser().parse_args(container["args"])
@@ -518,3 +526,109 @@ def test_istio_wiring_puts_the_router_first_on_each_named_gateway() -> None:
     cluster = patch["value"]["typed_config"]["grpc_service"]["envoy_grpc"]["cluster_name"]
     assert cluster == "outbound|9004||promptcache-operator-bbr.promptcache-system.svc.cluster.local"
     assert len([d for d in docs if d["kind"] == "DestinationRule"]) == 2
+
+
+def _model_list(*extra: str) -> list[dict[str, Any]]:
+    return [
+        d
+        for d in render(
+            "--set",
+            "bodyBasedRouter.enabled=true",
+            "--set",
+            "bodyBasedRouter.modelList.enabled=true",
+            "--set",
+            "bodyBasedRouter.modelList.gateways[0].name=shared",
+            "--set",
+            "bodyBasedRouter.modelList.gateways[0].namespace=gateways",
+            *extra,
+        )
+        if d["metadata"]["name"].startswith("promptcache-operator-models")
+    ]
+
+
+def test_model_list_is_off_by_default_and_with_the_router_alone() -> None:
+    assert not [d for d in render() if "models" in d["metadata"]["name"]]
+    docs = render("--set", "bodyBasedRouter.enabled=true")
+    assert not [d for d in docs if "models" in d["metadata"]["name"]]
+
+
+def test_model_list_runs_the_catalog_command_on_the_contracts_ports() -> None:
+    """The responder's args parse with the real `promptcache` parser, on the contract's
+    ports, reading what the operator watches; it may only read the resources."""
+    from promptcache.cli import build_parser
+    from promptcache.contract.router import CATALOG_HEALTH_PORT, CATALOG_PORT
+
+    docs = _model_list()
+    deployment = one(docs, "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["promptcache"]
+    args = build_parser().parse_args(container["args"])
+    assert args.command == "catalog"
+    assert args.all_namespaces
+    assert (args.port, args.health_port) == (CATALOG_PORT, CATALOG_HEALTH_PORT)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"http": CATALOG_PORT, "health": CATALOG_HEALTH_PORT}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert one(docs, "ClusterRole")["rules"] == [
+        {
+            "apiGroups": ["serving.promptcache.io"],
+            "resources": ["promptcachedeployments"],
+            "verbs": ["get", "list", "watch"],
+        }
+    ]
+    assert one(docs, "ClusterRoleBinding")["roleRef"]["name"] == "promptcache-operator-models"
+    service = one(docs, "Service")
+    assert service["spec"]["selector"].items() <= (
+        deployment["spec"]["template"]["metadata"]["labels"].items()
+    )
+
+
+def test_model_list_reads_only_the_watched_namespaces() -> None:
+    from promptcache.cli import build_parser
+
+    docs = _model_list("--set", "watch.namespaces={team-a,team-b}")
+    (container,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert build_parser().parse_args(container["args"]).namespaces == ["team-a", "team-b"]
+    bindings = [d for d in docs if d["kind"] == "RoleBinding"]
+    assert [b["metadata"]["namespace"] for b in bindings] == ["team-a", "team-b"]
+    assert not [d for d in docs if d["kind"] == "ClusterRoleBinding"]
+
+
+def test_model_list_routes_outrank_and_underrank_the_resources_routes() -> None:
+    """Per Gateway, GET on the exact path (which outranks a resource's `PathPrefix /` with a
+    header) and a bare `PathPrefix /` (which a resource's rule outranks by its header), both
+    naming the Gateway in the contract's header; the catch-all can be left out."""
+    from promptcache.contract.router import CATALOG_PORT, GATEWAY_HEADER, MODELS_PATH
+
+    (route,) = [d for d in _model_list() if d["kind"] == "HTTPRoute"]
+    assert route["metadata"]["namespace"] == "promptcache-system"
+    assert route["spec"]["parentRefs"] == [
+        {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "shared",
+         "namespace": "gateways"}
+    ]  # fmt: skip
+    exact, rest = route["spec"]["rules"]
+    assert exact["matches"] == [{"path": {"type": "Exact", "value": MODELS_PATH}, "method": "GET"}]
+    assert rest["matches"] == [{"path": {"type": "PathPrefix", "value": "/"}}]
+    for rule in (exact, rest):
+        (mod,) = rule["filters"]
+        assert mod["requestHeaderModifier"] == {
+            "set": [{"name": GATEWAY_HEADER, "value": "gateways/shared"}]
+        }
+        assert rule["backendRefs"] == [
+            {"name": "promptcache-operator-models", "port": CATALOG_PORT}
+        ]
+    (only,) = [
+        d
+        for d in _model_list(
+            "--set",
+            "bodyBasedRouter.modelList.unknownModels=false",
+            "--set",
+            "bodyBasedRouter.modelList.gateways[0].sectionName=https",
+        )
+        if d["kind"] == "HTTPRoute"
+    ]
+    (rule,) = only["spec"]["rules"]
+    assert rule["matches"][0]["path"]["type"] == "Exact"
+    assert rule["filters"][0]["requestHeaderModifier"]["set"][0]["value"] == "gateways/shared/https"
+    assert only["spec"]["parentRefs"][0]["sectionName"] == "https"

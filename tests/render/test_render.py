@@ -137,8 +137,11 @@ def test_the_model_server_pod() -> None:
     assert env[FrontEnv.ISOLATION_MODE] == "Required"
     assert env[FrontEnv.SALT_KEY_FILE] == "/etc/promptcache/salt/salt-key"
     assert front["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
-    # 2 processes x (2 GiB of cache + 5 x 256 MiB of request budget + 256 MiB base)
-    assert front["resources"]["limits"]["memory"] == "7168Mi"
+    # 2 processes x (2 GiB of cache + 5 x 256 MiB of request budget + 640 MiB base)
+    assert front["resources"]["limits"]["memory"] == "7936Mi"
+    # half a core per process, and no CPU limit (a quota would stall the front's bursts)
+    assert front["resources"]["requests"]["cpu"] == "1000m"
+    assert "cpu" not in front["resources"]["limits"]
     assert env[FrontEnv.MAX_IN_FLIGHT_BYTES] == str(5 * 256 * 1024**2)
     assert env[FrontEnv.MAX_IN_FLIGHT] == "256"  # vLLM's max_num_seqs default
     assert env[FrontEnv.MAX_BODY_READS] == "128"
@@ -153,17 +156,22 @@ def test_the_model_server_pod() -> None:
     assert volumes["model-cache"]["emptyDir"] == {"sizeLimit": "40Gi"}
 
 
+def _model_server(spec: dict[str, Any]) -> dict[str, Any]:
+    """The model-server Deployment of a resource for model `m` with `spec` on top."""
+    pcd = parse_resource(
+        {
+            "apiVersion": "serving.promptcache.io/v1alpha1",
+            "kind": "PromptCacheDeployment",
+            "metadata": {"name": "limits"},
+            "spec": {"model": {"name": "m"}, **spec},
+        }
+    )
+    return by_kind(render(pcd), "Deployment", "model-server")
+
+
 def test_front_limits_follow_the_engine_and_the_resource() -> None:
     def render_front(spec: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
-        pcd = parse_resource(
-            {
-                "apiVersion": "serving.promptcache.io/v1alpha1",
-                "kind": "PromptCacheDeployment",
-                "metadata": {"name": "limits"},
-                "spec": {"model": {"name": "m"}, **spec},
-            }
-        )
-        deployment = by_kind(render(pcd), "Deployment", "model-server")
+        deployment = _model_server(spec)
         return container(deployment, "vllm")["args"], env_of(container(deployment, "cache-front"))
 
     args, env = render_front({"engine": {"maxNumSeqs": 512}})
@@ -283,3 +291,53 @@ def test_render_has_no_clock_or_randomness() -> None:
     a = dump_all(render(load_resources(text)[0]))
     b = dump_all(render(load_resources(text)[0]))
     assert a == b
+
+
+def test_the_fronts_cpu_request_is_per_process_unless_the_resource_names_one() -> None:
+    def front_resources(spec: dict[str, Any]) -> dict[str, Any]:
+        resources: dict[str, Any] = container(_model_server(spec), "cache-front")["resources"]
+        return resources
+
+    assert front_resources({})["requests"] == {"cpu": "500m", "memory": "512Mi"}
+    assert front_resources({"engine": {"apiServerCount": 4}})["requests"]["cpu"] == "2000m"
+    named = {"resources": {"requests": {"cpu": "3", "memory": "1Gi"}, "limits": {"cpu": "4"}}}
+    resources = front_resources({"engine": {"apiServerCount": 4}, "front": named})
+    assert resources["requests"] == {"cpu": "3", "memory": "1Gi"}
+    assert resources["limits"]["cpu"] == "4"
+
+
+def test_the_token_producer_and_the_affinity_filter_are_rendered_as_spec_002_names_them() -> None:
+    """llm-d-router gets a `token-producer` only when the resource names one (vLLM's render
+    backend through the model Service, or the estimate), both pickers the affinity filter
+    before the scorers; every parameter is one the plugin accepts."""
+
+    def config(**prefix: Any) -> dict[str, Any]:
+        doc = yaml.safe_load((ROOT / "examples" / "minimal.yaml").read_text())
+        doc["spec"]["prefixCache"] = prefix
+        doc["spec"].setdefault("gateway", {})["picker"] = prefix.pop("picker", "llm-d-router")
+        return endpoint_picker_config(parse_resource(doc))
+
+    def plugin(cfg: dict[str, Any], type_: str) -> dict[str, Any] | None:
+        return next((p for p in cfg["plugins"] if p["type"] == type_), None)
+
+    assert plugin(config(), "token-producer") is None
+    assert plugin(config(), "prefix-cache-affinity-filter") is None
+    assert plugin(config(tokenProducer="Estimate"), "token-producer") == {"type": "token-producer"}
+    render_tokens = plugin(config(tokenProducer="VllmRender"), "token-producer")
+    assert render_tokens is not None
+    doc = yaml.safe_load((ROOT / "examples" / "minimal.yaml").read_text())
+    pcd = parse_resource(doc)
+    assert render_tokens["parameters"] == {
+        "modelName": pcd.spec.model.effective_served_name,
+        "vllm": {"url": f"http://{pcd.metadata.name}.{pcd.metadata.namespace}.svc:8000"},
+    }
+    for picker in ("llm-d-router", "gie-v1.5"):
+        cfg = config(affinityFilter={"enabled": True, "threshold": 0.6}, picker=picker)
+        affinity = plugin(cfg, "prefix-cache-affinity-filter")
+        assert affinity is not None
+        assert affinity["parameters"] == {"affinityThreshold": 0.6, "explorationProbability": 0.01}
+        refs = [r["pluginRef"] for r in cfg["schedulingProfiles"][0]["plugins"]]
+        assert refs.index("prefix-cache-affinity-filter") < refs.index("prefix-cache-scorer")
+        for p in cfg["plugins"]:
+            assert not _flatten_keys(p.get("parameters", {})) - set(ACCEPTED[p["type"]]), p
+    assert plugin(config(tokenProducer="Estimate", picker="gie-v1.5"), "token-producer") is None

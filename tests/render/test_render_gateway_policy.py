@@ -153,6 +153,29 @@ def test_the_step_refuses_engine_state_fields_as_the_front_does(allowed: bool) -
     assert gateway_policy_settings(step).allow_engine_state is allowed
 
 
+def test_isolation_by_account_reaches_both_processes_alike() -> None:
+    """`spec.isolation.identity` is rendered into the front and the step with the same
+    values, so both derive one account's salt and refuse alike; off, nothing is rendered."""
+    identity = {"header": "x-account-id", "bearerToken": True, "required": True}
+    manifests = rendered(isolation={"identity": identity})
+    model = next(
+        m for m in manifests if m["kind"] == "Deployment" and m is not epp_deployment(manifests)
+    )
+    front = next(c for c in model["spec"]["template"]["spec"]["containers"] if c["name"] != "vllm")
+    step = containers(manifests)["gateway-policy"]
+    names = (FrontEnv.IDENTITY_HEADER, FrontEnv.IDENTITY_BEARER, FrontEnv.IDENTITY_REQUIRED)
+    assert [env_of(front)[n] for n in names] == ["x-account-id", "true", "true"]
+    assert [env_of(step)[n] for n in names] == [env_of(front)[n] for n in names]
+    settings = gateway_policy_settings(step)
+    assert (settings.identity_header, settings.identity_bearer, settings.identity_required) == (
+        "x-account-id",
+        True,
+        True,
+    )
+    plain = containers(rendered())["gateway-policy"]
+    assert not set(names) & set(env_of(plain))
+
+
 def test_the_image_can_be_chosen() -> None:
     manifests = rendered(
         sessionAffinity={"enabled": True},
@@ -177,7 +200,9 @@ def test_shared_without_sessions_keeps_the_picker_alone_on_tls() -> None:
 
 
 def test_shim_env_names_are_the_contracts() -> None:
-    manifests = rendered(sessionAffinity={"enabled": True})
+    manifests = rendered(
+        sessionAffinity={"enabled": True}, isolation={"identity": {"bearerToken": True}}
+    )
     names = set(env_of(containers(manifests)["gateway-policy"]))
     declared = {v for k, v in vars(GatewayPolicyEnv).items() if k.isupper()}
     assert names == declared

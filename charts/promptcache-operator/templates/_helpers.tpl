@@ -152,3 +152,18 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/part-of: promptcache
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
+
+{{/* The model-list responder's labels (templates/model-list.yaml). */}}
+{{- define "promptcache-operator.modelListSelectorLabels" -}}
+app.kubernetes.io/name: {{ printf "%s-models" (include "promptcache-operator.name" .) }}
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
+app.kubernetes.io/component: model-list
+{{- end }}
+
+{{- define "promptcache-operator.modelListLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "promptcache-operator.modelListSelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: promptcache
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}

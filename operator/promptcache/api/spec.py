@@ -46,6 +46,9 @@ from promptcache.contract.front import (
     DEFAULT_ALLOW_ENGINE_STATE,
     DEFAULT_BODY_TIMEOUT_SECONDS,
     DEFAULT_HEADER_TIMEOUT_SECONDS,
+    DEFAULT_IDENTITY_BEARER,
+    DEFAULT_IDENTITY_HEADER,
+    DEFAULT_IDENTITY_REQUIRED,
     DEFAULT_MAX_BODY_READS,
     DEFAULT_MAX_PROMPT_EMBEDS_REFERENCES,
     DEFAULT_SEND_BUFFER_BYTES,
@@ -286,16 +289,48 @@ class PromptEmbedsSpec(ApiModel):
         return self.cache_gib if self.enabled else 0.0
 
 
+class IdentitySpec(ApiModel):
+    """Isolation by account (spec/004: "separate caches for each account"): the cache scope
+    follows who the caller is, not only the key it sends (docs/isolation.md).
+
+    The gateway's policy step reads the account behind the gateway's authentication and
+    signs it for the cache front; the front believes nothing else, so a client that
+    reaches a pod directly with a forged header gets no account's scope. With an account,
+    the salt derives from the account, and from the account and the key when a key is sent
+    too (one account can still keep several scopes apart); without one, isolation is by key
+    as before, in a scope no account shares."""
+
+    header: OptionalHeaderName = DEFAULT_IDENTITY_HEADER
+    """Header the gateway's authentication sets to the caller's user or tenant id (e.g.
+    `x-user-id` written by a JWT or API-key filter from a verified claim). That filter must
+    run before the Endpoint Picker's ext_proc filter and replace any copy a client sent.
+    Empty: the account is not read from a header."""
+    bearer_token: bool = DEFAULT_IDENTITY_BEARER
+    """Name the account by the HMAC of the request's bearer token (`Authorization: Bearer
+    ...`): whoever holds a token is its account. Used when `header` is empty or absent."""
+    required: bool = DEFAULT_IDENTITY_REQUIRED
+    """Refuse a request without an account with HTTP 401 (`identity_required`), at the
+    gateway and at the front alike."""
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the deployment isolates by account at all."""
+        return bool(self.header) or self.bearer_token
+
+
 class IsolationSpec(ApiModel):
     """Tenant isolation of cached prompts by salt (spec/004 and spec/000)."""
 
     mode: IsolationModeName = IsolationMode.PER_KEY
     """`Shared`: one cache for all. `PerKey`: a key, when sent, isolates; requests without one
-    share. `Required`: a request without a key is refused with HTTP 400."""
+    share. `Required`: a request without a key is refused with HTTP 400. An empty key
+    (header or field) counts as no key in every mode."""
     header: OptionalHeaderName = DEFAULT_ISOLATION_HEADER
     """Request header carrying the isolation key; empty to not read one."""
     body_field: OptionalBodyField = DEFAULT_ISOLATION_FIELD
     """Request body field carrying the isolation key; empty to not read one."""
+    identity: IdentitySpec = Field(default_factory=IdentitySpec)
+    """Isolation by account, beside (or instead of) the key."""
     salt_secret_ref: SaltSecretRef | None = None
     """Secret holding the salt HMAC key. Empty: the operator generates `<name>-salt` once."""
     honor_prompt_cache_max_len: bool | None = None
@@ -347,11 +382,28 @@ class PrefixCacheTier(ApiModel):
     auto_tune: bool = False
     """Tune this tier from pod metrics too (usually off: a tier exists to differ)."""
     block_size_tokens: Annotated[int, Field(ge=1, le=65536)] = 64
-    """Block size of this tier (raised to 64 when smaller)."""
+    """Block size of this tier (llm-d-router raises it to 64 when smaller)."""
     lru_capacity_per_server: Annotated[int, Field(gt=0)] = 31250
     """Blocks this tier remembers per pod."""
     weight: Annotated[float, Field(ge=0, le=100)] = 1.0
     """Weight of this tier's scorer."""
+
+
+TokenProducerName = Literal["Estimate", "VllmRender"]
+
+
+class AffinityFilterSpec(ApiModel):
+    """The Endpoint Picker's `prefix-cache-affinity-filter` (spec/002, both pickers): before
+    the scorers, keep only the pods whose prefix match for the request reaches `threshold`
+    (all pods when none does), so a prompt whose prefix a pod holds goes there and load
+    only chooses among those pods."""
+
+    enabled: bool = False
+    threshold: Annotated[float, Field(ge=0, le=1)] = 0.8
+    """Prefix-match share (0-1) at which a pod is kept (`affinityThreshold`)."""
+    exploration_probability: Annotated[float, Field(ge=0, le=1)] = 0.01
+    """Share of requests for which the filter keeps every pod, so other pods warm up too
+    (`explorationProbability`)."""
 
 
 class PrefixCacheSpec(ApiModel):
@@ -360,8 +412,8 @@ class PrefixCacheSpec(ApiModel):
     auto_tune: bool = True
     """Take block size and per-pod capacity from the pods' `vllm:cache_config_info`."""
     block_size_tokens: Annotated[int, Field(ge=1, le=65536)] = 64
-    """Block size when not auto-tuned. The Endpoint Picker raises anything below 64 to 64;
-    the generated config shows the effective value."""
+    """Block size when not auto-tuned. llm-d-router raises anything below 64 to 64 (tuned
+    sizes too); GIE v1.5 uses it as given. The generated config shows the effective value."""
     max_prefix_tokens_to_match: Annotated[int, Field(ge=0)] = 131072
     """Prefix tokens hashed per request; wins when > 0. 0: use `maxPrefixBlocksToMatch`."""
     max_prefix_blocks_to_match: Annotated[int, Field(ge=0)] = 2048
@@ -371,6 +423,15 @@ class PrefixCacheSpec(ApiModel):
     weights: ScorerWeights = Field(default_factory=ScorerWeights)
     tiers: Annotated[list[PrefixCacheTier], Field(max_length=8)] = Field(default_factory=list)
     """Extra producer tiers, each with its own scorer."""
+    token_producer: TokenProducerName | None = None
+    """How the picker turns a prompt into the tokens its prefix producer hashes (spec/002's
+    `token-producer`; llm-d-router only, GIE v1.5 hashes characters and has none).
+    `Estimate`: the tokenizer-free estimate (about 4 bytes a token), what the picker does
+    when nothing is configured. `VllmRender`: vLLM's own `/render` endpoints on the model
+    servers (through the model Service and the cache front): real tokens, so blocks line
+    up with vLLM's, at one more round trip per request. Empty: the picker's default (the
+    estimate)."""
+    affinity_filter: AffinityFilterSpec = Field(default_factory=AffinityFilterSpec)
 
     @model_validator(mode="after")
     def _rules(self) -> PrefixCacheSpec:
@@ -404,6 +465,17 @@ class RouteSpec(ApiModel):
     Gateway and hostnames."""
 
 
+class GatewaySizingSpec(ApiModel):
+    """What the Endpoint Picker pod is sized for: its containers' CPU requests and the policy
+    step's worker processes follow from the rate and the request size, by the CPU each
+    request costs the picker and the step (measured: docs/endpoint-picker.md, 'Sizing')."""
+
+    requests_per_second: Annotated[int, Field(ge=1, le=100_000)] = 100
+    """Requests per second the pool's gateway routes at peak."""
+    request_kib: Annotated[int, Field(ge=1, le=4 * 1024**2, alias="requestKiB")] = 8
+    """Typical request body in KiB (the prompt: the picker hashes it, the step parses it)."""
+
+
 class GatewaySpec(ApiModel):
     """The InferencePool and its Endpoint Picker."""
 
@@ -418,7 +490,10 @@ class GatewaySpec(ApiModel):
     `registry.k8s.io/gateway-api-inference-extension/epp:v1.5.0`)."""
     replicas: Annotated[int, Field(ge=1, le=5)] = 1
     """Endpoint Picker replicas; above 1 they elect a leader (approximate prefix indexes are
-    per replica, so active-active would split them)."""
+    per replica, so active-active would split them): more replicas add availability, not
+    throughput (`sizing` does that)."""
+    sizing: GatewaySizingSpec = Field(default_factory=GatewaySizingSpec)
+    """The peak request rate and typical request size the Endpoint Picker pod is sized for."""
     failure_mode: FailureMode = "FailClose"
     """What the gateway does when the Endpoint Picker is unreachable."""
     extra_flags: Annotated[list[str], Field(max_length=32)] = Field(default_factory=list)
@@ -529,11 +604,14 @@ class FrontSpec(ApiModel):
     one tenant."""
     usage_headers: UsageHeadersSpec = Field(default_factory=UsageHeadersSpec)
     resources: Resources = Field(
-        default_factory=lambda: Resources(gpus=0, requests={"cpu": "500m", "memory": "512Mi"})
+        default_factory=lambda: Resources(gpus=0, requests={"memory": "512Mi"})
     )
-    """Front container resources. Without a memory limit, one is derived from the
-    prompt-embeds ceiling plus in-flight request bytes per process, so the cache cannot get
-    the pod OOM-killed."""
+    """Front container resources. Without a CPU request, 500m per front process (one per
+    vLLM API server, `engine.apiServerCount`): measured, a process spends 0.3-0.8 ms of CPU
+    per answer, so that carries about 600-1600 answers a second (docs/cache-front.md). No
+    CPU limit is set: a CFS quota would stall the front's bursts. Without a memory limit,
+    one is derived from the prompt-embeds ceiling plus in-flight request bytes per process,
+    so the cache cannot get the pod OOM-killed."""
 
 
 class MonitoringSpec(ApiModel):

@@ -11,6 +11,7 @@ from typing import Annotated, Final, Literal
 from pydantic import Field
 
 from promptcache.api.base import ApiModel
+from promptcache.api.spec import MAX_ADAPTERS
 
 
 class ConditionType:
@@ -63,6 +64,30 @@ class Reason:
     DEPRECATED_FIELD_SET: Final[str] = "DeprecatedFieldSet"
 
 
+class AdapterReason:
+    """Why an adapter is, or is not, served (`status.adapters[].reason`), CamelCase."""
+
+    SERVED: Final = "Served"
+    """Every ready pod lists it in its `/v1/models`, loaded from the source the spec names."""
+    NOT_ON_EVERY_POD: Final = "NotOnEveryPod"
+    """Some ready pods do not serve it as the spec names it (a rollout that adds or replaces
+    it is under way)."""
+    PENDING: Final = "Pending"
+    """No ready pod yet, and no pod said it failed on this adapter."""
+    NOT_FOUND: Final = "AdapterNotFound"
+    """vLLM found no adapter at the path, or could not download the repository."""
+    RANK_OVER_LIMIT: Final = "RankOverLimit"
+    """The adapter's rank is above `engine.maxLoraRank`."""
+    LOAD_FAILED: Final = "LoadFailed"
+    """vLLM refused the adapter for another reason (its message is in the status)."""
+
+
+AdapterReasonName = Literal[
+    "Served", "NotOnEveryPod", "Pending", "AdapterNotFound", "RankOverLimit", "LoadFailed"
+]
+"""The values of `AdapterReason` (a test keeps the two equal)."""
+
+
 class Condition(ApiModel):
     """A standard Kubernetes condition (metav1.Condition)."""
 
@@ -113,6 +138,17 @@ class PrefixCacheStatus(ApiModel):
     scraped_pods: int = 0
 
 
+class AdapterStatus(ApiModel):
+    """Where one `model.adapters[]` entry is served, and why not where it is not."""
+
+    name: Annotated[str, Field(min_length=1, max_length=256)]
+    ready_replicas: Annotated[int, Field(ge=0)] = 0
+    """Ready model-server pods whose `/v1/models` lists the adapter's name (during a rollout
+    that replaces it, some may still serve its older source)."""
+    reason: AdapterReasonName = "Pending"
+    message: Annotated[str, Field(max_length=2048)] = ""
+
+
 class GatewayStatus(ApiModel):
     """Where clients reach the model, as the parent Gateways report it."""
 
@@ -135,3 +171,7 @@ class PromptCacheDeploymentStatus(ApiModel):
     prefix_cache: PrefixCacheStatus = Field(default_factory=PrefixCacheStatus)
     gateway: GatewayStatus | None = None
     """Present once a parent Gateway reports an address."""
+    adapters: Annotated[list[AdapterStatus], Field(max_length=MAX_ADAPTERS)] | None = None
+    """Present only with `model.adapters`: one entry per adapter, in its order, saying on how
+    many ready pods it is served and, where it is not, why (read from the pods'
+    `/v1/models` and from what vLLM said when it stopped)."""

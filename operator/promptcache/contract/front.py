@@ -87,8 +87,18 @@ class FrontEnv:
     """Forward the request fields through which a client reaches vLLM's state
     (`VLLM_ENGINE_STATE_FIELDS`); false: a non-null one is refused."""
     ALLOW_CLIENT_PRIORITY: Final[str] = "PROMPTCACHE_ALLOW_CLIENT_PRIORITY"
+    LIFECYCLE_LISTEN: Final[str] = "PROMPTCACHE_LIFECYCLE_LISTEN"
+    """Loopback HOST:PORT held open while the process lives (the vllm preStop waits on it)."""
+    LAME_DUCK_SECONDS: Final[str] = "PROMPTCACHE_LAME_DUCK_SECONDS"
+    """Seconds the front keeps serving after SIGTERM before it stops listening and drains."""
     """Let clients set vLLM's scheduling priority (`X-Vllm-Priority`, body `priority`);
     false: the header is removed and a non-zero `priority` is refused."""
+    IDENTITY_HEADER: Final[str] = "PROMPTCACHE_IDENTITY_HEADER"
+    """The header the gateway's authentication sets to the caller's account; empty: none."""
+    IDENTITY_BEARER: Final[str] = "PROMPTCACHE_IDENTITY_BEARER"
+    """Name the account by the HMAC of the request's bearer token."""
+    IDENTITY_REQUIRED: Final[str] = "PROMPTCACHE_IDENTITY_REQUIRED"
+    """Refuse a request without an authenticated account (HTTP 401 `identity_required`)."""
 
 
 # --- defaults: a process started with no flags and no variables fits the rendered pod ----
@@ -124,7 +134,16 @@ TURBOQUANT_DTYPES: Final[tuple[str, ...]] = ("auto", "float32", "float16", "bflo
 DEFAULT_TURBOQUANT_DTYPE: Final[str] = "auto"
 """auto: decode to the dtype the client compressed from (vLLM casts to the model dtype)."""
 DEFAULT_UPSTREAM_TIMEOUT_SECONDS: Final[float] = 600.0
+DEFAULT_LIFECYCLE_LISTEN: Final[str] = ""
+"""Off for a process started by hand; the renderer sets 127.0.0.1:FRONT_LIFECYCLE_PORT."""
+DEFAULT_LAME_DUCK_SECONDS: Final[float] = 0.0
+"""A process started by hand stops listening at once; the renderer sets
+FRONT_LAME_DUCK_SECONDS."""
 DEFAULT_ALLOW_ENGINE_STATE: Final[bool] = False
+DEFAULT_IDENTITY_HEADER: Final[str] = ""
+"""No identity header: the account is not read from the gateway's authentication."""
+DEFAULT_IDENTITY_BEARER: Final[bool] = False
+DEFAULT_IDENTITY_REQUIRED: Final[bool] = False
 VLLM_ENGINE_STATE_FIELDS: Final[tuple[str, ...]] = (
     "previous_response_id",
     "kv_transfer_params",
@@ -232,4 +251,19 @@ FRONT_SETTINGS: Final[tuple[Setting[Any], ...]] = (
     Setting("allow_client_priority", "--allow-client-priority",
             FrontEnv.ALLOW_CLIENT_PRIORITY, parse_bool, DEFAULT_ALLOW_CLIENT_PRIORITY,
             "forward X-Vllm-Priority and a body priority to vLLM (false: removed / refused)"),
+    Setting("lifecycle_listen", "--lifecycle-listen", FrontEnv.LIFECYCLE_LISTEN, as_str,
+            DEFAULT_LIFECYCLE_LISTEN,
+            "loopback HOST:PORT open while the process lives (empty: none)"),
+    Setting("lame_duck_seconds", "--lame-duck-seconds", FrontEnv.LAME_DUCK_SECONDS, as_float,
+            DEFAULT_LAME_DUCK_SECONDS,
+            "seconds still serving after SIGTERM (Connection: close, /readyz 503) before draining"),
+    Setting("identity_header", "--identity-header", FrontEnv.IDENTITY_HEADER,
+            parse_optional_header_name, DEFAULT_IDENTITY_HEADER,
+            "header the gateway's authentication sets to the caller's account; empty: none",
+            empty_is_unset=False),
+    Setting("identity_bearer", "--identity-bearer", FrontEnv.IDENTITY_BEARER, parse_bool,
+            DEFAULT_IDENTITY_BEARER, "name the account by the HMAC of the bearer token"),
+    Setting("identity_required", "--identity-required", FrontEnv.IDENTITY_REQUIRED,
+            parse_bool, DEFAULT_IDENTITY_REQUIRED,
+            "refuse a request without an authenticated account (401 identity_required)"),
 )  # fmt: skip

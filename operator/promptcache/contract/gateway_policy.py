@@ -59,6 +59,8 @@ class GatewayPolicyEnv:
     """How long a request's body may take to arrive once its headers have; then HTTP 408."""
     METRICS_LISTEN: Final[str] = "PROMPTCACHE_GATEWAY_POLICY_METRICS_LISTEN"
     """HOST:PORT of the step's Prometheus metrics (plain HTTP); empty: none."""
+    WORKERS: Final[str] = "PROMPTCACHE_GATEWAY_POLICY_WORKERS"
+    """Processes serving the ext_proc port together (SO_REUSEPORT); one core each."""
     ISOLATION_MODE: Final[str] = FrontEnv.ISOLATION_MODE
     ISOLATION_HEADER: Final[str] = FrontEnv.ISOLATION_HEADER
     ISOLATION_FIELD: Final[str] = FrontEnv.ISOLATION_FIELD
@@ -66,6 +68,9 @@ class GatewayPolicyEnv:
     HONOR_MAX_LEN: Final[str] = FrontEnv.HONOR_MAX_LEN
     ALLOW_CLIENT_PRIORITY: Final[str] = FrontEnv.ALLOW_CLIENT_PRIORITY
     ALLOW_ENGINE_STATE: Final[str] = FrontEnv.ALLOW_ENGINE_STATE
+    IDENTITY_HEADER: Final[str] = FrontEnv.IDENTITY_HEADER
+    IDENTITY_BEARER: Final[str] = FrontEnv.IDENTITY_BEARER
+    IDENTITY_REQUIRED: Final[str] = FrontEnv.IDENTITY_REQUIRED
 
 
 SessionShimEnv = GatewayPolicyEnv
@@ -93,6 +98,10 @@ DEFAULT_GATEWAY_POLICY_METRICS_LISTEN: Final[str] = f"0.0.0.0:{GATEWAY_POLICY_ME
 DEFAULT_GATEWAY_POLICY_DRAIN_SECONDS: Final[float] = 30.0
 """In-flight streams may finish this long after SIGTERM (the EPP pod allows 130 s)."""
 MAX_GATEWAY_POLICY_DRAIN_SECONDS: Final[float] = 3600.0
+DEFAULT_GATEWAY_POLICY_WORKERS: Final[int] = 1
+MAX_GATEWAY_POLICY_WORKERS: Final[int] = 64
+"""One Python process relays about a core's worth of ext_proc streams (bench/gateway_hop.py);
+more processes, on more cores, relay more (docs/endpoint-picker.md, 'Sizing')."""
 
 ISOLATION_FIELDS: Final[tuple[str, ...]] = (
     "isolation_mode",
@@ -102,6 +111,9 @@ ISOLATION_FIELDS: Final[tuple[str, ...]] = (
     "honor_prompt_cache_max_len",
     "allow_client_priority",
     "allow_engine_state",
+    "identity_header",
+    "identity_bearer",
+    "identity_required",
 )
 """The front's settings the step shares, declaration and all."""
 
@@ -135,5 +147,9 @@ GATEWAY_POLICY_SETTINGS: Final[tuple[Setting[Any], ...]] = (
             "HOST:PORT to serve Prometheus metrics on; empty: none", empty_is_unset=False),
     Setting("drain_seconds", "--drain-seconds", GatewayPolicyEnv.DRAIN_SECONDS, as_float,
             DEFAULT_GATEWAY_POLICY_DRAIN_SECONDS, "how long open streams may finish after SIGTERM"),
+    Setting("workers", "--workers", GatewayPolicyEnv.WORKERS, as_int,
+            DEFAULT_GATEWAY_POLICY_WORKERS,
+            "processes serving the port together (SO_REUSEPORT), one per core the step may "
+            "use; they share --max-buffered-bytes equally"),
     *(s for s in FRONT_SETTINGS if s.field in ISOLATION_FIELDS),
 )  # fmt: skip

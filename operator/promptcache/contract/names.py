@@ -33,6 +33,19 @@ DEFAULT_CACHED_PROMPT_TOKENS_HEADER: Final[str] = "dashflow-cached-prompt-tokens
 # --- vLLM request field the isolation policy controls -------------------------
 CACHE_SALT_FIELD: Final[str] = "cache_salt"
 
+# --- isolation by account: who the caller is (docs/isolation.md) ----------------
+AUTHORIZATION_HEADER: Final[str] = "authorization"
+"""Where a bearer token arrives; its HMAC names the account when `identity.bearerToken` is on."""
+IDENTITY_ATTESTATION_HEADER: Final[str] = "x-promptcache-identity"
+"""Set by the gateway's policy step only (it removes a client's copy): the account it
+derived, signed with a key derived from the salt Secret and bound to the request. The
+cache front trusts an identity from nowhere else."""
+IDENTITY_ATTESTATION_MAX_AGE_SECONDS: Final[int] = 60
+"""How long an attestation is accepted after it was signed (the step signs once the body
+has arrived, so only the picker's decision and the gateway's forwarding lie between)."""
+IDENTITY_CLOCK_SKEW_SECONDS: Final[int] = 30
+"""How far in the future an attestation's time may lie (the pods' clocks differ a little)."""
+
 
 class IsolationMode(StrEnum):
     """How the cache front turns an isolation key into vLLM's `cache_salt`."""
@@ -59,6 +72,18 @@ SERVING_PORT: Final[int] = 8000
 """The port the InferencePool targets: the cache front's, or vLLM's without a front."""
 VLLM_LOCAL_PORT: Final[int] = 8001
 """vLLM's port when a cache front stands in front of it; bound to 127.0.0.1 only."""
+FRONT_LIFECYCLE_PORT: Final[int] = 8002
+"""The front's loopback-only lifecycle socket: it accepts (and closes) connections for as
+long as the front process lives, so the vllm container's preStop hook waits on it until the
+front has drained (`render.model_server`, `front.server`)."""
+FRONT_LAME_DUCK_SECONDS: Final[float] = 5.0
+"""After SIGTERM the front still serves new requests this long (answering them with
+`Connection: close`, and /readyz with 503) before it stops listening: time for the picker
+to see the pod leave (the kubelet marks a deleted pod not Ready at once)."""
+FRONT_DRAIN_SECONDS: Final[float] = 90.0
+"""Then it waits this long for the requests in flight (streams included) to finish."""
+POD_TERMINATION_GRACE_SECONDS: Final[int] = 120
+"""The model-server pod's grace: lame duck, drain, and vLLM's own stop fit inside it."""
 SALT_KEY_SECRET_KEY: Final[str] = "salt-key"  # noqa: S105 - a key name, not a secret
 """The key inside the salt Secret that holds the HMAC secret."""
 SALT_KEY_MOUNT_DIR: Final[str] = "/etc/promptcache/salt"

@@ -22,6 +22,11 @@ BASE_MODEL_HEADER: Final[str] = "X-Gateway-Base-Model-Name"
 empty for a name no mapping knows (basemodelextractor.BaseModelHeader)."""
 MAPPING_LABEL: Final[str] = "inference.networking.k8s.io/bbr-managed"
 """ConfigMaps the router reads carry this label with the value `"true"`."""
+MAPPING_FINALIZER: Final[str] = "serving.promptcache.io/router-map"
+"""Held by a mapping ConfigMap and by its resource until the router has seen the mapping
+lose `MAPPING_LABEL`: bbr v1.5.0 never sees a deleted mapping (controller/router_map.py)."""
+MAPPING_UNMAPPED_AT: Final[str] = "serving.promptcache.io/unmapped-at"
+"""Annotation: when the operator took `MAPPING_LABEL` off a mapping on its way out."""
 MAPPING_BASE_MODEL_KEY: Final[str] = "baseModel"
 MAPPING_ADAPTERS_KEY: Final[str] = "adapters"
 BBR_GRPC_PORT: Final[int] = 9004
@@ -34,3 +39,13 @@ BBR_PLUGINS: Final[tuple[str, ...]] = (
     "base-model-to-header:base-model-mapper",
 )
 """The router's `--plugin` values: its defaults, written out as GIE's chart does."""
+
+GATEWAY_HEADER: Final[str] = "X-Promptcache-Gateway"
+"""Set by the model-list responder's HTTPRoute (a `RequestHeaderModifier`, so a client's own
+value is overwritten) to `<namespace>/<name>` of the Gateway, or `<namespace>/<name>/<listener>`:
+which Gateway's list the responder answers with."""
+CATALOG_PORT: Final[int] = 8000
+"""The model-list responder's serving port (`promptcache catalog --port`)."""
+CATALOG_HEALTH_PORT: Final[int] = 8081
+"""Its `/healthz` and `/readyz` (`--health-port`), never routed by the Gateway."""
+MODELS_PATH: Final[str] = "/v1/models"

@@ -11,6 +11,8 @@ from typing import Any
 from promptcache.api import BUILT_IN_DEFAULTS, OperatorDefaults, PromptCacheDeployment, ceiling_of
 from promptcache.contract import (
     FRONT_HEALTH_PATH,
+    FRONT_LAME_DUCK_SECONDS,
+    FRONT_LIFECYCLE_PORT,
     FRONT_READY_PATH,
     SALT_KEY_FILE,
     SALT_KEY_MOUNT_DIR,
@@ -33,11 +35,23 @@ from promptcache.render.quantities import mebibytes
 from promptcache.render.security import container_security_context
 
 FRONT_CONTAINER = "cache-front"
+FRONT_LIFECYCLE_LISTEN = f"127.0.0.1:{FRONT_LIFECYCLE_PORT}"
+"""Loopback only: no client, picker or Gateway can reach it; the vllm container (same
+network namespace) can."""
 SALT_VOLUME = "salt-key"
 _BUDGET_PER_REQUEST_BYTE = 5
 """A maximal request is charged about 5x its size at its peak (body, parse, forwarded copy)."""
-_BASE_MEMORY_BYTES = 256 * 1024**2
-"""Interpreter, torch and aiohttp of one front process, before any request."""
+_BASE_MEMORY_BYTES = 640 * 1024**2
+"""One front process before any request, measured: the interpreter, aiohttp and torch
+(loaded at the first prompt-embeds payload) 550 MiB RSS, its JSON worker processes
+(`--decode-workers`, 34 MiB each) and multiprocessing's resource tracker (13 MiB)."""
+CPU_MILLICORES_PER_PROCESS = 500
+"""The front's CPU request per process when `front.resources` names none. One process
+spent 0.3-0.8 ms of CPU per answer next to a real vLLM (`bench/front_overhead.py --engine
+real`, docs/cache-front.md), so half a core carries about 600-1600 answers a second before
+it needs more than its request; there is one process per vLLM API server, so the request
+grows with them. No CPU limit: a CFS quota would stall the front's bursts for whole
+periods, and each stall is latency every client of the pod waits for."""
 
 
 def in_flight_bytes(pcd: PromptCacheDeployment) -> int:
@@ -73,6 +87,8 @@ def _env(pcd: PromptCacheDeployment, has_salt: bool) -> list[dict[str, str]]:
     values: list[tuple[str, str]] = [
         (FrontEnv.LISTEN, DEFAULT_LISTEN),
         (FrontEnv.UPSTREAM, DEFAULT_UPSTREAM),
+        (FrontEnv.LIFECYCLE_LISTEN, FRONT_LIFECYCLE_LISTEN),
+        (FrontEnv.LAME_DUCK_SECONDS, format_float(FRONT_LAME_DUCK_SECONDS)),
         (FrontEnv.WORKERS, str(spec.engine.api_server_count)),
         (SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR, format_cache_gib(cache_gib)),
         (FrontEnv.ISOLATION_MODE, iso.mode.value),
@@ -101,6 +117,12 @@ def _env(pcd: PromptCacheDeployment, has_salt: bool) -> list[dict[str, str]]:
             format_bool(session.enabled and session.use_user_field),
         ),
     ]
+    if iso.identity.enabled:  # only then: a deployment without accounts renders as before
+        values += [
+            (FrontEnv.IDENTITY_HEADER, iso.identity.header),
+            (FrontEnv.IDENTITY_BEARER, format_bool(iso.identity.bearer_token)),
+            (FrontEnv.IDENTITY_REQUIRED, format_bool(iso.identity.required)),
+        ]
     if has_salt:
         values.append((FrontEnv.SALT_KEY_FILE, SALT_KEY_FILE))
     return [{"name": name, "value": value} for name, value in values]
@@ -114,12 +136,15 @@ def front_env(pcd: PromptCacheDeployment, names: Names) -> dict[str, str]:
 
 def _resources(pcd: PromptCacheDeployment) -> dict[str, Any]:
     front = pcd.spec.front.resources
+    processes = pcd.spec.engine.api_server_count
+    requests: dict[str, Any] = dict(front.requests)
+    if "cpu" not in requests:
+        requests = {"cpu": f"{CPU_MILLICORES_PER_PROCESS * processes}m", **requests}
     limits: dict[str, Any] = dict(front.limits)
     if "memory" not in limits:
-        processes = pcd.spec.engine.api_server_count
         per_process = in_flight_bytes(pcd) + _BASE_MEMORY_BYTES
         limits["memory"] = mebibytes(ceiling_of(pcd).per_pod_bytes + processes * per_process)
-    return {"requests": dict(front.requests), "limits": limits}
+    return {"requests": requests, "limits": limits}
 
 
 def front_image(pcd: PromptCacheDeployment, defaults: OperatorDefaults) -> str:

@@ -15,6 +15,7 @@ from promptcache.contract.router import (
     BASE_MODEL_HEADER,
     MAPPING_ADAPTERS_KEY,
     MAPPING_BASE_MODEL_KEY,
+    MAPPING_FINALIZER,
     MAPPING_LABEL,
 )
 from promptcache.render.epp import GRPC_PORT, POOL_GROUP
@@ -89,6 +90,8 @@ def model_map(pcd: PromptCacheDeployment, names: Names) -> dict[str, Any] | None
         return None
     meta = metadata(names, names.model_map, Component.GATEWAY)
     meta["labels"] = {**meta["labels"], MAPPING_LABEL: "true"}  # type: ignore[dict-item]
+    # It goes only once the router has seen it unlabelled (controller/router_map.py).
+    meta["finalizers"] = [MAPPING_FINALIZER]
     adapters = [a.name for a in pcd.spec.model.adapters]
     return {
         "apiVersion": "v1",

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Final
 
 from promptcache.api import BUILT_IN_DEFAULTS, OperatorDefaults, PromptCacheDeployment
 from promptcache.contract import (
+    FRONT_LIFECYCLE_PORT,
     MODEL_CACHE_MOUNT_PATH,
+    POD_TERMINATION_GRACE_SECONDS,
     SERVING_PORT,
     VLLM_LOCAL_PORT,
     VllmFlag,
@@ -169,6 +171,10 @@ def _vllm_container(pcd: PromptCacheDeployment, defaults: OperatorDefaults) -> d
             pcd, periodSeconds=10, failureThreshold=STARTUP_BUDGET_SECONDS // 10
         ),
         "livenessProbe": _vllm_health_probe(pcd, periodSeconds=15, failureThreshold=4),
+        # vLLM writes no termination message: the tail of its log is what says why it
+        # stopped (an adapter it could not load, for status.adapters). The kubelet keeps it
+        # in the pod's status, which the operator already reads: no log access needed.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         # Read-only root: vLLM writes only under HOME=/tmp (its, torch's and triton's
         # caches), HF_HOME (the model cache) and /dev/shm, all volumes.
         "securityContext": container_security_context(run_as_user=defaults.model_server_user),
@@ -181,7 +187,26 @@ def _vllm_container(pcd: PromptCacheDeployment, defaults: OperatorDefaults) -> d
     if not spec.front.enabled:
         container["ports"] = [{"name": "http", "containerPort": SERVING_PORT, "protocol": "TCP"}]
         container["readinessProbe"] = _vllm_health_probe(pcd, periodSeconds=5, failureThreshold=2)
+    else:
+        container["lifecycle"] = {"preStop": {"exec": {"command": _WAIT_FOR_FRONT}}}
     return container
+
+
+_WAIT_FOR_FRONT: Final[list[str]] = [
+    "python3",
+    "-c",
+    "import socket, time\n"
+    "while True:\n"
+    "    try:\n"
+    f"        socket.create_connection(('127.0.0.1', {FRONT_LIFECYCLE_PORT}), 2).close()\n"
+    "    except OSError:\n"
+    "        break\n"
+    "    time.sleep(0.5)\n",
+]
+"""vLLM's preStop: wait until the front has exited (its lifecycle socket refuses), so vLLM
+gets SIGTERM (which aborts whatever it still runs) only after the front has answered every
+request it took: the front is vLLM's only client. Bounded by the pod's grace period; if the
+image has no python3 the hook fails and the kubelet stops vLLM at once, as before."""
 
 
 def _volumes(pcd: PromptCacheDeployment, names: Names) -> list[dict[str, Any]]:
@@ -227,7 +252,7 @@ def model_server_deployment(
         containers.insert(0, front_container(pcd, names, defaults))
     pod_spec: dict[str, Any] = {
         "securityContext": pod_security_context(fs_group=defaults.model_server_user),
-        "terminationGracePeriodSeconds": 120,
+        "terminationGracePeriodSeconds": POD_TERMINATION_GRACE_SECONDS,
         "containers": containers,
         "volumes": _volumes(pcd, names),
     }

@@ -23,6 +23,7 @@ import pytest
 from harness.epp.bbr import BbrProcess, chart_router_args, route_for
 from harness.operator import apply_yaml, namespaced_operator, wait_for
 from harness.pytest_cluster import Cluster, built_binary
+from harness.resources import routed_resource
 from promptcache.api import parse_resource
 from promptcache.contract.router import (
     BASE_MODEL_HEADER,
@@ -35,23 +36,12 @@ from tools import install_assets
 
 pytestmark = [pytest.mark.cluster, pytest.mark.helm]
 
-GATEWAY = {"route": {"parentRefs": [{"name": "shared"}], "routeByModel": True}}
-
 
 def resource(name: str, namespace: str, served: str, adapters: list[str]) -> dict[str, Any]:
-    return {
-        "apiVersion": "serving.promptcache.io/v1alpha1",
-        "kind": "PromptCacheDeployment",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "model": {
-                "name": f"org/{served}",
-                "servedModelName": served,
-                "adapters": [{"name": a, "path": f"/model-cache/{a}"} for a in adapters],
-            },
-            "gateway": copy.deepcopy(GATEWAY),
-        },
-    }
+    """A resource on the Gateway `shared` of its own namespace, routing by model, no status."""
+    return routed_resource(
+        name, served, adapters, namespace=namespace, ready=None, parent={"name": "shared"}
+    )
 
 
 def rendered(doc: dict[str, Any]) -> list[dict[str, Any]]:

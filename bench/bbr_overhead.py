@@ -26,7 +26,7 @@ pod, and the request goes to it.
 
 Needs the local control plane (`bbr` reads its mapping ConfigMaps from an API server), the
 GIE picker and `bbr` (`e2e/cluster build --only epp bbr`). Run: `python -m bench.bbr_overhead`
-(about 3 minutes; `--quick` for a smoke run). Quote figures from a `/work/bin/quiet` run.
+(about 3 minutes; `--quick` for a smoke run). Quote figures from a run on an otherwise idle machine.
 """
 
 from __future__ import annotations

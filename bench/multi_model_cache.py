@@ -28,7 +28,7 @@ the same real engines, at the same time, and compares what the engines themselve
 
 Run: `python -m bench.multi_model_cache` (3 engines, about 6 minutes warm; `--sessions` to
 change the length). Needs `e2e/cluster build --only epp bbr` and `scripts/engine`. Quote
-figures from a `/work/bin/quiet`-free `/work/bin/engine` run with its load average.
+figures with the load average of the run (token counts, not timings, so load matters little).
 """
 
 from __future__ import annotations

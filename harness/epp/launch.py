@@ -64,9 +64,10 @@ class Launcher:
         self, example: str | Path = "minimal.yaml", spec_patch: Mapping[str, Any] | None = None
     ) -> Rendered:
         path = example if isinstance(example, Path) else EXAMPLES / example
-        patch: dict[str, Any] = {"gateway": {"picker": self.picker.value}}
-        deep_merge(patch, spec_patch or {})
-        return Rendered(render_resource(load_example(path, self.namespace, patch)))
+        doc = load_example(path, self.namespace, {"gateway": {"picker": self.picker.value}})
+        # Merged into the resource itself, so the patch's removals (`None`) remove.
+        deep_merge(doc["spec"], spec_patch or {})
+        return Rendered(render_resource(doc))
 
     def __call__(
         self,

@@ -36,7 +36,11 @@ def deep_merge(base: dict[str, Any], patch: Mapping[str, Any]) -> None:
     for key, value in patch.items():
         if value is None:
             base.pop(key, None)
-        elif isinstance(value, Mapping) and isinstance(base.get(key), dict):
+        elif isinstance(value, Mapping):
+            # A mapping merges into what is there, or into an empty one: its `None`s are
+            # removals even where the base had no such mapping (RFC 7386), never values.
+            if not isinstance(base.get(key), dict):
+                base[key] = {}
             deep_merge(base[key], value)
         else:
             base[key] = copy.deepcopy(value)

@@ -208,6 +208,16 @@ class Cluster:
         return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
 
 
+def failure_summary(stderr: str, *, line_chars: int = 600, tail_chars: int = 3000) -> str:
+    """What a failed `e2e/cluster up` said, readable: its progress lines and the error line
+    (each cut to `line_chars`), then the end of its output. The error quotes a component's
+    last log lines, and kwok's are long JSON records: a plain tail of the output showed
+    only those, never what failed."""
+    lines = stderr.splitlines()
+    said = [line[:line_chars] for line in lines if line.startswith("[cluster ")]
+    return "\n".join([*said[-12:], "--- the end of its output:", stderr[-tail_chars:]])
+
+
 def start_local_cluster(
     gateway_crds: bool = True,
     name: str | None = None,
@@ -233,7 +243,7 @@ def start_local_cluster(
     proc = _cli(*args)
     if proc.returncode != 0:
         _cli("down", "--dir", str(d), timeout=60)
-        raise RuntimeError(f"e2e/cluster up failed:\n{proc.stderr[-4000:]}")
+        raise RuntimeError(f"e2e/cluster up failed:\n{failure_summary(proc.stderr)}")
     if "retrying" in proc.stderr:
         # Visible in pytest's warnings summary: a flaky start should not pass unnoticed.
         warnings.warn(f"e2e/cluster up needed a retry:\n{proc.stderr[-3000:]}", stacklevel=2)

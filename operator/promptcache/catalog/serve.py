@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -13,6 +12,7 @@ from aiohttp import web
 from promptcache.catalog.app import SERVER_OPTIONS, Catalog, CatalogServer, health_app
 from promptcache.catalog.watch import ResourceCache
 from promptcache.controller.kube import Kube, load_config
+from promptcache.controller.server import stop_on_signal
 
 log = logging.getLogger(__name__)
 
@@ -54,13 +54,7 @@ async def serve(options: CatalogOptions) -> int:
     kube = Kube(load_config())
     cache = ResourceCache(kube, options.namespaces)
     runners, watching = await start(cache, options)
-    for runner in runners:
-        for address in runner.addresses:
-            log.info("listening on %s", address)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signal(runners, log)
     try:
         await stop.wait()
         return 0

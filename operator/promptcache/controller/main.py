@@ -25,7 +25,7 @@ from promptcache.controller.leader import LeaderElector, LeadershipLostError
 from promptcache.controller.metrics import OperatorMetrics
 from promptcache.controller.options import OperatorOptions
 from promptcache.controller.reconcile import Reconciler, ReconcileSettings
-from promptcache.controller.server import HealthState, start_servers
+from promptcache.controller.server import HealthState, start_servers, stop_on_signal
 from promptcache.render.names import MANAGED_BY, Component
 
 
@@ -110,13 +110,8 @@ async def serve(options: OperatorOptions) -> int:
     runners = await start_servers(
         options.bind_address, options.health_port, options.metrics_port, state, metrics
     )
-    for runner in runners:
-        for address in runner.addresses:
-            log.info("listening on %s", address)
-    stop = asyncio.Event()
+    stop = stop_on_signal(runners, log)
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGUSR2, dump_tasks)
     elector = (
         LeaderElector(

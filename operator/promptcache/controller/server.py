@@ -8,6 +8,9 @@ Lease is won: a standby replica is healthy, just not leading.
 from __future__ import annotations
 
 import asyncio
+import logging
+import signal
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -64,3 +67,19 @@ async def start_servers(
         await web.TCPSite(runner, host, port).start()
         runners.append(runner)
     return runners
+
+
+def stop_on_signal(runners: Iterable[web.BaseRunner], log: logging.Logger) -> asyncio.Event:
+    """Log where each server listens and return an event set by SIGINT or SIGTERM.
+
+    Both long-running processes of the control plane (the operator and the catalog
+    responder) start the same way, so a kubelet's SIGTERM ends either one by the same
+    path: the caller's `finally` cleans up, nothing is cut off mid-write."""
+    for runner in runners:
+        for address in runner.addresses:
+            log.info("listening on %s", address)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return stop

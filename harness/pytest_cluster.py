@@ -246,7 +246,9 @@ def start_local_cluster(
         raise RuntimeError(f"e2e/cluster up failed:\n{failure_summary(proc.stderr)}")
     if "retrying" in proc.stderr:
         # Visible in pytest's warnings summary: a flaky start should not pass unnoticed.
-        warnings.warn(f"e2e/cluster up needed a retry:\n{proc.stderr[-3000:]}", stacklevel=2)
+        warnings.warn(
+            f"e2e/cluster up needed a retry:\n{failure_summary(proc.stderr)}", stacklevel=2
+        )
     state = State.load(d)
     if state is None:
         raise RuntimeError(f"e2e/cluster up left no state in {d}:\n{proc.stderr[-4000:]}")

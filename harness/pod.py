@@ -58,6 +58,18 @@ SecretResolver = Callable[[str, str], bytes]
 _LOCALHOSTS = ("127.0.0.1", "0.0.0.0")
 FALLBACK_TO_LOGS = "FallbackToLogsOnError"
 FALLBACK_LINES, FALLBACK_BYTES = 80, 2048
+
+_RUNNING: set[ProcessPod] = set()
+_RUNNING_LOCK = threading.Lock()
+
+
+def running_pods() -> list[ProcessPod]:
+    """Every pod of this process started and not stopped yet: what a test module leaves
+    behind holds an engine slot (and a port) until the session ends."""
+    with _RUNNING_LOCK:
+        return sorted(_RUNNING, key=lambda p: p.name)
+
+
 """How much log the kubelet keeps as the message (its `MaxContainerTerminationMessage*`)."""
 
 
@@ -207,6 +219,9 @@ class ProcessPod:
     ) -> None:
         self.name, self.ip, self.workdir = name, ip, workdir
         self.spec = pod_spec
+        self.outlives_module = False
+        """Set by a fixture wider than a module (the session's engine pod): the check that
+        no test module leaves a pod running passes it by."""
         self._secrets = secrets
         self._on_ready = on_ready
         self.ready = False
@@ -298,16 +313,28 @@ class ProcessPod:
         return f"http://{self.ip}:{self.ports[port]}"
 
     def start(self) -> ProcessPod:
+        """Start the containers and the probes; a pod stopped before (or while waiting
+        for an engine slot) stays stopped, so a kubelet that stops a pod mid-start
+        never leaves an engine running that nobody will stop."""
+        if self._stop.is_set():
+            return self
         self.workdir.mkdir(parents=True, exist_ok=True)
         if any(c.name == VLLM_CONTAINER for c in self.containers) and self._slot is None:
-            self._slot = engine_slot(f"pod {self.name} {self.ip}")
-            self._slot.__enter__()
-        for c in self.containers:
-            c.start(self.workdir)
-        self._thread = threading.Thread(
-            target=self._kubelet, name=f"kubelet-{self.name}", daemon=True
-        )
-        self._thread.start()
+            slot = engine_slot(f"pod {self.name} {self.ip}")
+            slot.__enter__()  # may wait for another engine to stop
+            self._slot = slot
+        with self._lock:
+            if self._stop.is_set():
+                self._release_slot()
+                return self
+            for c in self.containers:
+                c.start(self.workdir)
+            self._thread = threading.Thread(
+                target=self._kubelet, name=f"kubelet-{self.name}", daemon=True
+            )
+            self._thread.start()
+            with _RUNNING_LOCK:
+                _RUNNING.add(self)
         return self
 
     def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> ProcessPod:
@@ -332,12 +359,18 @@ class ProcessPod:
         raise TimeoutError(f"pod {self.name} still ready={self.ready} after {timeout_s:.0f} s")
 
     def stop(self) -> None:
-        self._stop.set()
+        with self._lock:
+            self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
         for c in reversed(self.containers):
             c.stop()
         self._release_slot()
+        self._forget()
+
+    def _forget(self) -> None:
+        with _RUNNING_LOCK:
+            _RUNNING.discard(self)
 
     def _release_slot(self) -> None:
         if self._slot is not None:
@@ -351,7 +384,8 @@ class ProcessPod:
         same time: its preStop hook, then SIGTERM, then SIGKILL when the grace period
         (`terminationGracePeriodSeconds`, 30 by default) is over."""
         started = time.monotonic()
-        self._stop.set()
+        with self._lock:
+            self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
         self.ready = False
@@ -371,6 +405,7 @@ class ProcessPod:
         for t in threads:
             t.join()
         self._release_slot()
+        self._forget()
         return time.monotonic() - started
 
     def _hook(self, c: Container, hook: Mapping[str, Any], deadline: float) -> None:
@@ -403,7 +438,11 @@ class ProcessPod:
         return f"http://{self.ip}:{number}{get.get('path', '/')}"
 
     def __enter__(self) -> ProcessPod:
-        return self.start().wait_ready()
+        try:
+            return self.start().wait_ready()
+        except BaseException:  # `with` never calls __exit__ for a failed __enter__
+            self.stop()
+            raise
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

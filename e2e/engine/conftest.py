@@ -47,6 +47,7 @@ def engine_pod(
     """The rendered PerKey pod: cache front + real vLLM, Ready by its own probes."""
     resource = engine_resource(engine_model, name="perkey")
     pod = process_pod(resource, tmp_path_factory.mktemp("engine-pod"), secrets_=salt_secrets)
+    pod.outlives_module = True
     with pod:
         yield pod
 
@@ -77,6 +78,7 @@ def front_for(
             name = f"front-{mode.lower()}-{len(started)}"
             resource = engine_resource(engine_model, name=name, isolation={"mode": mode}, **spec)
             pod = front_only_pod(resource, engine_url, tmp_path_factory.mktemp(name), salt_secrets)
+            pod.outlives_module = True
             started[key] = pod.start().wait_ready(timeout_s=120)
         return started[key].url()
 

@@ -227,6 +227,11 @@ class ProcessKubelet:
         )
         self.pods: dict[str, ProcessPod] = {}
         """Running (or starting) pods by name."""
+        self._claimed: set[str] = set()
+        """Pods a start thread was spawned for, claimed by the loop before it spawns: the
+        thread builds the pod (Secrets read with kubectl) before it can register it, and a
+        second tick that saw the name unregistered started a twin on the same IP that
+        nobody stopped (an engine restarting for the rest of the session, on a slot)."""
         self.stopping: dict[str, float] = {}
         """When each deleted pod's stop began (`time.monotonic()`)."""
         self.terminated: dict[str, float] = {}
@@ -271,9 +276,10 @@ class ProcessKubelet:
             }
             for name, obj in live.items():
                 annotated = obj["metadata"].get("annotations", {}).get(PROCESS_POD_ANNOTATION)
-                if name in self.pods or name in self.terminated or annotated != "true":
+                if name in self._claimed or annotated != "true":
                     continue
                 if obj["status"].get("podIP"):
+                    self._claimed.add(name)
                     self._spawn(self._start, obj)
             for name in [n for n in self.pods if n not in live]:
                 self._spawn(self._terminate, self.pods.pop(name))
@@ -308,6 +314,8 @@ class ProcessKubelet:
             on_ready=report,
         )
         self.pods[name] = pod
+        if self._stop.is_set():  # the kubelet stopped while this pod was being built
+            return
         self.say(f"kubelet: starting {name} on {ip}")
         pod.start()
 

@@ -1,0 +1,130 @@
+"""The harness's kubelet never leaves an engine running that nobody will stop.
+
+A pod left running holds an engine slot (and its port) for the rest of the session; the
+next test that needs engines then waits for a slot that never frees. These are the two
+ways one was left: a pod whose start failed inside `with`, and a pod stopped while its
+start was still waiting for a slot.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import harness.engine.cluster_pods as cluster_pods
+import harness.vllm.slots as slots
+from e2e.localcluster.lifecycle import PROCESS_POD_ANNOTATION
+from harness.pod import VLLM_CONTAINER, ProcessPod, running_pods
+
+
+def _spec(name: str, **extra: Any) -> dict[str, Any]:
+    return {"containers": [{"name": name, "args": [], **extra}]}
+
+
+def _no_secrets(name: str, key: str) -> bytes:
+    raise AssertionError(f"no Secret is read here ({name}/{key})")
+
+
+def test_a_pod_whose_start_fails_inside_with_is_stopped(tmp_path: Path) -> None:
+    sleeper = (sys.executable, "-c", "import time; time.sleep(120)")
+    pod = ProcessPod(
+        "failing", _spec("front"), "127.0.0.9", tmp_path, _no_secrets, promptcache_argv=sleeper
+    )
+
+    def never_ready(timeout_s: float = 0) -> ProcessPod:
+        assert pod.container("front").running(), "the container was started"
+        raise TimeoutError("not Ready")
+
+    pod.wait_ready = never_ready  # type: ignore[method-assign]
+    with pytest.raises(TimeoutError), pod:
+        pass
+    proc = pod.container("front").proc
+    assert proc is not None
+    assert proc.poll() is not None
+    assert pod not in running_pods()
+
+
+def test_a_pod_stopped_while_it_waits_for_a_slot_never_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(slots, "SLOT_DIR", tmp_path / "slots")
+    monkeypatch.setenv(slots.MAX_ENGINES_ENV, "1")
+    monkeypatch.setenv("PROMPTCACHE_ENGINE_DIR", str(tmp_path / "no-engine"))  # never run
+    pod = ProcessPod("waiting", _spec(VLLM_CONTAINER), "127.0.0.10", tmp_path / "pod", _no_secrets)
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            pod.start()
+        except BaseException as e:
+            errors.append(e)
+
+    with slots.engine_slot("the test holds the only slot"):
+        starter = threading.Thread(target=start)
+        starter.start()
+        pod.stop()  # before or while start waits: either way it must not start
+    starter.join(timeout=30)
+    assert not starter.is_alive()
+    assert not errors
+    assert all(c.proc is None for c in pod.containers)
+    assert pod not in running_pods()
+    with slots.engine_slot("the slot is free again", timeout_s=5):
+        pass
+
+
+class _ListsOnePod:
+    """A cluster whose one annotated pod has an IP: what the kubelet's loop lists."""
+
+    def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        pod = {
+            "metadata": {"name": "alpha-1", "annotations": {PROCESS_POD_ANNOTATION: "true"}},
+            "spec": _spec("front"),
+            "status": {"podIP": "127.0.0.11"},
+        }
+        return subprocess.CompletedProcess(args, 0, json.dumps({"items": [pod]}), "")
+
+
+def test_the_kubelet_starts_a_pod_once_however_long_building_it_takes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Building a pod reads its Secrets with kubectl; ticks that came meanwhile started a
+    twin on the same IP, and only the last one built was ever stopped."""
+    built: list[str] = []
+    building_done = threading.Event()
+
+    class SlowToBuild:
+        def __init__(self, name: str, *args: Any, **kwargs: Any) -> None:
+            built.append(name)
+            building_done.wait(timeout=2.0)  # many loop periods
+            self.name, self.ready = name, False
+
+        def start(self) -> SlowToBuild:
+            return self
+
+        def stop(self) -> None:
+            pass
+
+    monkeypatch.setattr(cluster_pods, "ProcessPod", SlowToBuild)
+    kubelet = cluster_pods.ProcessKubelet(
+        _ListsOnePod(),  # type: ignore[arg-type]
+        "ns",
+        "app=alpha",
+        tmp_path,
+        period_s=0.05,
+        say=lambda _: None,
+    )
+    with kubelet:
+        deadline = time.monotonic() + 30
+        while not built and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.5)  # ten more ticks while the first pod is still being built
+        building_done.set()
+        time.sleep(0.2)
+    assert built == ["alpha-1"]

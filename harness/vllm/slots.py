@@ -20,6 +20,10 @@ from typing import IO
 
 MAX_ENGINES_ENV = "PROMPTCACHE_MAX_ENGINES"
 DEFAULT_MAX_ENGINES = 3
+WAIT_ENV = "PROMPTCACHE_ENGINE_SLOT_WAIT_SECONDS"
+DEFAULT_WAIT_S = 1800.0
+"""Long enough for a bench on the same machine to finish; `scripts/test` sets less, since
+in a test run nothing else holds slots and a long wait means a pod nobody stopped."""
 SLOT_DIR = Path(os.environ.get("PROMPTCACHE_ENGINE_SLOTS", "/tmp/promptcache-engine-slots"))
 
 
@@ -28,8 +32,10 @@ def max_engines() -> int:
 
 
 @contextlib.contextmanager
-def engine_slot(who: str, timeout_s: float = 1800.0) -> Iterator[int]:
+def engine_slot(who: str, timeout_s: float | None = None) -> Iterator[int]:
     """Hold one engine slot for the duration of the block; yields the slot's number."""
+    if timeout_s is None:
+        timeout_s = float(os.environ.get(WAIT_ENV, DEFAULT_WAIT_S))
     SLOT_DIR.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + timeout_s
     said = 0.0

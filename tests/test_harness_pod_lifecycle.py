@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 import harness.engine.cluster_pods as cluster_pods
+import harness.pod
 import harness.vllm.slots as slots
 from e2e.localcluster.lifecycle import PROCESS_POD_ANNOTATION
 from harness.pod import VLLM_CONTAINER, ProcessPod, running_pods
@@ -56,7 +57,8 @@ def test_a_pod_stopped_while_it_waits_for_a_slot_never_starts(
 ) -> None:
     monkeypatch.setattr(slots, "SLOT_DIR", tmp_path / "slots")
     monkeypatch.setenv(slots.MAX_ENGINES_ENV, "1")
-    monkeypatch.setenv("PROMPTCACHE_ENGINE_DIR", str(tmp_path / "no-engine"))  # never run
+    # never run; not through PROMPTCACHE_ENGINE_DIR, which `engine_dir` reads once a session
+    monkeypatch.setattr(harness.pod, "engine_dir", lambda: tmp_path / "no-engine")
     pod = ProcessPod("waiting", _spec(VLLM_CONTAINER), "127.0.0.10", tmp_path / "pod", _no_secrets)
     errors: list[BaseException] = []
 

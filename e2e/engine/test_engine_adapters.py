@@ -430,31 +430,75 @@ async def test_a_bad_adapter_is_named_in_status_while_the_old_pod_serves(alpha: 
     assert not traffic.failures(), traffic.failures()[:5]
 
 
-async def _long_stream(http: aiohttp.ClientSession, url: str, model: str) -> str:
-    body = {
-        "model": model,
-        "prompt": "a long answer keeps this adapter running on one pod",
-        "max_tokens": 1500,
-        "ignore_eos": True,
-        "temperature": 0,
-        "stream": True,
-    }
-    headers = {DEFAULT_ISOLATION_HEADER: "busy"}
-    async with http.post(f"{url}/v1/completions", json=body, headers=headers) as resp:
-        assert resp.status == 200, await resp.text()
-        return await resp.text()
+class _AdapterKeptRunning:
+    """`sql-lora` kept running on one pod for as long as the block lasts: a new long stream
+    starts there every second while fewer than three are unfinished, so one is always in
+    flight however fast the engine decodes (one stream of 1,500 tokens ended before the
+    picks once), and the three fit the pod's KV cache (8k tokens) without preemption.
+    `running` counts the streams between their first token and their end."""
+
+    START_EVERY_S = 1.0
+    AT_MOST = 3
+
+    def __init__(self, http: aiohttp.ClientSession, url: str) -> None:
+        self.http, self.url = http, url
+        self.running = 0
+        self.streams: list[asyncio.Task[None]] = []
+        self._keeper: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> _AdapterKeptRunning:
+        self._keeper = asyncio.create_task(self._keep())
+        deadline = time.monotonic() + 120
+        while self.running == 0:  # the first stream's first token
+            assert time.monotonic() < deadline, "no stream of sql-lora started within 120 s"
+            for t in self.streams:
+                if t.done():
+                    t.result()  # a refused stream fails here, with the engine's answer
+            await asyncio.sleep(0.05)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        tasks = [t for t in (self._keeper, *self.streams) if t is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _keep(self) -> None:
+        while True:
+            if sum(not t.done() for t in self.streams) < self.AT_MOST:
+                self.streams.append(asyncio.create_task(self._stream()))
+            await asyncio.sleep(self.START_EVERY_S)
+
+    async def _stream(self) -> None:
+        body = {
+            "model": "sql-lora",
+            "prompt": "a long answer keeps this adapter running on one pod",
+            "max_tokens": 1500,
+            "ignore_eos": True,
+            "temperature": 0,
+            "stream": True,
+        }
+        headers = {DEFAULT_ISOLATION_HEADER: "busy"}
+        url = f"{self.url}/v1/completions"
+        async with self.http.post(url, json=body, headers=headers) as resp:
+            assert resp.status == 200, await resp.text()
+            counted = False
+            try:
+                async for _ in resp.content:
+                    if not counted:
+                        self.running += 1
+                        counted = True
+            finally:
+                if counted:
+                    self.running -= 1
 
 
-async def _picks(alpha: Alpha, model: str, n: int) -> list[str]:
-    traffic = Traffic(alpha.pool, [model])
-    out = []
-    for i in range(n):
-        raw = json.dumps({"model": model, "prompt": f"which pod {i}?", "max_tokens": 1}).encode()
-        headers = {"content-type": "application/json", DEFAULT_ISOLATION_HEADER: f"ask{i}"}
-        endpoint, _ = await asyncio.to_thread(traffic._pick, raw, headers)
-        out.append(endpoint)
-        await asyncio.sleep(0.2)
-    return out
+async def _pick(alpha: Alpha, model: str, i: int) -> str:
+    raw = json.dumps({"model": model, "prompt": f"which pod {i}?", "max_tokens": 1}).encode()
+    headers = {"content-type": "application/json", DEFAULT_ISOLATION_HEADER: f"ask{i}"}
+    endpoint, _ = await asyncio.to_thread(Traffic(alpha.pool, [model])._pick, raw, headers)
+    await asyncio.sleep(0.2)
+    return endpoint
 
 
 async def test_the_picker_sends_an_adapter_to_the_pod_that_runs_it(alpha: Alpha) -> None:
@@ -480,12 +524,16 @@ async def test_the_picker_sends_an_adapter_to_the_pod_that_runs_it(alpha: Alpha)
             wait_scraped=False,
             with_policy_step=False,
         )
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
-            running = asyncio.create_task(_long_stream(http, busy.url(), "sql-lora"))
-            await asyncio.sleep(3)  # the stream is running and the picker has scraped it
-            picked = await _picks(alpha, "sql-lora", 6)
-            assert not running.done(), "the long stream ended before the picks: no proof"
-            await running
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http,
+            _AdapterKeptRunning(http, busy.url()) as kept,
+        ):
+            await asyncio.sleep(3)  # the picker has scraped the running adapter
+            picked = []
+            for i in range(6):
+                assert kept.running > 0, "no stream of sql-lora in flight at a pick: no proof"
+                picked.append(await _pick(alpha, "sql-lora", i))
+            assert kept.running > 0, "no stream of sql-lora in flight at a pick: no proof"
         return picked
 
     assert await choices(4) == [endpoints[busy.name]] * 6, "affinity: where it runs"

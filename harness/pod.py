@@ -58,6 +58,7 @@ SecretResolver = Callable[[str, str], bytes]
 _LOCALHOSTS = ("127.0.0.1", "0.0.0.0")
 FALLBACK_TO_LOGS = "FallbackToLogsOnError"
 FALLBACK_LINES, FALLBACK_BYTES = 80, 2048
+"""How much log the kubelet keeps as the message (its `MaxContainerTerminationMessage*`)."""
 
 _RUNNING: set[ProcessPod] = set()
 _RUNNING_LOCK = threading.Lock()
@@ -68,9 +69,6 @@ def running_pods() -> list[ProcessPod]:
     behind holds an engine slot (and a port) until the session ends."""
     with _RUNNING_LOCK:
         return sorted(_RUNNING, key=lambda p: p.name)
-
-
-"""How much log the kubelet keeps as the message (its `MaxContainerTerminationMessage*`)."""
 
 
 def pod_local(value: str, pod_ip: str, mounts: Mapping[str, Path]) -> str:
@@ -359,16 +357,21 @@ class ProcessPod:
         raise TimeoutError(f"pod {self.name} still ready={self.ready} after {timeout_s:.0f} s")
 
     def stop(self) -> None:
+        self._halt_probes()
+        for c in reversed(self.containers):
+            c.stop()
+        self._let_go()
+
+    def _halt_probes(self) -> None:
+        """Under the lock `start` checks, so a start still waiting for a slot sees it."""
         with self._lock:
             self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
-        for c in reversed(self.containers):
-            c.stop()
-        self._release_slot()
-        self._forget()
 
-    def _forget(self) -> None:
+    def _let_go(self) -> None:
+        """Once every container has stopped: the engine slot, and the list of running pods."""
+        self._release_slot()
         with _RUNNING_LOCK:
             _RUNNING.discard(self)
 
@@ -384,10 +387,7 @@ class ProcessPod:
         same time: its preStop hook, then SIGTERM, then SIGKILL when the grace period
         (`terminationGracePeriodSeconds`, 30 by default) is over."""
         started = time.monotonic()
-        with self._lock:
-            self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
+        self._halt_probes()
         self.ready = False
         deadline = started + float(self.spec.get("terminationGracePeriodSeconds", 30))
 
@@ -404,8 +404,7 @@ class ProcessPod:
             t.start()
         for t in threads:
             t.join()
-        self._release_slot()
-        self._forget()
+        self._let_go()
         return time.monotonic() - started
 
     def _hook(self, c: Container, hook: Mapping[str, Any], deadline: float) -> None:

@@ -493,10 +493,11 @@ class _AdapterKeptRunning:
                     self.running -= 1
 
 
-async def _pick(alpha: Alpha, model: str, i: int) -> str:
+async def _pick(traffic: Traffic, i: int) -> str:
+    model = traffic.models[0]
     raw = json.dumps({"model": model, "prompt": f"which pod {i}?", "max_tokens": 1}).encode()
     headers = {"content-type": "application/json", DEFAULT_ISOLATION_HEADER: f"ask{i}"}
-    endpoint, _ = await asyncio.to_thread(Traffic(alpha.pool, [model])._pick, raw, headers)
+    endpoint, _ = await asyncio.to_thread(traffic._pick, raw, headers)
     await asyncio.sleep(0.2)
     return endpoint
 
@@ -529,10 +530,11 @@ async def test_the_picker_sends_an_adapter_to_the_pod_that_runs_it(alpha: Alpha)
             _AdapterKeptRunning(http, busy.url()) as kept,
         ):
             await asyncio.sleep(3)  # the picker has scraped the running adapter
+            traffic = Traffic(alpha.pool, ["sql-lora"])
             picked = []
             for i in range(6):
                 assert kept.running > 0, "no stream of sql-lora in flight at a pick: no proof"
-                picked.append(await _pick(alpha, "sql-lora", i))
+                picked.append(await _pick(traffic, i))
             assert kept.running > 0, "no stream of sql-lora in flight at a pick: no proof"
         return picked
 

@@ -34,6 +34,7 @@ PROMPT_EMBEDS_ID_MISMATCH: Final = "prompt_embeds_id_mismatch"
 PROMPT_EMBEDS_NOT_CACHED: Final = PROMPT_EMBEDS_NOT_CACHED_ERROR_CODE
 PATH_FORBIDDEN: Final = "path_forbidden"
 FRONT_OVERLOADED: Final = "front_overloaded"
+FAIR_SHARE_EXCEEDED: Final = "fair_share_exceeded"
 UPSTREAM_UNAVAILABLE: Final = "upstream_unavailable"
 UPSTREAM_TIMEOUT: Final = "upstream_timeout"
 UPSTREAM_FAILED: Final = "upstream_failed"
@@ -74,6 +75,7 @@ _TYPES: Final[dict[int, str]] = {
     408: "timeout_error",
     415: "invalid_request_error",
     417: "invalid_request_error",
+    429: "rate_limit_error",
     431: "invalid_request_error",
     500: "internal_error",
     409: "invalid_request_error",

@@ -22,6 +22,7 @@ from harness.schemas import validate_manifest
 from promptcache._version import __version__
 from promptcache.api import parse_resource
 from promptcache.contract import EPP_EXT_PROC_PORT, FrontEnv, GatewayPolicyEnv, IsolationMode
+from promptcache.contract.front import DEFAULT_FAIR_SHARE_BYTES_PER_SECOND
 from promptcache.gateway.command import settings_from
 from promptcache.gateway.settings import GatewayPolicySettings
 from promptcache.render import render
@@ -151,6 +152,21 @@ def test_the_step_refuses_engine_state_fields_as_the_front_does(allowed: bool) -
     assert env_of(front)[FrontEnv.ALLOW_ENGINE_STATE] == ("true" if allowed else "false")
     assert env_of(step)[FrontEnv.ALLOW_ENGINE_STATE] == env_of(front)[FrontEnv.ALLOW_ENGINE_STATE]
     assert gateway_policy_settings(step).allow_engine_state is allowed
+
+
+@pytest.mark.parametrize("rate", [None, 0, 1 << 20])
+def test_each_keys_fair_share_reaches_both_processes_alike(rate: int | None) -> None:
+    """`spec.front.fairShareBytesPerSecond` meters a key in the front and in the step with
+    the same rate (0 turns both off); unset, both get the contract's default."""
+    manifests = rendered(front={} if rate is None else {"fairShareBytesPerSecond": rate})
+    model = next(
+        m for m in manifests if m["kind"] == "Deployment" and m is not epp_deployment(manifests)
+    )
+    front = next(c for c in model["spec"]["template"]["spec"]["containers"] if c["name"] != "vllm")
+    step = containers(manifests)["gateway-policy"]
+    expected = DEFAULT_FAIR_SHARE_BYTES_PER_SECOND if rate is None else rate
+    assert env_of(front)[FrontEnv.FAIR_SHARE_BYTES_PER_SECOND] == str(expected)
+    assert gateway_policy_settings(step).fair_share_bytes_per_second == expected
 
 
 def test_isolation_by_account_reaches_both_processes_alike() -> None:

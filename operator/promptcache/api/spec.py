@@ -45,6 +45,7 @@ from promptcache.contract.front import (
     DEFAULT_ALLOW_CLIENT_PRIORITY,
     DEFAULT_ALLOW_ENGINE_STATE,
     DEFAULT_BODY_TIMEOUT_SECONDS,
+    DEFAULT_FAIR_SHARE_BYTES_PER_SECOND,
     DEFAULT_HEADER_TIMEOUT_SECONDS,
     DEFAULT_IDENTITY_BEARER,
     DEFAULT_IDENTITY_HEADER,
@@ -602,6 +603,17 @@ class FrontSpec(ApiModel):
     the front and the gateway's policy step refuse a non-null one (HTTP 400
     `field_not_allowed`). Turn on only where every client is trusted, or the deployment has
     one tenant."""
+    fair_share_bytes_per_second: Annotated[int, Field(ge=0, le=64 * 1024**3)] = (
+        DEFAULT_FAIR_SHARE_BYTES_PER_SECOND
+    )
+    """Each client's share of the work its request bodies cost, while other clients are
+    active: what parsing its bodies materialises (about 50 bytes per JSON value; a text
+    prompt about twice its length), per second, per front process and per gateway policy
+    step process. A client over its share waits before its next body is read (at most
+    10 s); past 16 waiting requests it gets HTTP 429 (`fair_share_exceeded`). A client
+    alone is never slowed. Clients are told apart by the isolation header, else the
+    Authorization header (in the policy step, first by the account header of
+    `isolation.identity`): the share is as strong as that identity. 0: unmetered."""
     usage_headers: UsageHeadersSpec = Field(default_factory=UsageHeadersSpec)
     resources: Resources = Field(
         default_factory=lambda: Resources(gpus=0, requests={"memory": "512Mi"})

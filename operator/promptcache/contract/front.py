@@ -93,6 +93,9 @@ class FrontEnv:
     """Seconds the front keeps serving after SIGTERM before it stops listening and drains."""
     """Let clients set vLLM's scheduling priority (`X-Vllm-Priority`, body `priority`);
     false: the header is removed and a non-zero `priority` is refused."""
+    FAIR_SHARE_BYTES_PER_SECOND: Final[str] = "PROMPTCACHE_FAIR_SHARE_BYTES_PER_SECOND"
+    """Decoding work (bytes a body's parse materialises) each key may cost the front per
+    second while other keys are active (`tenancy.fair_share`); 0: unmetered."""
     IDENTITY_HEADER: Final[str] = "PROMPTCACHE_IDENTITY_HEADER"
     """The header the gateway's authentication sets to the caller's account; empty: none."""
     IDENTITY_BEARER: Final[str] = "PROMPTCACHE_IDENTITY_BEARER"
@@ -130,6 +133,12 @@ DEFAULT_MAX_IN_FLIGHT_BYTES: Final[int] = 1 << 30
 """The renderer never sets less (it raises it to fit one maximal request) and gives the
 container this much memory per process above the cache ceiling."""
 DEFAULT_DECODE_WORKERS: Final[int] = 2
+DEFAULT_FAIR_SHARE_BYTES_PER_SECOND: Final[int] = 8 * 1024 * 1024
+"""8 MiB of materialised parse a second per key while others are active: a 4 MiB text
+prompt a second, or a 128k-token prompt of token ids (~6.5 MiB); a dense 4 MiB body of
+2M values (~104 MiB) then waits 10 s. Measured on one core, a pod parses about 60 MiB of
+it a second (front and engine), so one key takes at most ~13 % of a busy pod's core
+(docs/cache-front.md, "Fair share between tenants")."""
 TURBOQUANT_DTYPES: Final[tuple[str, ...]] = ("auto", "float32", "float16", "bfloat16")
 DEFAULT_TURBOQUANT_DTYPE: Final[str] = "auto"
 """auto: decode to the dtype the client compressed from (vLLM casts to the model dtype)."""
@@ -257,6 +266,10 @@ FRONT_SETTINGS: Final[tuple[Setting[Any], ...]] = (
     Setting("lame_duck_seconds", "--lame-duck-seconds", FrontEnv.LAME_DUCK_SECONDS, as_float,
             DEFAULT_LAME_DUCK_SECONDS,
             "seconds still serving after SIGTERM (Connection: close, /readyz 503) before draining"),
+    Setting("fair_share_bytes_per_second", "--fair-share-bytes-per-second",
+            FrontEnv.FAIR_SHARE_BYTES_PER_SECOND, as_int, DEFAULT_FAIR_SHARE_BYTES_PER_SECOND,
+            "decoding work (bytes a parse materialises) a key may cost per second while "
+            "others are active; a key in debt waits (0: unmetered)"),
     Setting("identity_header", "--identity-header", FrontEnv.IDENTITY_HEADER,
             parse_optional_header_name, DEFAULT_IDENTITY_HEADER,
             "header the gateway's authentication sets to the caller's account; empty: none",

@@ -68,6 +68,8 @@ class GatewayPolicyEnv:
     HONOR_MAX_LEN: Final[str] = FrontEnv.HONOR_MAX_LEN
     ALLOW_CLIENT_PRIORITY: Final[str] = FrontEnv.ALLOW_CLIENT_PRIORITY
     ALLOW_ENGINE_STATE: Final[str] = FrontEnv.ALLOW_ENGINE_STATE
+    FAIR_SHARE_BYTES_PER_SECOND: Final[str] = FrontEnv.FAIR_SHARE_BYTES_PER_SECOND
+    """The front's: each key's share of the step's decoding work while others are active."""
     IDENTITY_HEADER: Final[str] = FrontEnv.IDENTITY_HEADER
     IDENTITY_BEARER: Final[str] = FrontEnv.IDENTITY_BEARER
     IDENTITY_REQUIRED: Final[str] = FrontEnv.IDENTITY_REQUIRED
@@ -114,8 +116,10 @@ ISOLATION_FIELDS: Final[tuple[str, ...]] = (
     "identity_header",
     "identity_bearer",
     "identity_required",
+    "fair_share_bytes_per_second",
 )
-"""The front's settings the step shares, declaration and all."""
+"""The front's settings the step shares, declaration and all: its isolation, and each key's
+fair share of the work bodies cost (the step meters a key as the front does)."""
 
 GATEWAY_POLICY_SETTINGS: Final[tuple[Setting[Any], ...]] = (
     Setting("listen", "--listen", GatewayPolicyEnv.LISTEN, parse_host_port,

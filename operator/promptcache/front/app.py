@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -69,6 +70,7 @@ from promptcache.tenancy.canonical import (
     refusing_unencodable,
 )
 from promptcache.tenancy.errors import FrontError
+from promptcache.tenancy.fair_share import FairShare, share_exceeded
 from promptcache.tenancy.identity import Account, identity_enabled
 from promptcache.tenancy.policy import Isolation, Plan, apply_policy
 from promptcache.tenancy.routes import (
@@ -316,11 +318,43 @@ async def _proxy(
                 charge=charge,
             )  # fmt: skip
         check_json_media_type(request.headers)
+        share_key = _share_key(state, request.headers)
+        if share_key is not None:
+            await _fair_share(state, share_key)
         scan = JsonScan()
         raw = await _read_body(request, state, charge, scan)
+        if share_key is not None:
+            state.fair_share.charge(share_key, scan.charge)
         return await _salted(request, state, route, target, raw=raw, scan=scan, charge=charge)
     finally:
         charge.release()
+
+
+def _share_key(state: FrontState, headers: CIMultiDictProxy[str]) -> bytes | None:
+    """The key whose fair share a request's body is charged to, recorded as active
+    (`tenancy.fair_share`): the isolation header, else the bearer token, else anonymous."""
+    share = state.fair_share
+    if not share.enabled:
+        return None
+    isolation = state.settings.isolation_header
+    key = share.key_of(
+        headers.get(isolation, "") if isolation else "", headers.get("Authorization", "")
+    )
+    share.seen(key)
+    return key
+
+
+async def _fair_share(state: FrontState, key: bytes) -> None:
+    """Hold a request back, before its body is read, while its key owes the pod work
+    (`tenancy.fair_share`); 429 (`fair_share_exceeded`) when too many of its requests wait."""
+    started = time.monotonic()
+    refusal = await state.fair_share.admit(key)
+    waited = time.monotonic() - started
+    if waited > 0.001:
+        state.metrics.fair_share_waits.inc()
+        state.metrics.fair_share_wait_seconds.inc(waited)
+    if refusal is not None:
+        raise share_exceeded(refusal)
 
 
 async def _admitted(
@@ -857,6 +891,7 @@ def create_state(
             read_timeout=settings.upstream_timeout_seconds,
         ),
     )
+    state.fair_share = FairShare(settings.fair_share_bytes_per_second)
     if identity_enabled(settings) and secret:
         state.attester = Attester(secret, settings.isolation_header, guard=ReplayGuard())
     # read at scrape time: no gauge update (and its lock) on every request

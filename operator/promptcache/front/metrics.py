@@ -92,6 +92,18 @@ class FrontMetrics:
             ["mode", "decision"],
             registry=r,
         )
+        self.fair_share_waits = Counter(
+            f"{PREFIX}_fair_share_waits",
+            "Large request bodies held back for their key's fair share while other keys were "
+            "active (front.fair_share); those refused instead are refusals{code="
+            '"fair_share_exceeded"}.',
+            registry=r,
+        )
+        self.fair_share_wait_seconds = Counter(
+            f"{PREFIX}_fair_share_wait_seconds",
+            "Time large request bodies spent waiting for their key's fair share.",
+            registry=r,
+        )
         self.client_salt_removed = Counter(
             f"{PREFIX}_client_cache_salt_removed",
             "Requests that arrived with a cache_salt other than the one the isolation policy "

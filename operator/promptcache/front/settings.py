@@ -35,6 +35,7 @@ from promptcache.contract.front import (
     DEFAULT_BODY_TIMEOUT_SECONDS,
     DEFAULT_CACHE_GIB,
     DEFAULT_DECODE_WORKERS,
+    DEFAULT_FAIR_SHARE_BYTES_PER_SECOND,
     DEFAULT_HEADER_TIMEOUT_SECONDS,
     DEFAULT_HONOR_MAX_LEN,
     DEFAULT_IDENTITY_BEARER,
@@ -99,6 +100,8 @@ class FrontSettings:
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     max_in_flight_bytes: int = DEFAULT_MAX_IN_FLIGHT_BYTES
     decode_workers: int = DEFAULT_DECODE_WORKERS
+    fair_share_bytes_per_second: int = DEFAULT_FAIR_SHARE_BYTES_PER_SECOND
+    """0: large bodies are not metered per key."""
     turboquant_dtype: str = DEFAULT_TURBOQUANT_DTYPE
     upstream_timeout_seconds: float = DEFAULT_UPSTREAM_TIMEOUT_SECONDS
     workers: int = DEFAULT_WORKERS
@@ -149,6 +152,10 @@ class FrontSettings:
         check_policy_settings(self)
         if self.max_body_bytes < 1024:
             raise SettingsError(f"max body bytes {self.max_body_bytes} is below 1024")
+        if self.fair_share_bytes_per_second < 0:
+            raise SettingsError(
+                f"fair share {self.fair_share_bytes_per_second} bytes/s must be 0 (off) or more"
+            )
         if self.max_in_flight < 1:
             raise SettingsError(f"max in-flight {self.max_in_flight} must be at least 1")
         if self.max_in_flight_bytes < self.max_body_bytes:

@@ -25,6 +25,7 @@ from promptcache.tenancy import errors
 from promptcache.tenancy.attestation import Attester
 from promptcache.tenancy.canonical import json_charge
 from promptcache.tenancy.errors import FrontError
+from promptcache.tenancy.fair_share import FairShare
 
 __all__ = ["Charge", "FrontState", "json_charge"]
 
@@ -52,6 +53,8 @@ class FrontState:
     metrics: FrontMetrics
     executor: ThreadPoolExecutor
     kinds: KindIndex = field(default_factory=KindIndex)
+    fair_share: FairShare = field(default_factory=lambda: FairShare(0))
+    """Each key's share of the pod's decoding work (`create_state` sizes it from the settings)."""
     pool: UpstreamPool | None = None
     attester: Attester | None = None
     """Isolation by account: checks the policy step's signed account (None: off)."""

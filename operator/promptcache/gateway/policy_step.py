@@ -38,6 +38,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -74,6 +75,7 @@ from promptcache.tenancy.canonical import (
     parse_body,
 )
 from promptcache.tenancy.errors import FrontError
+from promptcache.tenancy.fair_share import FairShare, share_exceeded
 from promptcache.tenancy.identity import account_at_gateway, identity_enabled
 from promptcache.tenancy.policy import apply_policy
 from promptcache.tenancy.routes import RouteClass, canonical_target, check_route
@@ -253,6 +255,8 @@ class _Inspector:
         """The body's structural bytes, counted per message as it arrives (at once, a
         large body's count held the loop for tens of milliseconds)."""
         self.charged = 0
+        self.share_key: bytes | None = None
+        """Whose fair share the held request's decoding is charged to (`tenancy.fair_share`)."""
         self.deadline = 0.0
         """Loop time by which a held request's body must have ended."""
 
@@ -476,6 +480,17 @@ class PolicyMetrics:
             "Failures inside the step, each answered with a refusal (it fails closed)",
             registry=self.registry,
         )
+        self.fair_share_waits = Counter(
+            "promptcache_gateway_policy_fair_share_waits",
+            "Requests held back for their key's fair share while other keys were active "
+            '(those refused instead are refusals{code="fair_share_exceeded"})',
+            registry=self.registry,
+        )
+        self.fair_share_wait_seconds = Counter(
+            "promptcache_gateway_policy_fair_share_wait_seconds",
+            "Time requests spent waiting for their key's fair share",
+            registry=self.registry,
+        )
         self.decided = Counter(
             "promptcache_gateway_policy_decided",
             "Requests decided and forwarded to the picker",
@@ -513,6 +528,7 @@ class GatewayPolicyServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[
         self.secret = secret
         self._stub = pb_grpc.ExternalProcessorStub(channel)
         self.budget = _Budget(settings.worker_budget)
+        self.share = FairShare(settings.fair_share_bytes_per_second)
         self.metrics = PolicyMetrics()
         self._processes: ProcessPoolExecutor | None = None
         self.attester = (
@@ -545,6 +561,8 @@ class GatewayPolicyServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[
         method, target = pseudo.get(":method", "POST"), pseudo.get(":path", "")
         headers = header_multidict((k, v) for k, v in entries if k[:1] != ":")
         raw = inspector.body()
+        if inspector.share_key is not None:
+            self.share.charge(inspector.share_key, inspector.scan.charge)
         cost = inspector.scan.charge + len(raw)  # `decide_cost`, counted as the body came
         if cost > self.budget.limit:
             return Decision(refusal=parse_too_large(cost + len(raw), self.budget.limit))
@@ -596,6 +614,9 @@ class GatewayPolicyServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[
             was_holding = inspector.holding
             forward = inspector.feed(msg)
             if inspector.holding and not was_holding:
+                refusal = await self._fair_share(inspector)
+                if refusal is not None:
+                    return refusal
                 loop = asyncio.get_running_loop()
                 inspector.deadline = loop.time() + self.settings.body_timeout_seconds
             if forward is None:
@@ -608,6 +629,25 @@ class GatewayPolicyServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[
             return forward
         except Exception as error:
             return self._failed(error)
+
+    async def _fair_share(self, inspector: _Inspector) -> FrontError | None:
+        """Before a held request's body is read: wait while its key owes this process
+        decoding work (`tenancy.fair_share`), or refuse it (429) when too many of its
+        requests already wait. The body's timeout starts after the wait."""
+        if not self.share.enabled:
+            return None
+        first = dict(reversed(inspector.headers()))  # the first of a repeated one, as the front
+        names = (self.policy.identity_header, self.policy.isolation_header, "authorization")
+        key = self.share.key_of(*(first.get(name.lower(), b"") for name in names if name))
+        self.share.seen(key)
+        inspector.share_key = key
+        started = time.monotonic()
+        refusal = await self.share.admit(key)
+        waited = time.monotonic() - started
+        if waited > 0.001:
+            self.metrics.fair_share_waits.inc()
+            self.metrics.fair_share_wait_seconds.inc(waited)
+        return None if refusal is None else share_exceeded(refusal)
 
     def _refused(self, refusal: FrontError, inspector: _Inspector) -> None:
         inspector.release()

@@ -26,6 +26,7 @@ from promptcache.contract import (
 from promptcache.contract.front import (
     DEFAULT_ALLOW_CLIENT_PRIORITY,
     DEFAULT_ALLOW_ENGINE_STATE,
+    DEFAULT_FAIR_SHARE_BYTES_PER_SECOND,
     DEFAULT_HONOR_MAX_LEN,
     DEFAULT_IDENTITY_BEARER,
     DEFAULT_IDENTITY_HEADER,
@@ -77,6 +78,8 @@ class GatewayPolicySettings:
     honor_prompt_cache_max_len: bool = DEFAULT_HONOR_MAX_LEN
     allow_client_priority: bool = DEFAULT_ALLOW_CLIENT_PRIORITY
     allow_engine_state: bool = DEFAULT_ALLOW_ENGINE_STATE
+    fair_share_bytes_per_second: int = DEFAULT_FAIR_SHARE_BYTES_PER_SECOND
+    """The front's meter (`tenancy.fair_share`), one per step process: 0 turns it off."""
     """The front's: a state field the front refuses is refused here, before routing."""
     workers: int = DEFAULT_GATEWAY_POLICY_WORKERS
     """Processes serving `listen` together (SO_REUSEPORT). Each relays about one core's worth

@@ -106,6 +106,7 @@ def _env(pcd: PromptCacheDeployment, has_salt: bool) -> list[dict[str, str]]:
         (FrontEnv.MAX_PROMPT_EMBEDS_REFERENCES, str(spec.front.max_prompt_embeds_references)),
         (FrontEnv.ALLOW_CLIENT_PRIORITY, format_bool(spec.front.allow_client_priority)),
         (FrontEnv.ALLOW_ENGINE_STATE, format_bool(spec.front.allow_engine_state)),
+        (FrontEnv.FAIR_SHARE_BYTES_PER_SECOND, str(spec.front.fair_share_bytes_per_second)),
         (FrontEnv.PROMPT_TOKENS_HEADER, usage.prompt_tokens_header if usage.enabled else ""),
         (
             FrontEnv.CACHED_PROMPT_TOKENS_HEADER,

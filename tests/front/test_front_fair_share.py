@@ -1,0 +1,135 @@
+"""Each key's fair share of the work its bodies cost the front, over real sockets.
+
+A tenant sending dense bodies while another tenant is active goes into debt for what their
+parse materialises; its next request waits, before its body is read, until the debt is
+paid; the other tenant is never held back; past `MAX_WAITERS` waiting requests the key
+gets 429 `fair_share_exceeded`. Alone, a tenant is never slowed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import aiohttp
+import pytest
+
+from harness.standin import StandinUpstream
+from promptcache.contract import IsolationMode
+from promptcache.tenancy import errors
+from promptcache.tenancy.fair_share import MAX_WAITERS, FairShare
+
+from .conftest import MakeFront
+
+RATE = 64 * 1024
+KEY = "x-prompt-cache-isolation-key"
+SMALL = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+DENSE = json.dumps({"model": "m", "max_tokens": 1, "prompt": [1] * 3000}).encode()
+"""About 150 KiB of parse (the front's own count): 1 s of burst and ~1.4 s of debt."""
+MODES = [IsolationMode.SHARED, IsolationMode.PER_KEY, IsolationMode.REQUIRED]
+
+
+async def post(http: aiohttp.ClientSession, url: str, key: str, body: bytes) -> int:
+    headers = {KEY: key, "Content-Type": "application/json"}
+    async with http.post(url + "/v1/completions", data=body, headers=headers) as answer:
+        await answer.read()
+        return answer.status
+
+
+async def keep_asking(
+    http: aiohttp.ClientSession, url: str, latencies: list[float], stop: asyncio.Event
+) -> None:
+    """Tenant B: small chat requests, one after another, each timed."""
+    while not stop.is_set():
+        started = time.monotonic()
+        async with http.post(url + "/v1/chat/completions", json=SMALL, headers={KEY: "b"}) as r:
+            await r.read()
+            assert r.status == 200
+        latencies.append(time.monotonic() - started)
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_key_over_its_share_waits_and_the_others_do_not(
+    make_front: MakeFront,
+    standin: tuple[StandinUpstream, str],
+    http: aiohttp.ClientSession,
+    mode: IsolationMode,
+) -> None:
+    front = await make_front(isolation_mode=mode, fair_share_bytes_per_second=RATE)
+    b_latencies: list[float] = []
+    stop = asyncio.Event()
+    tenant_b = asyncio.create_task(keep_asking(http, front.url, b_latencies, stop))
+    try:
+        await asyncio.sleep(0.2)  # B is active
+        assert await post(http, front.url, "a", DENSE) == 200
+        owed = front.state.fair_share.owed_seconds(FairShare.key_of("a"))
+        assert owed > 0.8, owed
+        before_wait = len(b_latencies)
+        started = time.monotonic()
+        assert await post(http, front.url, "a", json.dumps(SMALL).encode()) == 200
+        waited = time.monotonic() - started
+        assert waited >= owed - 0.2, (waited, owed)
+        assert len(b_latencies) - before_wait >= 5  # B kept being served meanwhile
+        assert max(b_latencies) < 1.0, max(b_latencies)
+        assert front.state.metrics.fair_share_waits._value.get() == 1
+        assert front.state.metrics.fair_share_wait_seconds._value.get() >= owed - 0.2
+    finally:
+        stop.set()
+        await tenant_b
+
+
+async def test_a_key_alone_is_never_held_back(
+    make_front: MakeFront, http: aiohttp.ClientSession
+) -> None:
+    front = await make_front(isolation_mode=IsolationMode.PER_KEY, fair_share_bytes_per_second=RATE)
+    started = time.monotonic()
+    for _ in range(6):  # ~6 x 150 KiB of parse: 14 s of debt were anyone else active
+        assert await post(http, front.url, "a", DENSE) == 200
+    assert time.monotonic() - started < 10
+    assert front.state.metrics.fair_share_waits._value.get() == 0
+    assert front.state.fair_share.owed_seconds(FairShare.key_of("a")) == 0
+
+
+async def test_past_the_waiters_cap_a_key_gets_429(
+    make_front: MakeFront, http: aiohttp.ClientSession
+) -> None:
+    front = await make_front(isolation_mode=IsolationMode.PER_KEY, fair_share_bytes_per_second=RATE)
+    stop = asyncio.Event()
+    tenant_b = asyncio.create_task(keep_asking(http, front.url, [], stop))
+    try:
+        await asyncio.sleep(0.2)
+        assert await post(http, front.url, "a", DENSE) == 200
+        small = json.dumps(SMALL).encode()
+        headers = {KEY: "a", "Content-Type": "application/json"}
+        waiting = [
+            asyncio.create_task(post(http, front.url, "a", small)) for _ in range(MAX_WAITERS)
+        ]
+        await asyncio.sleep(0.3)  # they are all waiting now
+        async with http.post(front.url + "/v1/completions", data=small, headers=headers) as r:
+            refusal = await r.json()
+            assert r.status == 429
+            assert refusal["error"]["code"] == errors.FAIR_SHARE_EXCEEDED
+            assert refusal["error"]["type"] == "rate_limit_error"
+            assert int(r.headers["Retry-After"]) >= 1
+        assert await asyncio.gather(*waiting) == [200] * MAX_WAITERS
+    finally:
+        stop.set()
+        await tenant_b
+
+
+async def test_off_when_the_rate_is_zero(
+    make_front: MakeFront, http: aiohttp.ClientSession
+) -> None:
+    front = await make_front(isolation_mode=IsolationMode.PER_KEY, fair_share_bytes_per_second=0)
+    stop = asyncio.Event()
+    tenant_b = asyncio.create_task(keep_asking(http, front.url, [], stop))
+    try:
+        await asyncio.sleep(0.2)
+        for _ in range(3):
+            assert await post(http, front.url, "a", DENSE) == 200
+        assert front.state.metrics.fair_share_waits._value.get() == 0
+    finally:
+        stop.set()
+        await tenant_b

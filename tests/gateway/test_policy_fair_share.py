@@ -1,0 +1,154 @@
+"""The policy step meters each key's decoding work as the front does, over real gRPC.
+
+The step serves a whole pool, so one tenant's dense bodies must not take the step from
+the others: a key over its share (while another key is active) waits before its next
+body is read, the other key is never held back, and past `MAX_WAITERS` waiting streams
+the key gets the front's 429 `fair_share_exceeded`. Alone, a key is never slowed; with
+isolation by account, the key is the account header the gateway's authentication set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from promptcache.contract import IsolationMode
+from promptcache.gateway.policy_step import RunningGatewayPolicy
+from promptcache.tenancy import errors
+from promptcache.tenancy.fair_share import MAX_WAITERS, FairShare
+
+from .conftest import Gateway, GatewayPolicyFactory, body_msg, headers_msg
+
+SECRET = b"h" * 32
+RATE = 64 * 1024
+KEY = "x-prompt-cache-isolation-key"
+SMALL = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+DENSE = json.dumps({"model": "m", "prompt": [1] * 3000}).encode()
+"""About 150 KiB of parse: 1 s of burst and ~1.4 s of debt at `RATE`."""
+MODES = [IsolationMode.SHARED, IsolationMode.PER_KEY, IsolationMode.REQUIRED]
+GatewayFor = Callable[[RunningGatewayPolicy], Gateway]
+
+
+def decided(responses: list[Any]) -> bool:
+    return any(r.WhichOneof("response") == "request_body" for r in responses)
+
+
+async def ask(gateway: Gateway, headers: dict[str, str], body: bytes) -> list[Any]:
+    responses: list[Any] = await gateway.exchange(headers_msg(headers), body_msg(body))
+    return responses
+
+
+async def keep_asking(gateway: Gateway, latencies: list[float], stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        started = time.monotonic()
+        assert decided(await ask(gateway, {KEY: "b"}, SMALL))
+        latencies.append(time.monotonic() - started)
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_key_over_its_share_waits_and_the_others_do_not(
+    make_gateway_policy: GatewayPolicyFactory, gateway_for: GatewayFor, mode: IsolationMode
+) -> None:
+    shim = await make_gateway_policy(
+        isolation_mode=mode, secret=SECRET, fair_share_bytes_per_second=RATE
+    )
+    b_latencies: list[float] = []
+    stop = asyncio.Event()
+    tenant_b = asyncio.create_task(keep_asking(gateway_for(shim), b_latencies, stop))
+    try:
+        await asyncio.sleep(0.2)
+        a = gateway_for(shim)
+        assert decided(await ask(a, {KEY: "a"}, DENSE))
+        owed = shim.servicer.share.owed_seconds(FairShare.key_of(b"a"))
+        assert owed > 0.8, owed
+        before_wait = len(b_latencies)
+        started = time.monotonic()
+        assert decided(await ask(a, {KEY: "a"}, SMALL))
+        waited = time.monotonic() - started
+        assert waited >= owed - 0.2, (waited, owed)
+        assert len(b_latencies) - before_wait >= 5
+        assert max(b_latencies) < 1.0, max(b_latencies)
+        metrics = shim.servicer.metrics
+        assert metrics.value("promptcache_gateway_policy_fair_share_waits_total") == 1
+    finally:
+        stop.set()
+        await tenant_b
+
+
+async def test_a_key_alone_is_never_held_back(
+    make_gateway_policy: GatewayPolicyFactory, gateway_for: GatewayFor
+) -> None:
+    shim = await make_gateway_policy(
+        isolation_mode=IsolationMode.PER_KEY, secret=SECRET, fair_share_bytes_per_second=RATE
+    )
+    a = gateway_for(shim)
+    started = time.monotonic()
+    for _ in range(6):
+        assert decided(await ask(a, {KEY: "a"}, DENSE))
+    assert time.monotonic() - started < 10
+    assert shim.servicer.metrics.value("promptcache_gateway_policy_fair_share_waits_total") == 0
+
+
+async def test_past_the_waiters_cap_a_key_gets_429(
+    make_gateway_policy: GatewayPolicyFactory, gateway_for: GatewayFor
+) -> None:
+    shim = await make_gateway_policy(
+        isolation_mode=IsolationMode.PER_KEY, secret=SECRET, fair_share_bytes_per_second=RATE
+    )
+    stop = asyncio.Event()
+    tenant_b = asyncio.create_task(keep_asking(gateway_for(shim), [], stop))
+    try:
+        await asyncio.sleep(0.2)
+        assert decided(await ask(gateway_for(shim), {KEY: "a"}, DENSE))
+        waiting = [
+            asyncio.create_task(ask(gateway_for(shim), {KEY: "a"}, SMALL))
+            for _ in range(MAX_WAITERS)
+        ]
+        await asyncio.sleep(0.3)
+        (only,) = await ask(gateway_for(shim), {KEY: "a"}, SMALL)
+        answer = only.immediate_response
+        assert answer.status.code == 429
+        assert json.loads(answer.body)["error"]["code"] == errors.FAIR_SHARE_EXCEEDED
+        headers = {h.header.key: h.header.raw_value for h in answer.headers.set_headers}
+        assert int(headers["retry-after"]) >= 1
+        assert all(decided(r) for r in await asyncio.gather(*waiting))
+        assert shim.servicer.budget.used == 0
+    finally:
+        stop.set()
+        await tenant_b
+
+
+async def test_with_accounts_the_key_is_the_account(
+    make_gateway_policy: GatewayPolicyFactory, gateway_for: GatewayFor
+) -> None:
+    """Two requests of one account under different isolation keys share one debt."""
+    shim = await make_gateway_policy(
+        isolation_mode=IsolationMode.PER_KEY,
+        secret=SECRET,
+        identity_header="x-account",
+        fair_share_bytes_per_second=RATE,
+    )
+    stop = asyncio.Event()
+    other = {"x-account": "someone-else"}
+    tenant_b = asyncio.create_task(keep_asking_as(gateway_for(shim), other, stop))
+    try:
+        await asyncio.sleep(0.2)
+        assert decided(await ask(gateway_for(shim), {"x-account": "acme", KEY: "k1"}, DENSE))
+        share = shim.servicer.share
+        assert share.owed_seconds(FairShare.key_of(b"acme")) > 0.8
+        assert share.owed_seconds(FairShare.key_of(b"k1")) == 0
+    finally:
+        stop.set()
+        await tenant_b
+
+
+async def keep_asking_as(gateway: Gateway, headers: dict[str, str], stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        assert decided(await ask(gateway, headers, SMALL))
+        await asyncio.sleep(0.02)

@@ -56,6 +56,7 @@ import grpc.aio
 from bench.local_processes import start, wait_ok
 from harness.extproc_gateway import Gateway, body_msg, headers_msg
 from harness.net import free_port
+from promptcache.contract.front import DEFAULT_FAIR_SHARE_BYTES_PER_SECOND
 
 FRONT_BUDGET = 256 * 1024**2
 """The front's `--max-in-flight-bytes`."""
@@ -227,8 +228,14 @@ def deflated_bomb() -> str:
     return base64.b64encode(out.getvalue()).decode()
 
 
+def attacker_key(rotating: bool) -> str:
+    """One key for every attack, or (`rotating`) a new one each time: a client that invents
+    isolation keys, which no per-key share can tell apart from many tenants."""
+    return f"attacker-{os.urandom(6).hex()}" if rotating else "attacker"
+
+
 async def front_bomber(
-    http: aiohttp.ClientSession, url: str, bodies: list[bytes], deadline: float
+    http: aiohttp.ClientSession, url: str, bodies: list[bytes], deadline: float, rotating: bool
 ) -> None:
     async def send() -> None:
         for raw in bodies:
@@ -236,7 +243,7 @@ async def front_bomber(
                 async with http.post(
                     url + "/v1/completions",
                     data=raw,
-                    headers={"Content-Type": "application/json", KEY: "attacker"},
+                    headers={"Content-Type": "application/json", KEY: attacker_key(rotating)},
                 ) as answer:
                     await answer.read()
 
@@ -298,12 +305,12 @@ async def stalled_writer(port: int, deadline: float) -> None:
             sock.close()
 
 
-async def step_bomber(target: str, raw: bytes, deadline: float) -> None:
+async def step_bomber(target: str, raw: bytes, deadline: float, rotating: bool) -> None:
     gateway = Gateway(target)
 
     async def send() -> None:
         with contextlib.suppress(grpc.aio.AioRpcError, TimeoutError):
-            await gateway.exchange(headers_msg({KEY: "attacker"}), body_msg(raw))
+            await gateway.exchange(headers_msg({KEY: attacker_key(rotating)}), body_msg(raw))
 
     try:
         await until(deadline, send)
@@ -332,6 +339,8 @@ async def step_staller(target: str, deadline: float) -> None:
 ATTACK_KINDS = frozenset({"bombs", "readers", "writers"})
 """`bombs`: dense and deflated bodies (both processes); `readers`: clients that stop reading
 streams (front); `writers`: clients and streams stalled mid-body (both)."""
+MODIFIERS = frozenset({"keys"})
+"""`keys`: the bombs come under a new isolation key each (what a per-key share cannot see)."""
 
 
 @dataclass
@@ -506,7 +515,10 @@ async def attack(pods: Pods, run: Run, attacks: Attacks, begin: float, seconds: 
         if "front" in run.attacked:
             url, port = pods.front_url, pods.front_port
             if "bombs" in attacks.kinds:
-                jobs += [front_bomber(http, url, attacks.front, deadline) for _ in range(2)]
+                jobs += [
+                    front_bomber(http, url, attacks.front, deadline, "keys" in attacks.kinds)
+                    for _ in range(2)
+                ]
             if "readers" in attacks.kinds:
                 jobs += [stalled_reader(port, deadline) for _ in range(8)]
             if "writers" in attacks.kinds:
@@ -514,8 +526,9 @@ async def attack(pods: Pods, run: Run, attacks: Attacks, begin: float, seconds: 
         if "step" in run.attacked:
             target = pods.step_target
             if "bombs" in attacks.kinds:
-                jobs += [step_bomber(target, attacks.step[0], deadline) for _ in range(2)]
-                jobs += [step_bomber(target, attacks.step[1], deadline)]
+                rotating = "keys" in attacks.kinds
+                jobs += [step_bomber(target, attacks.step[0], deadline, rotating) for _ in range(2)]
+                jobs += [step_bomber(target, attacks.step[1], deadline, rotating)]
             if "writers" in attacks.kinds:
                 jobs += [step_staller(target, deadline) for _ in range(8)]
         await asyncio.gather(*jobs)
@@ -585,7 +598,7 @@ class Pods:
             await proc.wait()
 
 
-async def start_pods(run: Run, salt: Path) -> Pods:
+async def start_pods(run: Run, salt: Path, fair_share: int) -> Pods:
     standin_port, front_port, step_port, picker_port = (free_port() for _ in range(4))
     rest = run.cpus("rest")
     standin = await start(
@@ -598,14 +611,16 @@ async def start_pods(run: Run, salt: Path) -> Pods:
         "--listen", f"127.0.0.1:{front_port}", "--isolation-mode", "PerKey",
         "--salt-key-file", str(salt), "--max-in-flight", "64",
         "--max-in-flight-bytes", str(FRONT_BUDGET), "--write-timeout-seconds", "2",
-        "--body-timeout-seconds", "5", cpus=run.cpus("front"),
+        "--body-timeout-seconds", "5", "--fair-share-bytes-per-second", str(fair_share),
+        cpus=run.cpus("front"),
     )  # fmt: skip
     step = await start(
         "-m", "promptcache.cli", "gateway-policy", "--listen", f"127.0.0.1:{step_port}",
         "--upstream", f"127.0.0.1:{picker_port}", "--isolation-mode", "PerKey",
         "--salt-key-file", str(salt), "--max-body-bytes", str(STEP_MAX_BODY),
         "--max-buffered-bytes", str(STEP_BUDGET), "--body-timeout-seconds", "5",
-        "--metrics-listen", "", cpus=run.cpus("step"),
+        "--metrics-listen", "", "--fair-share-bytes-per-second", str(fair_share),
+        cpus=run.cpus("step"),
     )  # fmt: skip
     return Pods(standin, front, picker, step, standin_port, front_port, step_port)
 
@@ -630,13 +645,13 @@ async def warm_up(http: aiohttp.ClientSession, pods: Pods) -> None:
             await warm.read()
 
 
-async def one_run(run: Run, seconds: float, attacks: Attacks) -> bool:
+async def one_run(run: Run, seconds: float, attacks: Attacks, fair_share: int) -> bool:
     if run.pins:
         os.sched_setaffinity(0, run.cpus("rest") or os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory() as tmp:
         salt = Path(tmp) / "salt-key"
         salt.write_bytes(os.urandom(32))
-        pods = await start_pods(run, salt)
+        pods = await start_pods(run, salt, fair_share)
         try:
             timeout = aiohttp.ClientTimeout(total=60)
             async with aiohttp.ClientSession(timeout=timeout) as http:
@@ -650,7 +665,8 @@ async def one_run(run: Run, seconds: float, attacks: Attacks) -> bool:
             await pods.stop()
     print(
         f"\n== {run.name}: {seconds:g} s quiet then {seconds:g} s hostile "
-        f"(attacking {', '.join(sorted(run.attacked))} with {', '.join(sorted(attacks.kinds))})"
+        f"(attacking {', '.join(sorted(run.attacked))} with {', '.join(sorted(attacks.kinds))}"
+        f"; fair share {fair_share} bytes/s)"
         f"; load average {load:.1f} before, "
         f"{os.getloadavg()[0]:.1f} after"
     )
@@ -691,13 +707,12 @@ async def one_run(run: Run, seconds: float, attacks: Attacks) -> bool:
 
 async def main(args: argparse.Namespace) -> None:
     kinds = frozenset(args.attacks.split(","))
-    if not kinds <= ATTACK_KINDS:
-        raise SystemExit(
-            f"--attacks: unknown {sorted(kinds - ATTACK_KINDS)} ({sorted(ATTACK_KINDS)})"
-        )
+    if not kinds <= ATTACK_KINDS | MODIFIERS:
+        known = sorted(ATTACK_KINDS | MODIFIERS)
+        raise SystemExit(f"--attacks: unknown {sorted(kinds - ATTACK_KINDS - MODIFIERS)} ({known})")
     attacks = Attacks.build(kinds)
     for run in runs(args.layout):
-        await one_run(run, args.seconds, attacks)
+        await one_run(run, args.seconds, attacks, args.fair_share)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -712,7 +727,14 @@ def _parser() -> argparse.ArgumentParser:
         "--attacks",
         default=",".join(sorted(ATTACK_KINDS)),
         help="which attacks, comma-separated: bombs, readers, writers (one at a time shows "
-        "what each costs)",
+        "what each costs); add keys to send the bombs under a new isolation key each",
+    )
+    ap.add_argument(
+        "--fair-share",
+        type=int,
+        default=DEFAULT_FAIR_SHARE_BYTES_PER_SECOND,
+        help="each key's share (spec.front.fairShareBytesPerSecond) for the front and the "
+        "step; 0 shows what they do unmetered",
     )
     return ap
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from contextlib import AbstractAsyncContextManager as AsyncContextManager
 
 import aiohttp
 import pytest
 
+from harness.busy import kept_asking
 from harness.standin import StandinUpstream
 from promptcache.contract import IsolationMode
 from promptcache.tenancy import errors
@@ -37,17 +39,15 @@ async def post(http: aiohttp.ClientSession, url: str, key: str, body: bytes) -> 
         return answer.status
 
 
-async def keep_asking(
-    http: aiohttp.ClientSession, url: str, latencies: list[float], stop: asyncio.Event
-) -> None:
-    """Tenant B: small chat requests, one after another, each timed."""
-    while not stop.is_set():
-        started = time.monotonic()
+def tenant_b(http: aiohttp.ClientSession, url: str) -> AsyncContextManager[list[float]]:
+    """Tenant B asking small chat requests throughout the block, timed."""
+
+    async def ask() -> None:
         async with http.post(url + "/v1/chat/completions", json=SMALL, headers={KEY: "b"}) as r:
             await r.read()
             assert r.status == 200
-        latencies.append(time.monotonic() - started)
-        await asyncio.sleep(0.02)
+
+    return kept_asking(ask)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -58,11 +58,7 @@ async def test_a_key_over_its_share_waits_and_the_others_do_not(
     mode: IsolationMode,
 ) -> None:
     front = await make_front(isolation_mode=mode, fair_share_bytes_per_second=RATE)
-    b_latencies: list[float] = []
-    stop = asyncio.Event()
-    tenant_b = asyncio.create_task(keep_asking(http, front.url, b_latencies, stop))
-    try:
-        await asyncio.sleep(0.2)  # B is active
+    async with tenant_b(http, front.url) as b_latencies:
         assert await post(http, front.url, "a", DENSE) == 200
         owed = front.state.fair_share.owed_seconds(FairShare.key_of("a"))
         assert owed > 0.8, owed
@@ -75,9 +71,6 @@ async def test_a_key_over_its_share_waits_and_the_others_do_not(
         assert max(b_latencies) < 1.0, max(b_latencies)
         assert front.state.metrics.fair_share_waits._value.get() == 1
         assert front.state.metrics.fair_share_wait_seconds._value.get() >= owed - 0.2
-    finally:
-        stop.set()
-        await tenant_b
 
 
 async def test_a_key_alone_is_never_held_back(
@@ -96,10 +89,7 @@ async def test_past_the_waiters_cap_a_key_gets_429(
     make_front: MakeFront, http: aiohttp.ClientSession
 ) -> None:
     front = await make_front(isolation_mode=IsolationMode.PER_KEY, fair_share_bytes_per_second=RATE)
-    stop = asyncio.Event()
-    tenant_b = asyncio.create_task(keep_asking(http, front.url, [], stop))
-    try:
-        await asyncio.sleep(0.2)
+    async with tenant_b(http, front.url):
         assert await post(http, front.url, "a", DENSE) == 200
         small = json.dumps(SMALL).encode()
         headers = {KEY: "a", "Content-Type": "application/json"}
@@ -114,22 +104,13 @@ async def test_past_the_waiters_cap_a_key_gets_429(
             assert refusal["error"]["type"] == "rate_limit_error"
             assert int(r.headers["Retry-After"]) >= 1
         assert await asyncio.gather(*waiting) == [200] * MAX_WAITERS
-    finally:
-        stop.set()
-        await tenant_b
 
 
 async def test_off_when_the_rate_is_zero(
     make_front: MakeFront, http: aiohttp.ClientSession
 ) -> None:
     front = await make_front(isolation_mode=IsolationMode.PER_KEY, fair_share_bytes_per_second=0)
-    stop = asyncio.Event()
-    tenant_b = asyncio.create_task(keep_asking(http, front.url, [], stop))
-    try:
-        await asyncio.sleep(0.2)
+    async with tenant_b(http, front.url):
         for _ in range(3):
             assert await post(http, front.url, "a", DENSE) == 200
         assert front.state.metrics.fair_share_waits._value.get() == 0
-    finally:
-        stop.set()
-        await tenant_b

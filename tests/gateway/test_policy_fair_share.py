@@ -13,10 +13,12 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager as AsyncContextManager
 from typing import Any
 
 import pytest
 
+from harness.busy import kept_asking
 from promptcache.contract import IsolationMode
 from promptcache.gateway.policy_step import RunningGatewayPolicy
 from promptcache.tenancy import errors
@@ -38,17 +40,20 @@ def decided(responses: list[Any]) -> bool:
     return any(r.WhichOneof("response") == "request_body" for r in responses)
 
 
-async def ask(gateway: Gateway, headers: dict[str, str], body: bytes) -> list[Any]:
+async def ask_step(gateway: Gateway, headers: dict[str, str], body: bytes) -> list[Any]:
     responses: list[Any] = await gateway.exchange(headers_msg(headers), body_msg(body))
     return responses
 
 
-async def keep_asking(gateway: Gateway, latencies: list[float], stop: asyncio.Event) -> None:
-    while not stop.is_set():
-        started = time.monotonic()
-        assert decided(await ask(gateway, {KEY: "b"}, SMALL))
-        latencies.append(time.monotonic() - started)
-        await asyncio.sleep(0.02)
+def another_tenant(
+    gateway: Gateway, headers: dict[str, str] | None = None
+) -> AsyncContextManager[list[float]]:
+    """Another tenant asking throughout the block (the step is contended), timed."""
+
+    async def ask() -> None:
+        assert decided(await ask_step(gateway, headers or {KEY: "b"}, SMALL))
+
+    return kept_asking(ask)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -58,27 +63,20 @@ async def test_a_key_over_its_share_waits_and_the_others_do_not(
     shim = await make_gateway_policy(
         isolation_mode=mode, secret=SECRET, fair_share_bytes_per_second=RATE
     )
-    b_latencies: list[float] = []
-    stop = asyncio.Event()
-    tenant_b = asyncio.create_task(keep_asking(gateway_for(shim), b_latencies, stop))
-    try:
-        await asyncio.sleep(0.2)
+    async with another_tenant(gateway_for(shim)) as b_latencies:
         a = gateway_for(shim)
-        assert decided(await ask(a, {KEY: "a"}, DENSE))
+        assert decided(await ask_step(a, {KEY: "a"}, DENSE))
         owed = shim.servicer.share.owed_seconds(FairShare.key_of(b"a"))
         assert owed > 0.8, owed
         before_wait = len(b_latencies)
         started = time.monotonic()
-        assert decided(await ask(a, {KEY: "a"}, SMALL))
+        assert decided(await ask_step(a, {KEY: "a"}, SMALL))
         waited = time.monotonic() - started
         assert waited >= owed - 0.2, (waited, owed)
         assert len(b_latencies) - before_wait >= 5
         assert max(b_latencies) < 1.0, max(b_latencies)
         metrics = shim.servicer.metrics
         assert metrics.value("promptcache_gateway_policy_fair_share_waits_total") == 1
-    finally:
-        stop.set()
-        await tenant_b
 
 
 async def test_a_key_alone_is_never_held_back(
@@ -90,7 +88,7 @@ async def test_a_key_alone_is_never_held_back(
     a = gateway_for(shim)
     started = time.monotonic()
     for _ in range(6):
-        assert decided(await ask(a, {KEY: "a"}, DENSE))
+        assert decided(await ask_step(a, {KEY: "a"}, DENSE))
     assert time.monotonic() - started < 10
     assert shim.servicer.metrics.value("promptcache_gateway_policy_fair_share_waits_total") == 0
 
@@ -101,17 +99,14 @@ async def test_past_the_waiters_cap_a_key_gets_429(
     shim = await make_gateway_policy(
         isolation_mode=IsolationMode.PER_KEY, secret=SECRET, fair_share_bytes_per_second=RATE
     )
-    stop = asyncio.Event()
-    tenant_b = asyncio.create_task(keep_asking(gateway_for(shim), [], stop))
-    try:
-        await asyncio.sleep(0.2)
-        assert decided(await ask(gateway_for(shim), {KEY: "a"}, DENSE))
+    async with another_tenant(gateway_for(shim)):
+        assert decided(await ask_step(gateway_for(shim), {KEY: "a"}, DENSE))
         waiting = [
-            asyncio.create_task(ask(gateway_for(shim), {KEY: "a"}, SMALL))
+            asyncio.create_task(ask_step(gateway_for(shim), {KEY: "a"}, SMALL))
             for _ in range(MAX_WAITERS)
         ]
         await asyncio.sleep(0.3)
-        (only,) = await ask(gateway_for(shim), {KEY: "a"}, SMALL)
+        (only,) = await ask_step(gateway_for(shim), {KEY: "a"}, SMALL)
         answer = only.immediate_response
         assert answer.status.code == 429
         assert json.loads(answer.body)["error"]["code"] == errors.FAIR_SHARE_EXCEEDED
@@ -119,9 +114,6 @@ async def test_past_the_waiters_cap_a_key_gets_429(
         assert int(headers["retry-after"]) >= 1
         assert all(decided(r) for r in await asyncio.gather(*waiting))
         assert shim.servicer.budget.used == 0
-    finally:
-        stop.set()
-        await tenant_b
 
 
 async def test_with_accounts_the_key_is_the_account(
@@ -134,21 +126,8 @@ async def test_with_accounts_the_key_is_the_account(
         identity_header="x-account",
         fair_share_bytes_per_second=RATE,
     )
-    stop = asyncio.Event()
-    other = {"x-account": "someone-else"}
-    tenant_b = asyncio.create_task(keep_asking_as(gateway_for(shim), other, stop))
-    try:
-        await asyncio.sleep(0.2)
-        assert decided(await ask(gateway_for(shim), {"x-account": "acme", KEY: "k1"}, DENSE))
+    async with another_tenant(gateway_for(shim), {"x-account": "someone-else"}):
+        assert decided(await ask_step(gateway_for(shim), {"x-account": "acme", KEY: "k1"}, DENSE))
         share = shim.servicer.share
         assert share.owed_seconds(FairShare.key_of(b"acme")) > 0.8
         assert share.owed_seconds(FairShare.key_of(b"k1")) == 0
-    finally:
-        stop.set()
-        await tenant_b
-
-
-async def keep_asking_as(gateway: Gateway, headers: dict[str, str], stop: asyncio.Event) -> None:
-    while not stop.is_set():
-        assert decided(await ask(gateway, headers, SMALL))
-        await asyncio.sleep(0.02)

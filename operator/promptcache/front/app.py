@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import logging
 import re
-import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -347,12 +346,7 @@ def _share_key(state: FrontState, headers: CIMultiDictProxy[str]) -> bytes | Non
 async def _fair_share(state: FrontState, key: bytes) -> None:
     """Hold a request back, before its body is read, while its key owes the pod work
     (`tenancy.fair_share`); 429 (`fair_share_exceeded`) when too many of its requests wait."""
-    started = time.monotonic()
     refusal = await state.fair_share.admit(key)
-    waited = time.monotonic() - started
-    if waited > 0.001:
-        state.metrics.fair_share_waits.inc()
-        state.metrics.fair_share_wait_seconds.inc(waited)
     if refusal is not None:
         raise share_exceeded(refusal)
 
@@ -891,7 +885,9 @@ def create_state(
             read_timeout=settings.upstream_timeout_seconds,
         ),
     )
-    state.fair_share = FairShare(settings.fair_share_bytes_per_second)
+    state.fair_share = FairShare(
+        settings.fair_share_bytes_per_second, on_wait=state.metrics.waited_for_share
+    )
     if identity_enabled(settings) and secret:
         state.attester = Attester(secret, settings.isolation_header, guard=ReplayGuard())
     # read at scrape time: no gauge update (and its lock) on every request

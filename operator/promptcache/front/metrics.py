@@ -173,6 +173,11 @@ class FrontMetrics:
         self._decision_children: dict[tuple[str, str], Counter] = {}
         self._control_children: dict[str, Counter] = {}
 
+    def waited_for_share(self, seconds: float) -> None:
+        """A request waited `seconds` for its key's fair share (`tenancy.fair_share`)."""
+        self.fair_share_waits.inc()
+        self.fair_share_wait_seconds.inc(seconds)
+
     def refuse(self, code: str) -> None:
         """Count one refusal by its stable error code."""
         child = self._refusal_children.get(code)

@@ -38,7 +38,6 @@ import logging
 import multiprocessing
 import os
 import signal
-import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -497,6 +496,10 @@ class PolicyMetrics:
             registry=self.registry,
         )
 
+    def waited_for_share(self, seconds: float) -> None:
+        self.fair_share_waits.inc()
+        self.fair_share_wait_seconds.inc(seconds)
+
     def refused(self, error: FrontError) -> None:
         self.refusals.labels(code=error.code).inc()
 
@@ -528,8 +531,10 @@ class GatewayPolicyServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[
         self.secret = secret
         self._stub = pb_grpc.ExternalProcessorStub(channel)
         self.budget = _Budget(settings.worker_budget)
-        self.share = FairShare(settings.fair_share_bytes_per_second)
         self.metrics = PolicyMetrics()
+        self.share = FairShare(
+            settings.fair_share_bytes_per_second, on_wait=self.metrics.waited_for_share
+        )
         self._processes: ProcessPoolExecutor | None = None
         self.attester = (
             Attester(secret, self.policy.isolation_header)
@@ -641,12 +646,7 @@ class GatewayPolicyServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[
         key = self.share.key_of(*(first.get(name.lower(), b"") for name in names if name))
         self.share.seen(key)
         inspector.share_key = key
-        started = time.monotonic()
         refusal = await self.share.admit(key)
-        waited = time.monotonic() - started
-        if waited > 0.001:
-            self.metrics.fair_share_waits.inc()
-            self.metrics.fair_share_wait_seconds.inc(waited)
         return None if refusal is None else share_exceeded(refusal)
 
     def _refused(self, refusal: FrontError, inspector: _Inspector) -> None:

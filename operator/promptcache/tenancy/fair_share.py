@@ -77,9 +77,15 @@ class FairShare:
     used from its event loop only."""
 
     def __init__(
-        self, bytes_per_second: float, *, clock: Callable[[], float] = time.monotonic
+        self,
+        bytes_per_second: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        on_wait: Callable[[float], None] = lambda seconds: None,
     ) -> None:
+        """`on_wait` is told how long each held-back request waited (the process's metrics)."""
         self.rate = bytes_per_second
+        self._on_wait = on_wait
         self.capacity = bytes_per_second * BURST_SECONDS
         self.max_debt = bytes_per_second * MAX_DEBT_SECONDS
         self._clock = clock
@@ -154,12 +160,14 @@ class FairShare:
         if waiting >= MAX_WAITERS:
             return Refusal(retry_after=wait)
         self._waiting[key] = waiting + 1
+        started = time.monotonic()
         try:
             while wait > 0:
                 await asyncio.sleep(wait)
                 wait = self.owed_seconds(key)
             return None
         finally:
+            self._on_wait(time.monotonic() - started)
             if self._waiting[key] <= 1:
                 del self._waiting[key]
             else:

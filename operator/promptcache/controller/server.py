@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -17,6 +16,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from promptcache.controller.metrics import OperatorMetrics
+from promptcache.stopping import stop_event
 
 
 @dataclass
@@ -78,8 +78,4 @@ def stop_on_signal(runners: Iterable[web.BaseRunner], log: logging.Logger) -> as
     for runner in runners:
         for address in runner.addresses:
             log.info("listening on %s", address)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    return stop
+    return stop_event()

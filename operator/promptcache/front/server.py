@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
-import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Final
@@ -23,6 +22,7 @@ from promptcache.contract import FRONT_DRAIN_SECONDS
 from promptcache.embeds.cache import PromptEmbedsCache
 from promptcache.front.app import create_runner
 from promptcache.front.settings import FrontSettings, SettingsError, parse_listen, read_salt_key
+from promptcache.stopping import stop_event
 
 log = logging.getLogger("promptcache.front")
 SHUTDOWN_TIMEOUT_SECONDS: Final = FRONT_DRAIN_SECONDS
@@ -78,10 +78,7 @@ async def _run(
         settings.isolation_mode.value,
         settings.cache_capacity_bytes,
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_event()
     try:
         await stop.wait()
         for child in children:

@@ -61,6 +61,7 @@ from promptcache.contract import (
 )
 from promptcache.contract.settings import split_host_port
 from promptcache.gateway.settings import GatewayPolicySettings
+from promptcache.stopping import STOP_SIGNALS, stop_event
 from promptcache.tenancy import errors as front_errors
 from promptcache.tenancy.attestation import Attester
 from promptcache.tenancy.canonical import (
@@ -800,10 +801,7 @@ async def _serve(
         settings.isolation_header, settings.isolation_field, settings.session_header,
         settings.user_field, settings.max_body_bytes, settings.max_buffered_bytes,
     )  # fmt: skip
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in signals:
-        loop.add_signal_handler(sig, stopping.set)
+    stopping = stop_event(signals)
     try:
         await stopping.wait()
     finally:
@@ -818,7 +816,7 @@ def serve(settings: GatewayPolicySettings, secret: bytes | None = None) -> int:
     """Run until SIGTERM or SIGINT, then drain; the `gateway-policy` sub-command's body."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
-        asyncio.run(_serve(settings, secret, (signal.SIGTERM, signal.SIGINT)))
+        asyncio.run(_serve(settings, secret, STOP_SIGNALS))
     except OSError as error:
         log.error("gateway policy step cannot start: %s", error)
         return 1

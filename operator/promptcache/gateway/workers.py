@@ -33,6 +33,7 @@ from typing import Final
 
 from promptcache.contract.settings import split_host_port
 from promptcache.gateway.settings import GatewayPolicySettings
+from promptcache.stopping import STOP_SIGNALS, stop_event
 
 log = logging.getLogger("promptcache.gateway_policy")
 
@@ -72,10 +73,8 @@ async def _serve_worker(
     except (OSError, ValueError) as error:
         ready.send(str(error))
         return
-    stopping = asyncio.Event()
+    stopping = stop_event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping.set)
     # In a pod the kernel ends every process of the container with its first one; anywhere
     # else (a supervisor killed by SIGKILL, a test, a process manager without PID
     # namespaces) a worker would go on serving the port alone, unsupervised, holding it
@@ -174,7 +173,7 @@ def serve_workers(settings: GatewayPolicySettings, secret: bytes | None = None) 
         nonlocal stopping
         stopping = True
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, stop)
     signal.set_wakeup_fd(wake_write.fileno())
     procs: list[BaseProcess] = []

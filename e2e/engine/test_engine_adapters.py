@@ -493,6 +493,15 @@ class _AdapterKeptRunning:
                     self.running -= 1
 
 
+def _settled(alpha: Alpha, replicas: int) -> bool:
+    """`replicas` ready pods of one ReplicaSet and no other pod: a rollout still under way
+    (two ready pods, one of them about to be replaced) stops the stream a test keeps
+    running on it (seen once: the picks then had no proof)."""
+    pods = list(alpha.kubelet.pods.values())
+    template_hashes = {pod.name.rsplit("-", 2)[1] for pod in pods}
+    return len(pods) == replicas and all(p.ready for p in pods) and len(template_hashes) == 1
+
+
 async def _pick(traffic: Traffic, i: int) -> str:
     model = traffic.models[0]
     raw = json.dumps({"model": model, "prompt": f"which pod {i}?", "max_tokens": 1}).encode()
@@ -512,7 +521,7 @@ async def test_the_picker_sends_an_adapter_to_the_pod_that_runs_it(alpha: Alpha)
     alpha.cluster.kubectl(
         "-n", alpha.ns, "patch", "pcd", NAME, "--type=merge", "-p", json.dumps(patch)
     )
-    await _wait(lambda: len(alpha.kubelet.ready()) == 2, "two ready pods", alpha)
+    await _wait(lambda: _settled(alpha, 2), "two ready pods of one ReplicaSet, no other", alpha)
     busy, idle = sorted(alpha.kubelet.ready(), key=lambda p: p.name)
     endpoints = {p.name: f"{p.ip}:{p.ports['http']}" for p in (busy, idle)}
 

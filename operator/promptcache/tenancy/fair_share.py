@@ -24,9 +24,9 @@ The key is the caller's identity as seen before the body: in the gateway's polic
 the account header the gateway's authentication sets (when isolation by account names
 one); then the isolation header, else the Authorization header; a request with none
 shares the anonymous key. (The front does not trust the account header: a pod can be
-reached directly.) It is
-hashed, and at most `MAX_KEYS` keys are remembered (the least recently seen forgotten
-first, debts included), so the meter's memory is bounded whatever keys clients invent.
+reached directly.) It is hashed, and at most `MAX_KEYS` keys are remembered (the least
+recently seen forgotten first, debts included), so the meter's memory is bounded whatever
+keys clients invent.
 Keys that clients choose freely (the isolation header without authentication) can be
 multiplied by a client: the share is only as strong as the identity behind it.
 """
@@ -67,13 +67,13 @@ class _Bucket:
 
 @dataclass(frozen=True)
 class Refusal:
-    """The key would wait longer than `MAX_WAIT_SECONDS`: refuse, retry after this long."""
+    """`MAX_WAITERS` of the key's requests already wait: refuse, retry after this long."""
 
     retry_after: float
 
 
 class FairShare:
-    """The per-key meter of large bodies (see the module's docstring); one per process,
+    """The per-key meter of decoding work (see the module's docstring); one per process,
     used from its event loop only."""
 
     def __init__(

@@ -16,7 +16,6 @@ import json
 import subprocess
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from harness.net import free_port
+from harness.net import answers_ok, free_port
 from harness.operator import (
     OperatorProcess,
     apply_yaml,
@@ -178,8 +177,7 @@ def metrics_pipeline(
                       "groupPriorityMinimum": 100, "versionPriority": 100}},
         )  # fmt: skip
         wait_for(
-            lambda: urllib.request.urlopen(
-                f"http://127.0.0.1:{prom_port}/-/ready", timeout=2).status == 200,
+            lambda: answers_ok(f"http://127.0.0.1:{prom_port}/-/ready"),
             f"Prometheus ready\n{_tail(work / 'prometheus.log')}", timeout=60,
         )  # fmt: skip
         cluster.wait_for(

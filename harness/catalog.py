@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from e2e.localcluster.state import free_ports
+from harness.net import answers_ok
 from harness.operator import wait_for
 from harness.pytest_cluster import Cluster
 from promptcache.contract.router import GATEWAY_HEADER
@@ -90,12 +91,7 @@ class CatalogProcess:
             raise AssertionError(
                 f"the responder exited {self._proc.returncode}:\n{self.log_tail()}"
             )
-        try:
-            url = f"http://127.0.0.1:{self.health_port}/readyz"
-            with urllib.request.urlopen(url, timeout=2) as resp:
-                return bool(resp.status == 200)
-        except OSError:
-            return False
+        return answers_ok(f"http://127.0.0.1:{self.health_port}/readyz")
 
     def request(
         self, method: str, path: str, headers: Mapping[str, str], body: bytes | None = None

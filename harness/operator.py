@@ -28,7 +28,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.localcluster.crds import wait_established as crd_wait
-from harness.net import free_port
+from harness.net import answers_ok, free_port
 from promptcache.api.constants import API_VERSION, CRD_NAME, GROUP, KIND, PLURAL
 from promptcache.controller.rbac import leader_election_role, load_rules, picker_cluster_role
 
@@ -259,13 +259,7 @@ class OperatorProcess:
     def _healthy(self) -> bool:
         if self.exited():
             raise AssertionError(f"operator exited {self.returncode()}:\n{self.log_tail()}")
-        try:
-            with urllib.request.urlopen(
-                f"http://127.0.0.1:{self.health_port}/healthz", timeout=2
-            ) as r:
-                return bool(r.status == 200)
-        except OSError:
-            return False
+        return answers_ok(f"http://127.0.0.1:{self.health_port}/healthz")
 
     def exited(self) -> bool:
         return self.proc is not None and self.proc.poll() is not None

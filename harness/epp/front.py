@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import BinaryIO
 
+from harness.net import answers_ok
 from promptcache.contract import FRONT_READY_PATH, FrontEnv
 
 
@@ -75,12 +76,8 @@ class FrontProcess:
                 raise RuntimeError(
                     f"front exited {self._proc.returncode}:\n{self.log_path.read_text()[-3000:]}"
                 )
-            try:
-                with urllib.request.urlopen(url, timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                pass
+            if answers_ok(url):
+                return
             time.sleep(0.2)
         raise TimeoutError(f"front not ready at {url}:\n{self.log_path.read_text()[-3000:]}")
 

@@ -17,6 +17,7 @@ import aiohttp
 import pytest
 
 from harness.busy import kept_asking
+from harness.extproc_gateway import eventually
 from harness.standin import StandinUpstream
 from promptcache.contract import IsolationMode
 from promptcache.tenancy import errors
@@ -29,6 +30,9 @@ KEY = "x-prompt-cache-isolation-key"
 SMALL = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
 DENSE = json.dumps({"model": "m", "max_tokens": 1, "prompt": [1] * 3000}).encode()
 """About 150 KiB of parse (the front's own count): 1 s of burst and ~1.4 s of debt."""
+HEAVY = json.dumps({"model": "m", "max_tokens": 1, "prompt": [1] * 9000}).encode()
+"""About 450 KiB of parse: ~6 s of debt, so the waiters still wait however slowly
+the machine lets the test line them up."""
 MODES = [IsolationMode.SHARED, IsolationMode.PER_KEY, IsolationMode.REQUIRED]
 
 
@@ -90,13 +94,14 @@ async def test_past_the_waiters_cap_a_key_gets_429(
 ) -> None:
     front = await make_front(isolation_mode=IsolationMode.PER_KEY, fair_share_bytes_per_second=RATE)
     async with tenant_b(http, front.url):
-        assert await post(http, front.url, "a", DENSE) == 200
+        assert await post(http, front.url, "a", HEAVY) == 200
+        a = FairShare.key_of("a")
         small = json.dumps(SMALL).encode()
         headers = {KEY: "a", "Content-Type": "application/json"}
         waiting = [
             asyncio.create_task(post(http, front.url, "a", small)) for _ in range(MAX_WAITERS)
         ]
-        await asyncio.sleep(0.3)  # they are all waiting now
+        await eventually(lambda: front.state.fair_share.waiting(a) == MAX_WAITERS)
         async with http.post(front.url + "/v1/completions", data=small, headers=headers) as r:
             refusal = await r.json()
             assert r.status == 429
@@ -114,3 +119,57 @@ async def test_off_when_the_rate_is_zero(
         for _ in range(3):
             assert await post(http, front.url, "a", DENSE) == 200
         assert front.state.metrics.fair_share_waits._value.get() == 0
+
+
+async def _raw_post(url: str, header_lines: list[bytes], body: bytes) -> int:
+    """POST with header bytes exactly as given (aiohttp's client would re-encode them)."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    head = [
+        b"POST /v1/completions HTTP/1.1",
+        b"Host: front",
+        b"Content-Type: application/json",
+        b"Content-Length: " + str(len(body)).encode(),
+        b"Connection: close",
+        *header_lines,
+    ]
+    writer.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
+    await writer.drain()
+    status = int((await reader.readline()).split()[1])
+    writer.close()
+    return status
+
+
+@pytest.mark.parametrize(
+    ("header_lines", "status"),
+    [
+        ([KEY.encode() + b": \xff\xfe-not-utf-8"], 400),
+        ([b"Authorization: Bearer \xc3\x28"], 400),
+        ([KEY.encode() + b": " + b"k" * 9000], 431),  # past aiohttp's header line limit
+    ],
+    ids=["key-not-utf-8", "token-not-utf-8", "huge-key"],
+)
+async def test_headers_refused_before_the_body_never_reach_the_meter(
+    make_front: MakeFront, http: aiohttp.ClientSession, header_lines: list[bytes], status: int
+) -> None:
+    """A request the front refuses for its headers is answered (400, 431) before its body is
+    read: it neither pays nor waits, and leaves no key behind in the meter."""
+    front = await make_front(isolation_mode=IsolationMode.PER_KEY, fair_share_bytes_per_second=RATE)
+    async with tenant_b(http, front.url) as b_latencies:
+        await eventually(lambda: len(b_latencies) > 0)  # B's key is in the meter
+        remembered = front.state.fair_share.remembered()
+        for _ in range(3):
+            assert await _raw_post(front.url, header_lines, DENSE) == status
+        assert front.state.fair_share.remembered() == remembered
+        assert front.state.metrics.fair_share_waits._value.get() == 0
+
+
+async def test_repeated_identical_keys_are_one_key(
+    make_front: MakeFront, http: aiohttp.ClientSession
+) -> None:
+    """The same isolation key sent twice is that key, for the meter as for isolation."""
+    front = await make_front(isolation_mode=IsolationMode.PER_KEY, fair_share_bytes_per_second=RATE)
+    async with tenant_b(http, front.url):
+        twice = [KEY.encode() + b": a", KEY.encode() + b": a"]
+        assert await _raw_post(front.url, twice, DENSE) == 200
+        assert front.state.fair_share.owed_seconds(FairShare.key_of("a")) > 0.8

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from harness.busy import kept_asking
+from harness.extproc_gateway import eventually
 from promptcache.contract import IsolationMode
 from promptcache.gateway.policy_step import RunningGatewayPolicy
 from promptcache.tenancy import errors
@@ -32,6 +33,9 @@ KEY = "x-prompt-cache-isolation-key"
 SMALL = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
 DENSE = json.dumps({"model": "m", "prompt": [1] * 3000}).encode()
 """About 150 KiB of parse: 1 s of burst and ~1.4 s of debt at `RATE`."""
+HEAVY = json.dumps({"model": "m", "prompt": [1] * 9000}).encode()
+"""About 450 KiB of parse: ~6 s of debt, so the waiters still wait however slowly
+the machine lets the test line them up."""
 MODES = [IsolationMode.SHARED, IsolationMode.PER_KEY, IsolationMode.REQUIRED]
 GatewayFor = Callable[[RunningGatewayPolicy], Gateway]
 
@@ -100,12 +104,13 @@ async def test_past_the_waiters_cap_a_key_gets_429(
         isolation_mode=IsolationMode.PER_KEY, secret=SECRET, fair_share_bytes_per_second=RATE
     )
     async with another_tenant(gateway_for(shim)):
-        assert decided(await ask_step(gateway_for(shim), {KEY: "a"}, DENSE))
+        assert decided(await ask_step(gateway_for(shim), {KEY: "a"}, HEAVY))
+        a = FairShare.key_of("a")
         waiting = [
             asyncio.create_task(ask_step(gateway_for(shim), {KEY: "a"}, SMALL))
             for _ in range(MAX_WAITERS)
         ]
-        await asyncio.sleep(0.3)
+        await eventually(lambda: shim.servicer.share.waiting(a) == MAX_WAITERS)
         (only,) = await ask_step(gateway_for(shim), {KEY: "a"}, SMALL)
         answer = only.immediate_response
         assert answer.status.code == 429

@@ -91,8 +91,7 @@ def test_keys_are_hashed_and_their_number_is_bounded() -> None:
         share.seen(key)
         share.charge(key, 10)
         clock.now += 1e-6
-    assert len(share._seen) == MAX_KEYS
-    assert len(share._buckets) == MAX_KEYS
+    assert share.remembered() == MAX_KEYS
 
 
 def test_off_when_the_rate_is_zero() -> None:

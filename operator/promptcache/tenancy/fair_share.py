@@ -144,6 +144,15 @@ class FairShare:
         tokens = self._bucket(key).tokens
         return -tokens / self.rate if tokens < 0 else 0.0
 
+    def remembered(self) -> int:
+        """How many keys the meter holds state for now (at most `MAX_KEYS` each of seen
+        and of debts)."""
+        return max(len(self._seen), len(self._buckets))
+
+    def waiting(self, key: bytes) -> int:
+        """How many of `key`'s requests wait for its share now (at most `MAX_WAITERS`)."""
+        return self._waiting.get(key, 0)
+
     def charge(self, key: bytes, cost: int) -> None:
         """Charge a body that cost `cost` to decode to `key`, while others are active."""
         if self.contended(key):

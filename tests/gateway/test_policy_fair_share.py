@@ -17,6 +17,8 @@ from contextlib import AbstractAsyncContextManager as AsyncContextManager
 from typing import Any
 
 import pytest
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from harness.busy import kept_asking
 from harness.extproc_gateway import eventually
@@ -136,3 +138,51 @@ async def test_with_accounts_the_key_is_the_account(
         share = shim.servicer.share
         assert share.owed_seconds(FairShare.key_of(b"acme")) > 0.8
         assert share.owed_seconds(FairShare.key_of(b"k1")) == 0
+
+
+def _raw_headers(extra: list[tuple[str, bytes]]) -> Any:
+    """Request headers with values as raw bytes (`headers_msg` encodes text), a body to come."""
+    base = [
+        (":method", b"POST"),
+        (":path", b"/v1/completions"),
+        ("content-type", b"application/json"),
+    ]
+    values = [base_pb2.HeaderValue(key=k, raw_value=v) for k, v in base + extra]
+    return pb.ProcessingRequest(
+        request_headers=pb.HttpHeaders(headers=base_pb2.HeaderMap(headers=values))
+    )
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [(KEY, b"\xff\xfe-not-utf-8")],
+        [("authorization", b"Bearer \xc3\x28")],
+        [("content-encoding", b"gzip")],
+    ],
+    ids=["key-not-utf-8", "token-not-utf-8", "gzip"],
+)
+async def test_a_head_the_front_refuses_is_refused_before_its_body(
+    make_gateway_policy: GatewayPolicyFactory,
+    gateway_for: GatewayFor,
+    extra: list[tuple[str, bytes]],
+) -> None:
+    """As the front (`tests/front/test_front_fair_share.py`): a request refused for its
+    head gets the front's refusal as soon as its headers arrive, holds no body bytes, and
+    leaves no key behind in the meter."""
+    shim = await make_gateway_policy(
+        isolation_mode=IsolationMode.PER_KEY, secret=SECRET, fair_share_bytes_per_second=RATE
+    )
+    async with another_tenant(gateway_for(shim)) as b_latencies:
+        await eventually(lambda: len(b_latencies) > 0)  # B's key is in the meter
+        remembered = shim.servicer.share.remembered()
+        call = gateway_for(shim).open()
+        await call.write(_raw_headers(extra))  # no body sent: the answer cannot wait for it
+        first = await asyncio.wait_for(call.read(), 10)
+        answer = first.immediate_response
+        assert answer.status.code in (400, 415), answer
+        code = json.loads(answer.body)["error"]["code"]
+        assert code in (errors.INVALID_HEADER, errors.UNSUPPORTED_CONTENT_ENCODING), code
+        await call.done_writing()
+        assert shim.servicer.share.remembered() == remembered
+        assert shim.servicer.budget.used == 0

@@ -78,7 +78,7 @@ from promptcache.tenancy.errors import FrontError
 from promptcache.tenancy.fair_share import FairShare, share_exceeded
 from promptcache.tenancy.identity import account_at_gateway, identity_enabled
 from promptcache.tenancy.policy import apply_policy
-from promptcache.tenancy.routes import RouteClass, canonical_target, check_route
+from promptcache.tenancy.routes import Route, RouteClass, canonical_target, check_route
 from promptcache.tenancy.settings import PolicyReader
 
 log = logging.getLogger("promptcache.gateway_policy")
@@ -155,6 +155,23 @@ def _policy_copy(body: dict[str, Any]) -> dict[str, Any]:
     return work
 
 
+def check_head(method: str, target: str, headers: CIMultiDict[str]) -> Route | None:
+    """Pure: what of the front's checks the request head alone decides, in the front's
+    order (`front.app._proxy`): the route (None: the front's own paths, nothing to decide),
+    the headers, and a salted route's media type. Raises the front's refusal.
+
+    `decide` runs it first; the step also runs it when it starts holding a body, so a
+    request refused for its head is refused before its body is held or metered, as the
+    front refuses it before reading the body."""
+    route = check_route(method, canonical_target(target).path)
+    if route.kind is RouteClass.FRONT:
+        return None
+    check_headers(headers)
+    if route.kind is RouteClass.SALTED:
+        check_json_media_type(headers)
+    return route
+
+
 def decide(
     method: str,
     target: str,
@@ -178,17 +195,15 @@ def decide(
     aiohttp would present them (`tenancy.canonical.header_multidict`)."""
     lowered = headers if isinstance(headers, CIMultiDict) else CIMultiDict(headers)
     try:
-        route = check_route(method, canonical_target(target).path)
-        if route.kind is RouteClass.FRONT:
+        route = check_head(method, target, lowered)
+        if route is None:
             return Decision()  # the front answers its own paths; nothing to salt
-        check_headers(lowered)
         if route.kind is not RouteClass.SALTED:
             if raw:
                 raise FrontError(
                     400, front_errors.BODY_NOT_ALLOWED, f"{route.path} takes no request body"
                 )
             return Decision()
-        check_json_media_type(lowered)
         body = parse_body(raw, acted_on=(*POLICY_FIELDS, policy.isolation_field, user_field))
         account = account_at_gateway(lowered, policy, secret)  # behind the gateway's auth
         plan = apply_policy(route, lowered, _policy_copy(body), policy, secret, account=account)
@@ -561,11 +576,16 @@ class GatewayPolicyServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[
             self._processes.shutdown(wait=False, cancel_futures=True)
             self._processes = None
 
-    async def _decide(self, inspector: _Inspector) -> Decision:
+    @staticmethod
+    def _head(inspector: _Inspector) -> tuple[str, str, CIMultiDict[str]]:
+        """The held request's method, target and headers, as aiohttp would present them."""
         entries = inspector.headers()
         pseudo = {k: v.decode("utf-8", "surrogateescape") for k, v in entries if k[:1] == ":"}
         method, target = pseudo.get(":method", "POST"), pseudo.get(":path", "")
-        headers = header_multidict((k, v) for k, v in entries if k[:1] != ":")
+        return method, target, header_multidict((k, v) for k, v in entries if k[:1] != ":")
+
+    async def _decide(self, inspector: _Inspector) -> Decision:
+        method, target, headers = self._head(inspector)
         raw = inspector.body()
         if inspector.share_key is not None:
             self.share.charge(inspector.share_key, inspector.scan.charge)
@@ -620,7 +640,7 @@ class GatewayPolicyServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[
             was_holding = inspector.holding
             forward = inspector.feed(msg)
             if inspector.holding and not was_holding:
-                refusal = await self._fair_share(inspector)
+                refusal = self._head_refused(inspector) or await self._fair_share(inspector)
                 if refusal is not None:
                     return refusal
                 loop = asyncio.get_running_loop()
@@ -635,6 +655,15 @@ class GatewayPolicyServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[
             return forward
         except Exception as error:
             return self._failed(error)
+
+    def _head_refused(self, inspector: _Inspector) -> FrontError | None:
+        """The front's refusal of the request's head (`check_head`), before its body is
+        held: a bad header costs the step no body bytes and no one's fair share."""
+        try:
+            check_head(*self._head(inspector))
+        except FrontError as refusal:
+            return refusal
+        return None
 
     async def _fair_share(self, inspector: _Inspector) -> FrontError | None:
         """Before a held request's body is read: wait while its key owes this process

@@ -37,6 +37,7 @@ from typing import Any
 import aiohttp
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from harness.engine.cluster_pods import PROCESS_POD_TEMPLATE, ProcessKubelet
 from harness.engine.pods import engine_resource
@@ -430,67 +431,173 @@ async def test_a_bad_adapter_is_named_in_status_while_the_old_pod_serves(alpha: 
     assert not traffic.failures(), traffic.failures()[:5]
 
 
+async def _kv_tokens(http: aiohttp.ClientSession, url: str) -> int:
+    """The pod's KV cache in tokens, as its engine reports it (`vllm:cache_config_info`)."""
+    async with http.get(url + "/metrics") as resp:
+        text = await resp.text()
+    (info,) = [
+        s
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == "vllm:cache_config_info"
+    ]
+    return int(info.labels["num_gpu_blocks"]) * int(info.labels["block_size"])
+
+
 class _AdapterKeptRunning:
-    """`sql-lora` kept running on one pod for as long as the block lasts: a new long stream
-    starts there every second while fewer than three are unfinished, so one is always in
-    flight however fast the engine decodes (one stream of 1,500 tokens ended before the
-    picks once), and the three fit the pod's KV cache (8k tokens) without preemption.
-    `running` counts the streams between their first token and their end."""
+    """`sql-lora` kept running on one pod for as long as the block lasts: a chain of
+    streams in which each one starts the next when a quarter of its tokens have come, so
+    the next has three quarters of a stream's time to get its first token before the last
+    one ends, however fast the engine decodes and however late the test's event loop wakes
+    up. `running` counts the streams between their first token and their end: it never
+    falls to 0 inside the block.
 
-    START_EVERY_S = 1.0
-    AT_MOST = 3
+    What did not hold: a keeper that started a stream every second while fewer than three
+    were unfinished (on a loaded machine its one-second sleeps took 2.2 s, longer than a
+    whole stream), and three clients that each streamed one answer after another (the
+    engine batched them into lockstep: they ended in the same step, and restarted together,
+    leaving a gap with nothing running), and a chain that started the next stream halfway
+    through (its first token came 2.4 s later on a loaded machine, after the last one
+    ended).
 
-    def __init__(self, http: aiohttp.ClientSession, url: str) -> None:
+    The streams together hold at most `KV_SHARE` of the pod's KV cache (at most `HANDOFF`
+    at once, a quarter of a stream apart): the pod must be busier than the idle one (its
+    KV use above 0), but not so busy that the load scorers outweigh affinity. With GIE's
+    scores (lora-affinity 1.0 where the adapter runs, 0.8 where it could be loaded;
+    kv-cache-utilization 1 - use) and this test's weights (affinity 4, kv 2 as rendered),
+    affinity wins only while the busy pod's use is below 0.4: three streams of 1,500
+    tokens on an 8k cache went above it, and a pick went to the idle pod."""
+
+    KV_SHARE = 0.25
+    HANDOFF = 4  # the next stream starts when 1/HANDOFF of this one's tokens have come
+    PROMPT_TOKENS = 64  # at most, for the prompt and its block
+    PROMPT = "a long answer keeps this adapter running on one pod"
+
+    def __init__(self, http: aiohttp.ClientSession, url: str, kv_tokens: int) -> None:
         self.http, self.url = http, url
+        # In flight at once: streams at 0, 1/4, 2/4 and 3/4 of their tokens, 1.5 streams.
+        budget = kv_tokens * self.KV_SHARE - self.HANDOFF * self.PROMPT_TOKENS
+        self.max_tokens = int(budget * 2 / (self.HANDOFF - 1))
+        assert self.max_tokens >= 200, f"a KV cache of {kv_tokens} tokens is too small"
         self.running = 0
-        self.streams: list[asyncio.Task[None]] = []
+        self.started = 0
+        self.ended: list[str] = []  # how each finished stream ended, for a failure's message
         self._keeper: asyncio.Task[None] | None = None
+        self._streams: set[asyncio.Task[bool]] = set()
+        self.last_info: object = None
 
     async def __aenter__(self) -> _AdapterKeptRunning:
         self._keeper = asyncio.create_task(self._keep())
         deadline = time.monotonic() + 120
         while self.running == 0:  # the first stream's first token
-            assert time.monotonic() < deadline, "no stream of sql-lora started within 120 s"
-            for t in self.streams:
-                if t.done():
-                    t.result()  # a refused stream fails here, with the engine's answer
+            assert time.monotonic() < deadline, f"no stream started in 120 s: {self.ended}"
+            refused = [e for e in self.ended if not e.startswith("whole")]
+            assert not refused, f"the pod refused a stream of sql-lora: {refused}"
             await asyncio.sleep(0.05)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        tasks = [t for t in (self._keeper, *self.streams) if t is not None]
+        tasks: list[asyncio.Task[Any]] = [*self._streams]
+        if self._keeper is not None:
+            tasks.append(self._keeper)
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
+    def no_proof(self) -> str:
+        return (
+            f"sql-lora not running on the engine at a pick: no proof ({self.started} streams"
+            f" started of {self.max_tokens} tokens; the last ones ended: {self.ended[-6:]};"
+            f" the engine's last lora_requests_info: {self.last_info})"
+        )
+
+    async def on_engine(self) -> bool:
+        """Whether the engine itself says `sql-lora` runs now: its newest
+        `vllm:lora_requests_info` series (vLLM sets each to the time it was last true). The
+        picker reads the same series; what this test's client sees of its own streams lags
+        when the machine starves the test's process, so the engine is asked."""
+        async with self.http.get(self.url + "/metrics") as resp:
+            text = await resp.text()
+        infos = [
+            s
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+            if s.name == "vllm:lora_requests_info"
+        ]
+        if not infos:
+            self.last_info = "none"
+            return False
+        newest = max(infos, key=lambda s: s.value)
+        self.last_info = dict(newest.labels)
+        return "sql-lora" in newest.labels.get("running_lora_adapters", "").split(",")
+
+    async def wait_on_engine(self, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not await self.on_engine():
+            assert time.monotonic() < deadline, self.no_proof()
+            await asyncio.sleep(0.05)
+
     async def _keep(self) -> None:
         while True:
-            if sum(not t.done() for t in self.streams) < self.AT_MOST:
-                self.streams.append(asyncio.create_task(self._stream()))
-            await asyncio.sleep(self.START_EVERY_S)
+            handoff = asyncio.Event()
+            stream = asyncio.create_task(self._stream(handoff))
+            self._streams.add(stream)
+            stream.add_done_callback(self._streams.discard)
+            waiter = asyncio.create_task(handoff.wait())
+            await asyncio.wait({stream, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            if not handoff.is_set():
+                await asyncio.sleep(0.5)  # refused or cut short: not retried at once
 
-    async def _stream(self) -> None:
+    async def _stream(self, handoff: asyncio.Event) -> bool:
+        """One stream, which sets `handoff` when the next should start; whether it came
+        whole."""
         body = {
             "model": "sql-lora",
-            "prompt": "a long answer keeps this adapter running on one pod",
-            "max_tokens": 1500,
+            "prompt": self.PROMPT,
+            "max_tokens": self.max_tokens,
             "ignore_eos": True,
             "temperature": 0,
             "stream": True,
         }
         headers = {DEFAULT_ISOLATION_HEADER: "busy"}
-        url = f"{self.url}/v1/completions"
-        async with self.http.post(url, json=body, headers=headers) as resp:
-            assert resp.status == 200, await resp.text()
-            counted = False
-            try:
-                async for _ in resp.content:
+        started, lines, counted = time.monotonic(), 0, False
+        self.started += 1
+        how = "cancelled"
+        try:
+            async with self.http.post(
+                f"{self.url}/v1/completions", json=body, headers=headers
+            ) as resp:
+                if resp.status != 200:
+                    how = f"{resp.status}: {(await resp.text())[:200]}"
+                    return False
+                async for _ in resp.content:  # an event and a blank line per token
+                    lines += 1
                     if not counted:
                         self.running += 1
                         counted = True
-            finally:
-                if counted:
-                    self.running -= 1
+                    if lines >= 2 * self.max_tokens / self.HANDOFF and not handoff.is_set():
+                        handoff.set()
+                        await asyncio.sleep(0)  # the keeper starts the next one now, not
+                        # after a burst of buffered lines (a starved loop reads them at once)
+                how = "whole"
+        except Exception as exc:  # recorded for the failure's message
+            how = repr(exc)
+        finally:
+            if counted:
+                self.running -= 1
+            self.ended.append(f"{how} after {lines} lines, {time.monotonic() - started:.1f} s")
+        return how == "whole"
+
+
+def _scored(pool: PoolOnCluster) -> bool:
+    """The picker has fresh metrics of both pods, and read the busy pod's KV use while a
+    stream ran there (the same scrape reads its running adapters): its scores now
+    depend on the streams. Until then a pod it has not scraped scores like an idle one,
+    and GIE breaks the tie at random (a 3 s sleep here once picked [idle, busy, ...])."""
+    assert pool.epp is not None
+    gauges = pool.epp.pool_gauges()
+    return gauges.get("ready_pods") == 2 and gauges.get("average_kv_cache_utilization", 0) > 0
 
 
 def _settled(alpha: Alpha, replicas: int) -> bool:
@@ -507,7 +614,6 @@ async def _pick(traffic: Traffic, i: int) -> str:
     raw = json.dumps({"model": model, "prompt": f"which pod {i}?", "max_tokens": 1}).encode()
     headers = {"content-type": "application/json", DEFAULT_ISOLATION_HEADER: f"ask{i}"}
     endpoint, _ = await asyncio.to_thread(traffic._pick, raw, headers)
-    await asyncio.sleep(0.2)
     return endpoint
 
 
@@ -534,17 +640,23 @@ async def test_the_picker_sends_an_adapter_to_the_pod_that_runs_it(alpha: Alpha)
             wait_scraped=False,
             with_policy_step=False,
         )
-        async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http,
-            _AdapterKeptRunning(http, busy.url()) as kept,
-        ):
-            await asyncio.sleep(3)  # the picker has scraped the running adapter
-            traffic = Traffic(alpha.pool, ["sql-lora"])
-            picked = []
-            for i in range(6):
-                assert kept.running > 0, "no stream of sql-lora in flight at a pick: no proof"
-                picked.append(await _pick(traffic, i))
-            assert kept.running > 0, "no stream of sql-lora in flight at a pick: no proof"
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
+            kv_tokens = await _kv_tokens(http, busy.url())
+            async with _AdapterKeptRunning(http, busy.url(), kv_tokens) as kept:
+                await _wait(lambda: _scored(alpha.pool), "the picker scored the streams", alpha)
+                traffic = Traffic(alpha.pool, ["sql-lora"])
+                picked: list[str] = []
+                unproven = 0
+                while len(picked) < 6:
+                    # A pick counts only if the engine ran the adapter before and after it.
+                    await kept.wait_on_engine()
+                    endpoint = await _pick(traffic, len(picked) + unproven)
+                    if await kept.on_engine():
+                        picked.append(endpoint)
+                    else:
+                        unproven += 1
+                        assert unproven <= 6, kept.no_proof()
+                    await asyncio.sleep(0.2)
         return picked
 
     assert await choices(4) == [endpoints[busy.name]] * 6, "affinity: where it runs"

@@ -220,6 +220,20 @@ class EppProcess:
                     out[pod.group(1)] = float(m.group(2))
         return out
 
+    def pool_gauges(self) -> dict[str, float]:
+        """The pool-wide gauges the EPP last computed from pods with fresh metrics
+        (`ready_pods`, `average_kv_cache_utilization`, ...; GIE refreshes them every 5 s),
+        keyed without the `inference_pool_` prefix; empty while its metrics port is down.
+        They tell a test what the picker itself has scraped, e.g. that a pod's load is
+        already in the scores before a test asks for picks that depend on it."""
+        out: dict[str, float] = {}
+        with contextlib.suppress(OSError):
+            for line in self.metrics_text().splitlines():
+                m = re.match(r"inference_pool_(\w+)\{[^}]*\}\s+(\S+)$", line)
+                if m and m.group(1) != "per_pod_queue_size":
+                    out[m.group(1)] = float(m.group(2))
+        return out
+
     def wait_scraped(self, expected: Mapping[str, float], timeout_s: float = 60.0) -> None:
         """Until the EPP's own metrics show each endpoint's queue at the expected value.
 

@@ -37,7 +37,6 @@ from typing import Any
 import aiohttp
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from harness.engine.cluster_pods import PROCESS_POD_TEMPLATE, ProcessKubelet
 from harness.engine.pods import engine_resource
@@ -45,7 +44,7 @@ from harness.epp.binary import find_epp_binary, missing_reason
 from harness.epp.extproc import DESTINATION_HEADER
 from harness.epp.pool import PoolOnCluster
 from harness.epp.rendered import Rendered, deep_merge, render_resource
-from harness.operator import get_json, namespaced_operator, wait_for
+from harness.operator import get_json, namespaced_operator, parse_prometheus, wait_for
 from harness.pytest_cluster import Cluster
 from harness.vllm.adapters import TinyAdapter, tiny_adapter
 from harness.vllm.server import START_TIMEOUT_S
@@ -431,17 +430,19 @@ async def test_a_bad_adapter_is_named_in_status_while_the_old_pod_serves(alpha: 
     assert not traffic.failures(), traffic.failures()[:5]
 
 
+async def _series(
+    http: aiohttp.ClientSession, url: str, name: str
+) -> list[tuple[dict[str, str], float]]:
+    """The samples named `name` on the pod's `/metrics` now: (labels, value)."""
+    async with http.get(url + "/metrics") as resp:
+        samples = parse_prometheus(await resp.text())
+    return [(dict(labels), value) for (n, labels), value in samples.items() if n == name]
+
+
 async def _kv_tokens(http: aiohttp.ClientSession, url: str) -> int:
     """The pod's KV cache in tokens, as its engine reports it (`vllm:cache_config_info`)."""
-    async with http.get(url + "/metrics") as resp:
-        text = await resp.text()
-    (info,) = [
-        s
-        for f in text_string_to_metric_families(text)
-        for s in f.samples
-        if s.name == "vllm:cache_config_info"
-    ]
-    return int(info.labels["num_gpu_blocks"]) * int(info.labels["block_size"])
+    ((info, _),) = await _series(http, url, "vllm:cache_config_info")
+    return int(info["num_gpu_blocks"]) * int(info["block_size"])
 
 
 class _AdapterKeptRunning:
@@ -519,20 +520,13 @@ class _AdapterKeptRunning:
         `vllm:lora_requests_info` series (vLLM sets each to the time it was last true). The
         picker reads the same series; what this test's client sees of its own streams lags
         when the machine starves the test's process, so the engine is asked."""
-        async with self.http.get(self.url + "/metrics") as resp:
-            text = await resp.text()
-        infos = [
-            s
-            for f in text_string_to_metric_families(text)
-            for s in f.samples
-            if s.name == "vllm:lora_requests_info"
-        ]
+        infos = await _series(self.http, self.url, "vllm:lora_requests_info")
         if not infos:
             self.last_info = "none"
             return False
-        newest = max(infos, key=lambda s: s.value)
-        self.last_info = dict(newest.labels)
-        return "sql-lora" in newest.labels.get("running_lora_adapters", "").split(",")
+        newest, _ = max(infos, key=lambda info: info[1])
+        self.last_info = newest
+        return "sql-lora" in newest.get("running_lora_adapters", "").split(",")
 
     async def wait_on_engine(self, timeout_s: float = 60) -> None:
         deadline = time.monotonic() + timeout_s

@@ -10,7 +10,12 @@ import pytest
 from harness.engine.pods import engine_resource, rendered_pod_spec
 from harness.pod import pod_local
 from harness.vllm import CPU_TRANSLATIONS, cpu_engine_args
-from harness.vllm.cpu import KV_CACHE_MEMORY_BYTES, CpuBuildRefusesError
+from harness.vllm.cpu import (
+    KV_CACHE_MEMORY_BYTES,
+    MODEL_INFO_DIR,
+    CpuBuildRefusesError,
+    engine_cache_root,
+)
 
 
 def _rendered_args(**spec: object) -> list[str]:
@@ -77,3 +82,16 @@ def test_pod_local_keeps_a_host_path_the_pods_volume_would_hide(tmp_path: Path) 
     assert pod_local(f"{mount}/not-yet-there", "127.50.0.2", mounts) == str(
         volume / "not-yet-there"
     )
+
+
+def test_engines_share_their_model_class_facts_and_nothing_else(tmp_path: Path) -> None:
+    """What one engine learnt of the model class (vLLM's `modelinfos`, hash-checked) the
+    next finds, so it starts no extra Python to learn it; the rest of each cache is its own."""
+    shared = tmp_path / "layer" / MODEL_INFO_DIR
+    first = engine_cache_root(tmp_path / "a" / "vllm-cache", shared)
+    second = engine_cache_root(tmp_path / "b" / "vllm-cache", shared)
+    assert engine_cache_root(first, shared) == first, "preparing twice must be harmless"
+    (first / MODEL_INFO_DIR / "qwen2.json").write_text("{}")
+    assert (second / MODEL_INFO_DIR / "qwen2.json").read_text() == "{}"
+    (first / "torch_compile_cache").mkdir()
+    assert not (second / "torch_compile_cache").exists()

@@ -74,10 +74,13 @@ class Arm:
         return 1e3 * self.cpu[pause] / self.served[pause]
 
 
+BODY, HEADERS = chat_request(stream=False, model="standin")
+"""The one request every arm gets, built once: only the answer is on the clock."""
+
+
 async def _send(http: aiohttp.ClientSession, arm: Arm, pause: int) -> None:
-    body, headers = chat_request(stream=False, model="standin")
     started = time.perf_counter()
-    async with http.post(arm.url + CHAT, data=body, headers=headers) as resp:
+    async with http.post(arm.url + CHAT, data=BODY, headers=HEADERS) as resp:
         await resp.read()
         if resp.status != 200:
             raise SystemExit(f"{arm.name}: answered {resp.status}")

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from harness.vllm.cpu import MODEL_INFO_DIR, cpu_engine_args, engine_cache_root, engine_env
+from harness.vllm.cpu import cpu_engine_args, engine_cache_root, engine_env
 from harness.vllm.layer import engine_dir
 from harness.vllm.server import START_TIMEOUT_S
 from harness.vllm.slots import engine_slot
@@ -283,8 +283,7 @@ class ProcessPod:
                 args, **({} if kv_cache_bytes is None else {"kv_cache_bytes": kv_cache_bytes})
             )
             argv = [str(engine_dir() / "bin" / "vllm"), "serve", *translated]
-            cache = engine_cache_root(self.workdir / "vllm-cache", engine_dir() / MODEL_INFO_DIR)
-            env = engine_env(env, cache_root=cache)
+            env = engine_env(env, cache_root=engine_cache_root(self.workdir / "vllm-cache"))
             env.pop("PYTHONPATH", None)
         else:
             argv = [*promptcache_argv, *args]

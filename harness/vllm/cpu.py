@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
+from harness.vllm.layer import engine_dir
 from promptcache.contract import VllmFlag
 
 CPU_BLOCK_MULTIPLE: Final = 32
@@ -78,9 +79,12 @@ MODEL_INFO_DIR: Final = "modelinfos"
 """vLLM's directory of model-class facts under `VLLM_CACHE_ROOT` (`_LazyRegisteredModel`)."""
 
 
-def engine_cache_root(cache_root: Path, shared: Path) -> Path:
-    """`cache_root`, created, its model-class facts a link to `shared` (see the module's
-    docstring); the rest of the cache (compiled kernels) stays the engine's own."""
+def engine_cache_root(cache_root: Path, shared: Path | None = None) -> Path:
+    """`cache_root`, created, its model-class facts a link to `shared` (by default the
+    engine layer's own `modelinfos`; see the module's docstring); the rest of the cache
+    (compiled kernels) stays the engine's own."""
+    if shared is None:
+        shared = engine_dir() / MODEL_INFO_DIR
     cache_root.mkdir(parents=True, exist_ok=True)
     shared.mkdir(parents=True, exist_ok=True)
     link = cache_root / MODEL_INFO_DIR

@@ -21,7 +21,7 @@ from contextlib import ExitStack, suppress
 from pathlib import Path
 from typing import IO, Any
 
-from harness.vllm.cpu import MODEL_INFO_DIR, cpu_engine_args, engine_cache_root, engine_env
+from harness.vllm.cpu import cpu_engine_args, engine_cache_root, engine_env
 from harness.vllm.layer import engine_dir
 from harness.vllm.slots import engine_slot
 
@@ -87,7 +87,7 @@ class VllmServer:
         self._log.flush()
         env = {**os.environ, **self.env}
         env.pop("PYTHONPATH", None)  # the engine's own virtualenv, nothing of ours
-        engine_cache_root(Path(env["VLLM_CACHE_ROOT"]), engine_dir() / MODEL_INFO_DIR)
+        engine_cache_root(Path(env["VLLM_CACHE_ROOT"]))
         self._proc = subprocess.Popen(
             [str(engine_dir() / "bin" / "vllm"), "serve", *self.args],
             stdout=self._log,

@@ -21,7 +21,14 @@ What must hold, read back from the real API server and from what clients receive
   termination message), while the old pod goes on serving the rest;
 * with two pods and an adapter running on one of them, the picker's `lora-affinity-scorer`
   (reading `vllm:lora_requests_info`) sends that adapter's requests to that pod, and with
-  its weight at 0 the same picker sends them to the idle pod.
+  its weight at 0 the same picker sends them to the idle pod; each pick counts only when
+  the picker's own scores for it (its debug log, `harness.epp.scores`) show what it saw.
+
+Cost on this 2-core machine (real engines; `--durations`, 2026-12-06, other work beside
+it): the module's set-up (operator, one engine pod) about 3 min; adding and removing an
+adapter 11 min (two rollouts, each a new engine start beside the old pod's drain); the
+bad adapters 4.5 min (two engine starts that fail); the picker test 2.5 min (one more
+engine pod, two picker starts).
 """
 
 from __future__ import annotations
@@ -41,14 +48,16 @@ import yaml
 from harness.engine.cluster_pods import PROCESS_POD_TEMPLATE, ProcessKubelet
 from harness.engine.pods import engine_resource
 from harness.epp.binary import find_epp_binary, missing_reason
-from harness.epp.extproc import DESTINATION_HEADER
+from harness.epp.extproc import DESTINATION_HEADER, REQUEST_ID_HEADER
 from harness.epp.pool import PoolOnCluster
 from harness.epp.rendered import Rendered, deep_merge, render_resource
+from harness.epp.scores import DEBUG_LOG_ARG, scores_of
 from harness.operator import get_json, namespaced_operator, parse_prometheus, wait_for
 from harness.pytest_cluster import Cluster
 from harness.vllm.adapters import TinyAdapter, tiny_adapter
 from harness.vllm.server import START_TIMEOUT_S
 from promptcache.contract import DEFAULT_ISOLATION_HEADER, PickerTarget
+from promptcache.render.epp_config import KV_CACHE_SCORER, LORA_SCORER
 from promptcache.render.names import Component, Names, selector_labels
 
 pytestmark = [pytest.mark.cluster]
@@ -606,13 +615,17 @@ def _settled(alpha: Alpha, replicas: int) -> bool:
     return len(pods) == replicas and all(p.ready for p in pods) and len(template_hashes) == 1
 
 
-async def _pick(pool: PoolOnCluster, i: int) -> str | None:
+async def _pick(pool: PoolOnCluster, request_id: str) -> str | None:
     """The pod the picker picks for a `sql-lora` request, or None when it has no candidate
     at all: on an overloaded machine the kubelet's probes can time out and mark both pods
     not Ready for a moment (seen once in CI, at a load of 14 on 2 cores), and a picker
     without ready pods answers 503. That says nothing of where it sends the adapter."""
-    raw = json.dumps({"model": "sql-lora", "prompt": f"which pod {i}?", "max_tokens": 1})
-    headers = {"content-type": "application/json", DEFAULT_ISOLATION_HEADER: f"ask{i}"}
+    raw = json.dumps({"model": "sql-lora", "prompt": f"which pod {request_id}?", "max_tokens": 1})
+    headers = {
+        "content-type": "application/json",
+        DEFAULT_ISOLATION_HEADER: request_id,
+        REQUEST_ID_HEADER: request_id,
+    }
 
     def pick() -> str | None:
         with pool.client() as picker:
@@ -626,12 +639,61 @@ async def _pick(pool: PoolOnCluster, i: int) -> str | None:
     return await asyncio.to_thread(pick)
 
 
+async def _picker_scores(pool: PoolOnCluster, request_id: str) -> dict[str, dict[str, float]]:
+    """What the picker scored for the request, per pod and scorer, from its debug log (the
+    lines are written as it schedules, before it answers; a few tries cover the file's
+    write reaching the reader on a starved machine)."""
+    assert pool.epp is not None
+    for _ in range(50):
+        log = pool.epp.log()
+        scores = scores_of(log, request_id)
+        if len(scores) == 2:
+            return scores
+        await asyncio.sleep(0.1)
+    lines = [ln for ln in log.splitlines() if request_id in ln and "Calculated score" in ln]
+    raise AssertionError(
+        f"the picker's scores of {request_id} name {len(scores)} pods: {lines[:3]}"
+    )
+
+
+@dataclass(frozen=True)
+class _Premise:
+    """What the picker must itself have seen at a pick for the pick to prove the claim."""
+
+    scorer: str
+    favours: str  # "busy" or "idle": the pod this scorer must score higher
+    expect: str  # the pod the pick must then go to
+
+    def holds(self, scores: dict[str, dict[str, float]], busy: str, idle: str) -> bool:
+        pods = {"busy": busy, "idle": idle}
+        other = idle if self.favours == "busy" else busy
+        mine = scores.get(pods[self.favours], {}).get(self.scorer)
+        theirs = scores.get(other, {}).get(self.scorer)
+        return mine is not None and theirs is not None and mine > theirs
+
+
+AFFINITY = _Premise(LORA_SCORER, favours="busy", expect="busy")
+"""With affinity weighted: the picker saw `sql-lora` running on the busy pod (its
+lora-affinity score there above the idle pod's), so the pick goes to the busy pod."""
+NO_AFFINITY = _Premise(KV_CACHE_SCORER, favours="idle", expect="idle")
+"""With affinity at weight 0: the picker saw the busy pod's KV use (its kv-cache score
+below the idle pod's), so the load scorers send the pick to the idle pod."""
+
+
 async def test_the_picker_sends_an_adapter_to_the_pod_that_runs_it(alpha: Alpha) -> None:
     """GIE's `lora-affinity-scorer` on `vllm:lora_requests_info`: with two pods and
     `sql-lora` running on one of them (a long stream sent there directly), the picker sends
     new `sql-lora` requests to that pod, although it is the busier one; with the scorer's
     weight at 0 the same picker sends them to the idle pod (the load scorers' choice). So
-    the choice is the scorer's, read from the engine's metric."""
+    the choice is the scorer's, read from the engine's metric.
+
+    A pick counts only when the picker's own scores for it (its debug log) show the premise:
+    GIE scores each pick from its last scrape of each pod, taken on its own schedule, so
+    the engine saying `sql-lora` runs just before and after a pick did not prove the
+    picker saw it at the pick (that check let a pick scored from a scrape between two
+    streams of the chain count, and the picker then broke the tie at random: CI's
+    "no affinity: the idle pod" failures). A pick the picker scored without the premise
+    proves nothing either way and is not counted; more than a few of them fail the test."""
     patch = {"spec": {"model": {"replicas": 2}, "prefixCache": {"weights": {"loraAffinity": 20}}}}
     alpha.cluster.kubectl(
         "-n", alpha.ns, "patch", "pcd", NAME, "--type=merge", "-p", json.dumps(patch)
@@ -640,12 +702,13 @@ async def test_the_picker_sends_an_adapter_to_the_pod_that_runs_it(alpha: Alpha)
     busy, idle = sorted(alpha.kubelet.ready(), key=lambda p: p.name)
     endpoints = {p.name: f"{p.ip}:{p.ports['http']}" for p in (busy, idle)}
 
-    async def choices(weight: float) -> list[str]:
+    async def choices(weight: float, premise: _Premise) -> list[str]:
         doc = json.loads(json.dumps(alpha.doc))
         deep_merge(doc["spec"], patch["spec"])
         doc["spec"]["prefixCache"]["weights"]["loraAffinity"] = weight
         alpha.pool.start_epp(
             config_text=Rendered(render_resource(doc)).epp_config_text,
+            extra_args=[DEBUG_LOG_ARG],
             wait_scraped=False,
             with_policy_step=False,
         )
@@ -655,21 +718,39 @@ async def test_the_picker_sends_an_adapter_to_the_pod_that_runs_it(alpha: Alpha)
                 await _wait(lambda: _scored(alpha.pool), "the picker scored the streams", alpha)
                 picked: list[str] = []
                 unproven: list[str] = []
+                engine_only = 0
                 while len(picked) < 6:
-                    # A pick counts only if the engine ran the adapter before and after it,
-                    # among two ready pods.
                     await kept.wait_on_engine()
                     await _wait(lambda: _settled(alpha, 2), "two ready pods again", alpha)
-                    endpoint = await _pick(alpha.pool, len(picked) + len(unproven))
+                    request_id = f"w{weight:g}-{len(picked) + len(unproven)}"
+                    endpoint = await _pick(alpha.pool, request_id)
+                    scores = (
+                        {} if endpoint is None else await _picker_scores(alpha.pool, request_id)
+                    )
                     if endpoint is None:
                         unproven.append("no ready pod")
-                    elif not await kept.on_engine():
-                        unproven.append("the adapter stopped")
+                    elif not premise.holds(scores, busy.name, idle.name):
+                        unproven.append(f"{endpoint}, picker's scores {scores}")
+                        # What the engine-side check alone would have done with this pick.
+                        engine_only += await kept.on_engine()
                     else:
+                        expected = endpoints[busy.name if premise.expect == "busy" else idle.name]
+                        assert endpoint == expected, (
+                            f"pick {request_id} went to {endpoint}, not the {premise.expect} pod"
+                            f" {expected}, although the picker scored {scores}"
+                            f" (busy {busy.name}, idle {idle.name})"
+                        )
                         picked.append(endpoint)
-                    assert len(unproven) <= 6, f"{unproven}: {kept.no_proof()}"
+                    assert len(unproven) <= 12, (
+                        f"the picker scored {len(unproven)} picks without its premise"
+                        f" ({premise}): {unproven}; {kept.no_proof()}"
+                    )
                     await asyncio.sleep(0.2)
+        print(
+            f"\nweight {weight:g}: 6 picks proven, {len(unproven)} not (the engine said the"
+            f" adapter ran at {engine_only} of them): {unproven}"
+        )
         return picked
 
-    assert await choices(20) == [endpoints[busy.name]] * 6, "affinity: where it runs"
-    assert await choices(0) == [endpoints[idle.name]] * 6, "no affinity: the idle pod"
+    assert await choices(20, AFFINITY) == [endpoints[busy.name]] * 6, "affinity: where it runs"
+    assert await choices(0, NO_AFFINITY) == [endpoints[idle.name]] * 6, "no affinity: idle pod"

@@ -19,19 +19,30 @@ ENV PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/promptcache
 WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY operator/ operator/
 
 FROM build-base AS build-operator
+COPY pyproject.toml README.md ./
+COPY operator/ operator/
 # The `gateway` extra (grpcio) too: the renderer runs the Endpoint Picker's gateway policy step
 # (`promptcache session-shim`) from this image.
 RUN /opt/promptcache/bin/pip install ".[gateway]"
 
-FROM build-base AS build-front
+# torch in a directory of its own, installed before any source is copied: a source change
+# rebuilds (and a user pulls) only the small layer of the package, never the torch layer.
+FROM build-base AS build-torch
 # CPU wheels of torch: the CUDA build would add gigabytes the front never uses.
+# (scripts/images passes PyPI's index where this one is unreachable; its README says the cost.)
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
-RUN /opt/promptcache/bin/pip install --index-url "${TORCH_INDEX_URL}" "torch>=2.4,<3" \
- && /opt/promptcache/bin/pip install ".[front]"
+RUN /opt/promptcache/bin/pip install --target /opt/torch --index-url "${TORCH_INDEX_URL}" \
+        "torch>=2.4,<3"
+
+FROM build-base AS build-front
+COPY --from=build-torch /opt/torch /opt/torch
+# The venv sees the torch layer through a .pth file, so pip counts torch as installed.
+RUN echo /opt/torch > "$(/opt/promptcache/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/promptcache-torch.pth"
+COPY pyproject.toml README.md ./
+COPY operator/ operator/
+RUN /opt/promptcache/bin/pip install ".[front]"
 
 # ---------------------------------------------------------------------------- runtime base
 FROM ${PYTHON_IMAGE} AS runtime
@@ -50,6 +61,7 @@ ENTRYPOINT ["promptcache"]
 
 # ---------------------------------------------------------------------------- cache front
 FROM runtime AS front
+COPY --from=build-torch /opt/torch /opt/torch
 COPY --from=build-front /opt/promptcache /opt/promptcache
 LABEL org.opencontainers.image.title="promptcache-front" \
       org.opencontainers.image.description="promptcache cache front (runs beside vLLM in each model-server pod)"

@@ -44,8 +44,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"scripts/images: {error}", file=sys.stderr)
         return 2
     for built in images.values():
-        print(f"{built.ref}  {built.size_bytes / 1e6:,.0f} MB  (torch: {built.torch_index})"
-              if built.target == "front" else f"{built.ref}  {built.size_bytes / 1e6:,.0f} MB")
+        print(
+            f"{built.ref}  {built.size_bytes / 1e6:,.0f} MB  (torch: {built.torch_index})"
+            if built.target == "front"
+            else f"{built.ref}  {built.size_bytes / 1e6:,.0f} MB"
+        )
     print("steps:\n" + progress.summary())
     return 0
 

@@ -1,8 +1,11 @@
 """The base image the Dockerfile's `PYTHON_IMAGE` points at here, made with `mmdebstrap`.
 
 Why: this machine reaches Debian's archive but no image registry. What the Dockerfile
-needs of its base: `python` on PATH, `venv`, and `useradd`/`groupadd` (passwd). Docs, man
-pages and locales are left out (the images never read them).
+needs of its base: `python` on PATH, `venv`, and `useradd`/`groupadd` (passwd). The variant
+is `minbase` (Priority: required, as in `debian:bookworm-slim`, which the release's
+`python:3.12-slim-bookworm` is built on), not the smaller `essential`: that one lacks
+libstdc++, which grpcio (the gateway policy step) and torch load. Docs, man pages and
+locales are left out (the images never read them).
 
 Cached by its inputs: the tag is a hash of everything below, so a changed package list makes
 a new base, and an unchanged one costs one `podman image exists`.
@@ -25,7 +28,7 @@ SOURCES = (
 )
 PACKAGES = ("python3", "python3-venv", "python-is-python3", "passwd")
 EXCLUDED = ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/locale/*", "/usr/share/info/*")
-VARIANT = "essential"
+VARIANT = "minbase"
 REPOSITORY = "localhost/promptcache-base"
 
 

@@ -136,7 +136,9 @@ def choose_torch_index(progress: Progress) -> str:
 
 
 def _label(ref: str, name: str) -> str | None:
-    done = podman("image", "inspect", "--format", f'{{{{index .Labels "{name}"}}}}', ref, check=False)
+    done = podman(
+        "image", "inspect", "--format", f'{{{{index .Labels "{name}"}}}}', ref, check=False
+    )
     return done.stdout.strip() if done.returncode == 0 else None
 
 
@@ -229,9 +231,13 @@ def ensure_images(
     unknown = sorted(set(targets) - set(TARGETS))
     if unknown:
         raise ImagesError(f"unknown image target {unknown}: the targets are {list(TARGETS)}")
-    with locked():
+    with locked("base"):
         ensure_tools(progress)
         base = ensure_base(progress)
         probe(base)
-        torch_index = choose_torch_index(progress) if "front" in targets else PYPI_INDEX
-        return {t: build_target(t, base, torch_index, progress) for t in TARGETS if t in targets}
+    torch_index = choose_torch_index(progress) if "front" in targets else PYPI_INDEX
+    images: dict[str, Built] = {}
+    for target in (t for t in TARGETS if t in targets):
+        with locked(target):
+            images[target] = build_target(target, base, torch_index, progress)
+    return images

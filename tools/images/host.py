@@ -211,10 +211,12 @@ def probe(image: str) -> None:
 
 
 @contextmanager
-def locked() -> Iterator[None]:
-    """One build at a time on this machine (scripts/test and a developer may overlap)."""
+def locked(name: str) -> Iterator[None]:
+    """One build of NAME (the base, or a target) at a time on this machine: scripts/test and
+    a developer may overlap, and a test that needs only the operator image must not wait
+    for the front's build."""
     STATE.mkdir(parents=True, exist_ok=True)
-    with (STATE / "lock").open("w") as handle:
+    with (STATE / f"{name}.lock").open("w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield

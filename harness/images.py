@@ -112,6 +112,9 @@ class PodRun:
     env: Mapping[str, str] = field(default_factory=dict)
     fields: Mapping[str, str] = field(default_factory=dict)
     network: str = "none"
+    mounts: Mapping[str, Path] = field(default_factory=dict)
+    """Container path -> host directory, read-only, beyond the pod's own volumes (what a
+    cluster would hand the pod otherwise: a kubeconfig in place of a ServiceAccount token)."""
     name: str = field(default_factory=lambda: f"promptcache-smoke-{uuid.uuid4().hex[:8]}")
 
     def security_flags(self) -> list[str]:
@@ -160,6 +163,7 @@ class PodRun:
                 os.chown(path, 0, fs_group)
                 path.chmod(mode)
             flags.append(f"--volume={directory}:{mount['mountPath']}:ro")
+        flags += [f"--volume={host}:{path}:ro" for path, host in self.mounts.items()]
         return flags
 
     def env_flags(self) -> list[str]:

@@ -126,3 +126,22 @@ def test_a_second_run_reuses_every_image() -> None:
             check=True,
         ).stdout.strip()
         assert label == built.inputs
+
+
+@pytest.mark.images
+def test_a_podman_that_cannot_run_containers_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Podman's own default here (ulimits over the host's): the probe says so and what to do."""
+    from tools.images import host
+
+    base = ensure_base(Progress(quiet=True))
+    monkeypatch.setattr(host, "STATE", tmp_path)  # a containers.conf of its own
+    monkeypatch.setattr(host, "host_ulimits", lambda: {"nofile": 1 << 30, "nproc": 1 << 30})
+    with pytest.raises(ImagesError) as caught:
+        host.probe(base)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith("podman cannot run a container here (")
+    assert "rlimit" in message
+    assert "then run scripts/images again" in message

@@ -3,10 +3,11 @@
 Measured here (podman's size of the uncompressed image, Debian 12 base from mmdebstrap):
 
 - operator: 278 MB (base 176 MB, the operator's venv with grpcio 100 MB);
-- front with PyPI's torch: 5.92 GB, of which torch's CUDA libraries (nvidia-*, triton) are
-  about 4 GB: PyPI serves torch for linux/amd64 only with them (no `+cpu` build, and its
-  torch refuses to import without them), and the CPU index the Dockerfile names by
-  default is not reachable from these machines. The release builds from that CPU index,
+- front with PyPI's torch: 5.94 GB (torch's layer 5.61 GB, the front's venv 152 MB), of
+  which torch's CUDA libraries (nvidia-*, triton) are about 4 GB: PyPI serves torch for
+  linux/amd64 only with them (no `+cpu` build, and its torch refuses to import without
+  them), and the CPU index the Dockerfile names by default is not reachable from these
+  machines. The release builds from that CPU index,
   which this machine cannot measure; its budget below is the PyPI build less the CUDA
   libraries, so a CPU front past it means the CUDA build slipped in.
 

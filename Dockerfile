@@ -9,29 +9,24 @@
 # adds the `front` extra with the CPU build of torch: the cache front decodes prompt-embeds
 # payloads on CPU, next to a vLLM container that owns the GPU.
 # Both run as the unprivileged user 65532 and need nothing writable but /tmp.
+# `scripts/images` builds both with podman on a machine without a registry (README, Images).
 
 ARG PYTHON_IMAGE=python:3.12-slim-bookworm
 
-# ---------------------------------------------------------------------------- build stages
+# ---------------------------------------------------------------------------- operator build
 FROM ${PYTHON_IMAGE} AS build-base
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/promptcache
 WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY operator/ operator/
 
 FROM build-base AS build-operator
+COPY pyproject.toml README.md ./
+COPY operator/ operator/
 # The `gateway` extra (grpcio) too: the renderer runs the Endpoint Picker's gateway policy step
 # (`promptcache session-shim`) from this image.
 RUN /opt/promptcache/bin/pip install ".[gateway]"
-
-FROM build-base AS build-front
-# CPU wheels of torch: the CUDA build would add gigabytes the front never uses.
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
-RUN /opt/promptcache/bin/pip install --index-url "${TORCH_INDEX_URL}" "torch>=2.4,<3" \
- && /opt/promptcache/bin/pip install ".[front]"
 
 # ---------------------------------------------------------------------------- runtime base
 FROM ${PYTHON_IMAGE} AS runtime
@@ -48,8 +43,36 @@ ENV PATH=/opt/promptcache/bin:${PATH} \
 USER 65532:65532
 ENTRYPOINT ["promptcache"]
 
+# ---------------------------------------------------------------------------- front build
+# torch goes straight into a layer of the front image's own parent, before any source: a
+# source change rebuilds (and a node pulls) only the package's small layer, and the
+# gigabytes of torch are written once per build, never copied between stages.
+FROM runtime AS runtime-torch
+# CPU wheels of torch: the CUDA build would add gigabytes the front never uses.
+# (scripts/images passes PyPI's index where this one is unreachable, and says so.)
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+USER 0:0
+# A throwaway pip (the base may have none); only /opt/torch stays.
+RUN python -m venv /tmp/pip \
+ && PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 /tmp/pip/bin/pip install \
+        --target /opt/torch --index-url "${TORCH_INDEX_URL}" "torch>=2.4,<3" \
+ && rm -rf /tmp/pip
+USER 65532:65532
+
+FROM runtime-torch AS build-front
+USER 0:0
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+# The venv sees the torch layer through a .pth file, so pip counts torch as installed.
+RUN python -m venv /opt/promptcache \
+ && echo /opt/torch > "$(/opt/promptcache/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/promptcache-torch.pth"
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY operator/ operator/
+RUN /opt/promptcache/bin/pip install ".[front]"
+
 # ---------------------------------------------------------------------------- cache front
-FROM runtime AS front
+FROM runtime-torch AS front
 COPY --from=build-front /opt/promptcache /opt/promptcache
 LABEL org.opencontainers.image.title="promptcache-front" \
       org.opencontainers.image.description="promptcache cache front (runs beside vLLM in each model-server pod)"

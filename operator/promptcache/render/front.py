@@ -197,6 +197,11 @@ def salt_volume(pcd: PromptCacheDeployment, names: Names) -> dict[str, Any] | No
         "secret": {
             "secretName": secret_name,
             "items": [{"key": key, "path": SALT_KEY_SECRET_KEY}],
-            "defaultMode": 0o440,
+            # World-readable inside the containers that mount it (the front, the policy
+            # step; no other container does): a Secret volume's files belong to root and
+            # the pod's fsGroup, and the EPP pod has no fsGroup (nor the model-server pod
+            # with `--model-server-user=none`), so 0440 left the image's user 65532 unable
+            # to read its key (tests/images found it).
+            "defaultMode": 0o444,
         },
     }

@@ -1,0 +1,95 @@
+"""The operator *from its image*, as the chart runs it, reconciling on the local control plane.
+
+The container is the chart's (`tests/chart/golden/default.yaml`: its user, read-only root,
+/tmp emptyDir, every capability dropped), run with podman on the host network so it
+reaches the local API server. What a cluster would hand the pod differs, and only that: a
+kubeconfig (certificates embedded, mounted read-only) in place of the ServiceAccount token,
+one watched namespace, free health/metrics ports, no Lease (no release namespace here).
+It must take a resource to Ready=True (the `Available` transition) as the process does.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from harness.images import PodRun, built_image, chart_operator_pod
+from harness.net import answers_ok, free_port
+from harness.operator import apply_yaml, condition, get_json, install_crd, resource
+from harness.pytest_cluster import Cluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.images]
+
+TIMEOUT_S = 240
+KUBECONFIG_DIR = "/var/run/promptcache-test"
+DROPPED = ("--all-namespaces", "--lease-name", "--lease-namespace", "--health-port",
+           "--metrics-port", "--endpoint-picker-cluster-role")  # fmt: skip
+
+
+def embedded_kubeconfig(admin: Path, out: Path) -> Path:
+    """The admin kubeconfig with its certificate files inlined (the container sees no pki/)."""
+    config: dict[str, Any] = yaml.safe_load(admin.read_text())
+    for entry, fields in (("clusters", ("certificate-authority",)),
+                          ("users", ("client-certificate", "client-key"))):  # fmt: skip
+        for item in config[entry]:
+            body = item["cluster" if entry == "clusters" else "user"]
+            for name in fields:
+                if name in body:
+                    data = Path(body.pop(name)).read_bytes()
+                    body[f"{name}-data"] = base64.b64encode(data).decode()
+    out.mkdir(parents=True, exist_ok=True)
+    out.chmod(0o755)
+    path = out / "kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o644)  # readable by the image's user, like a projected token
+    return path
+
+
+def test_operator_image_makes_a_resource_available(cluster: Cluster, tmp_path: Path) -> None:
+    install_crd(cluster.kubectl)
+    ns = cluster.create_namespace("opimage")
+    pod, container = chart_operator_pod()
+    kubeconfig = embedded_kubeconfig(cluster.kubeconfig, tmp_path / "kube")
+    health, metrics = free_port(), free_port()
+    args = [a for a in container["args"] if not a.startswith(DROPPED)]
+    args += [f"--namespace={ns}", "--no-leader-election",
+             f"--health-port={health}", f"--metrics-port={metrics}"]  # fmt: skip
+    run = PodRun(
+        built_image("operator").ref,
+        pod,
+        {**container, "args": args},
+        tmp_path,
+        env={"KUBECONFIG": f"{KUBECONFIG_DIR}/kubeconfig"},
+        fields={"metadata.namespace": ns},
+        network="host",
+        mounts={KUBECONFIG_DIR: kubeconfig.parent},
+    )
+    log = tmp_path / "operator.log"
+    proc = run.start(log)
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while not answers_ok(f"http://127.0.0.1:{health}/healthz"):
+            assert proc.poll() is None, f"operator exited {proc.returncode}:\n{log.read_text()}"
+            assert time.monotonic() < deadline, f"no health in {TIMEOUT_S}s:\n{log.read_text()}"
+            time.sleep(1)
+        apply_yaml(cluster.kubectl, resource("fromimage", ns))
+        while True:
+            obj = get_json(cluster.kubectl, "pcd", "fromimage", "-n", ns)
+            ready = condition(obj, "Ready")
+            if ready and ready["status"] == "True":
+                break
+            assert proc.poll() is None, f"operator exited {proc.returncode}:\n{log.read_text()}"
+            assert time.monotonic() < deadline, f"not Ready in {TIMEOUT_S}s:\n{log.read_text()}"
+            time.sleep(1)
+        events = get_json(cluster.kubectl, "events", "-n", ns,
+                          "--field-selector", "involvedObject.name=fromimage")  # fmt: skip
+        assert any(e["reason"] == "Available" for e in events["items"]), log.read_text()
+    finally:
+        run.remove()
+        proc.wait(timeout=60)
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)

@@ -51,7 +51,7 @@ class PickerBinary:
     how_to_build: str
 
     def default_path(self) -> Path:
-        if self.target is PickerTarget.GIE:
+        if self.target.gie_based:
             return find_target("epp").out_dir() / "epp"  # where `e2e/cluster build` puts it
         return default_epp_path(self.version)
 
@@ -88,6 +88,14 @@ PICKERS: dict[PickerTarget, PickerBinary] = {
         GIE_BIN_ENV,
         "run `python e2e/cluster build` (it builds the GIE EPP by default)",
     ),
+    # the same binary: the renderer configures its tenant-salt parser and no policy step
+    PickerTarget.PROMPTCACHE: PickerBinary(
+        PickerTarget.PROMPTCACHE,
+        GIE_MODULE,
+        GIE_VERSION,
+        GIE_BIN_ENV,
+        "run `python e2e/cluster build` (it builds promptcache's picker, picker/, by default)",
+    ),
 }
 
 
@@ -107,5 +115,5 @@ def missing_reason(picker: PickerTarget = PickerTarget.LLM_D_ROUTER) -> str:
 
 
 def available_pickers() -> list[PickerTarget]:
-    """The pickers this machine can run (GIE always counts: its absence must fail)."""
-    return [t for t in PICKERS if t is PickerTarget.GIE or PICKERS[t].find() is not None]
+    """The pickers this machine can run (GIE's build always counts: its absence must fail)."""
+    return [t for t in PICKERS if t.gie_based or PICKERS[t].find() is not None]

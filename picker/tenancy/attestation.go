@@ -1,6 +1,7 @@
 package tenancy
 
 import (
+	"bufio"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
@@ -73,10 +74,13 @@ func BodyDigest(body map[string]any) ([]byte, error) {
 			kept[k] = v
 		}
 	}
-	var b strings.Builder
-	if err := writePyJSON(&b, kept); err != nil {
+	h := sha256.New()
+	w := bufio.NewWriterSize(h, 32<<10)
+	if err := writePyJSON(w, kept); err != nil {
 		return nil, err
 	}
-	sum := sha256.Sum256([]byte(b.String()))
-	return sum[:], nil
+	if err := w.Flush(); err != nil {
+		return nil, err
+	}
+	return h.Sum(nil), nil
 }

@@ -12,7 +12,7 @@ import (
 // separators=(",", ":")) writes it once every number is a float (attestation.py's
 // body_digest): the one encoding both sides hash. Go's json.Marshal differs in each of
 // its points (it escapes <, >, & and U+2028, writes 1.0 as 1 and 1e16 as 10000000000000000).
-func writePyJSON(b *strings.Builder, v any) error {
+func writePyJSON(b pyWriter, v any) error {
 	switch x := v.(type) {
 	case nil:
 		b.WriteString("null")
@@ -63,10 +63,23 @@ func writePyJSON(b *strings.Builder, v any) error {
 
 const hexDigits = "0123456789abcdef"
 
-func writePyString(b *strings.Builder, s string) {
+// pyWriter is where the canonical form goes: a strings.Builder, or a bufio.Writer in front
+// of the digest (a large body is hashed as it is written, never held whole).
+type pyWriter interface {
+	WriteString(s string) (int, error)
+	WriteByte(c byte) error
+}
+
+func writePyString(b pyWriter, s string) {
 	b.WriteByte('"')
-	for _, r := range s {
-		switch r {
+	start := 0 // bytes needing no escape are copied in runs (valid UTF-8: escapes are ASCII)
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 0x20 && c != '"' && c != '\\' {
+			continue
+		}
+		b.WriteString(s[start:i])
+		switch c {
 		case '"':
 			b.WriteString(`\"`)
 		case '\\':
@@ -82,15 +95,13 @@ func writePyString(b *strings.Builder, s string) {
 		case '\f':
 			b.WriteString(`\f`)
 		default:
-			if r < 0x20 {
-				b.WriteString(`\u00`)
-				b.WriteByte(hexDigits[r>>4])
-				b.WriteByte(hexDigits[r&0xf])
-			} else {
-				b.WriteRune(r)
-			}
+			b.WriteString(`\u00`)
+			b.WriteByte(hexDigits[c>>4])
+			b.WriteByte(hexDigits[c&0xf])
 		}
+		start = i + 1
 	}
+	b.WriteString(s[start:])
 	b.WriteByte('"')
 }
 

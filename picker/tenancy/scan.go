@@ -160,7 +160,7 @@ func (s *scanner) value(depth int, top *Body) *Refusal {
 			return s.bad("expecting ',' delimiter")
 		}
 	case c == '"':
-		_, r := s.str()
+		_, r := s.str(false)
 		return r
 	case c == '-' || ('0' <= c && c <= '9'):
 		return s.number()
@@ -189,7 +189,7 @@ func (s *scanner) object(depth int, top *Body) *Refusal {
 		if s.pos >= len(s.data) || s.data[s.pos] != '"' {
 			return s.bad("expecting property name enclosed in double quotes")
 		}
-		name, r := s.str()
+		name, r := s.str(true)
 		if r != nil {
 			return r
 		}
@@ -244,10 +244,26 @@ func hex4(b []byte) (rune, bool) {
 	return rune(v), err == nil
 }
 
-// str scans a string, returns it decoded (a lone surrogate as U+FFFD, noted in s.lone).
-func (s *scanner) str() (string, *Refusal) {
+// str scans a string, returns it decoded when keep is set (a lone surrogate as U+FFFD,
+// noted in s.lone); values are only checked, not copied.
+func (s *scanner) str(keep bool) (string, *Refusal) {
 	s.pos++ // opening quote
 	var b strings.Builder
+	write := func(p []byte) {
+		if keep {
+			b.Write(p)
+		}
+	}
+	writeByte := func(c byte) {
+		if keep {
+			b.WriteByte(c)
+		}
+	}
+	writeRune := func(r rune) {
+		if keep {
+			b.WriteRune(r)
+		}
+	}
 	for {
 		if s.pos >= len(s.data) {
 			return "", s.bad("unterminated string")
@@ -264,7 +280,7 @@ func (s *scanner) str() (string, *Refusal) {
 			for s.pos < len(s.data) && s.data[s.pos] != '"' && s.data[s.pos] != '\\' && s.data[s.pos] >= 0x20 {
 				s.pos++
 			}
-			b.Write(s.data[start:s.pos])
+			write(s.data[start:s.pos])
 			continue
 		}
 		if s.pos+1 >= len(s.data) {
@@ -274,17 +290,17 @@ func (s *scanner) str() (string, *Refusal) {
 		s.pos += 2
 		switch esc {
 		case '"', '\\', '/':
-			b.WriteByte(esc)
+			writeByte(esc)
 		case 'b':
-			b.WriteByte('\b')
+			writeByte('\b')
 		case 'f':
-			b.WriteByte('\f')
+			writeByte('\f')
 		case 'n':
-			b.WriteByte('\n')
+			writeByte('\n')
 		case 'r':
-			b.WriteByte('\r')
+			writeByte('\r')
 		case 't':
-			b.WriteByte('\t')
+			writeByte('\t')
 		case 'u':
 			r, ok := hex4(s.data[s.pos:])
 			if !ok {
@@ -295,14 +311,14 @@ func (s *scanner) str() (string, *Refusal) {
 				if r < 0xdc00 && s.pos+6 <= len(s.data) && s.data[s.pos] == '\\' && s.data[s.pos+1] == 'u' {
 					if r2, ok := hex4(s.data[s.pos+2:]); ok && 0xdc00 <= r2 && r2 <= 0xdfff {
 						s.pos += 6
-						b.WriteRune(utf16.DecodeRune(r, r2))
+						writeRune(utf16.DecodeRune(r, r2))
 						continue
 					}
 				}
 				s.lone = true
 				r = utf8.RuneError
 			}
-			b.WriteRune(r)
+			writeRune(r)
 		default:
 			return "", s.bad("invalid \\escape")
 		}

@@ -1,8 +1,9 @@
 # syntax=docker/dockerfile:1
-# Two images from one source tree. The operator is the default (last) target:
+# Three images from one source tree. The operator is the default (last) target:
 #
 #   docker build --target operator -t ghcr.io/promptcache/promptcache-operator:0.1.0 .
 #   docker build --target front    -t ghcr.io/promptcache/promptcache-front:0.1.0 .
+#   docker build --target picker   -t ghcr.io/promptcache/promptcache-picker:0.1.0 .
 #
 # The operator image carries only the operator's dependencies and the `gateway` extra for
 # the gateway policy step (no torch). The front image
@@ -10,8 +11,12 @@
 # payloads on CPU, next to a vLLM container that owns the GPU.
 # Both run as the unprivileged user 65532 and need nothing writable but /tmp.
 # `scripts/images` builds both with podman on a machine without a registry (README, Images).
+# The picker (picker/: GIE v1.5.0's Endpoint Picker with promptcache's plugins) is one
+# static Go binary on a base with no shell and no package manager, as user 65532 too.
 
 ARG PYTHON_IMAGE=python:3.12-slim-bookworm
+ARG GO_IMAGE=golang:1.26-bookworm
+ARG PICKER_BASE_IMAGE=gcr.io/distroless/static-debian12:nonroot
 
 # ---------------------------------------------------------------------------- operator build
 FROM ${PYTHON_IMAGE} AS build-base
@@ -77,6 +82,26 @@ COPY --from=build-front /opt/promptcache /opt/promptcache
 LABEL org.opencontainers.image.title="promptcache-front" \
       org.opencontainers.image.description="promptcache cache front (runs beside vLLM in each model-server pod)"
 CMD ["front"]
+
+# ---------------------------------------------------------------------------- picker
+# Compiled on the build machine's platform for the target's (no emulation): CGO off, so
+# the binary is static; the module's go.sum pins every dependency.
+FROM --platform=$BUILDPLATFORM ${GO_IMAGE} AS build-picker
+ARG TARGETOS
+ARG TARGETARCH
+WORKDIR /src/picker
+COPY picker/go.mod picker/go.sum ./
+RUN go mod download
+COPY picker/ ./
+RUN CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} \
+    go build -mod=readonly -trimpath -ldflags='-s -w' -o /out/epp .
+
+FROM ${PICKER_BASE_IMAGE} AS picker
+COPY --from=build-picker /out/epp /epp
+USER 65532:65532
+LABEL org.opencontainers.image.title="promptcache-picker" \
+      org.opencontainers.image.description="promptcache Endpoint Picker: GIE v1.5.0's picker with promptcache's plugins"
+ENTRYPOINT ["/epp"]
 
 # ---------------------------------------------------------------------------- operator
 FROM runtime AS operator

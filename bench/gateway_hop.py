@@ -442,7 +442,7 @@ SALTING_DIR = ROOT / "bench" / "salting_picker"
 
 def salting_picker_binary() -> Path:
     """The prototype picker, built once per source digest (the picker's own module versions:
-    a machine that built e2e/tools/epp has every module)."""
+    a machine that built picker/ has every module)."""
     return _go_tool(SALTING_DIR, "salting_picker", ["-trimpath", "-ldflags", "-s -w"])
 
 

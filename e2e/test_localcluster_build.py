@@ -109,6 +109,15 @@ def test_the_stamp_key_covers_module_files_go_version_binaries_and_tags(tmp_path
     )
     assert not t.is_current(go)  # so does a changed go.mod
 
+    main = t.module_path() / "main.go"
+    main.write_text(main.read_text() + "\n// edited\n")
+    assert not t.is_current(go)  # the module's own sources key it too (the picker's are)
+    (t.module_path() / "main_test.go").write_text("package main\n")
+    assert t.stamp_key(go) == stamp_key(t.module_path(), t.binaries, "", go)
+    changed = t.stamp_key(go)
+    (t.module_path() / "main_test.go").write_text("package main\n\n// edited\n")
+    assert t.stamp_key(go) == changed  # tests do not change the binary
+
     (out / ".stamp").write_text("{not json")
     assert not t.is_current(go)
 

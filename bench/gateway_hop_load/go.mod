@@ -1,5 +1,5 @@
 // The gateway's side of ext_proc, at rate: bench/gateway_hop.py builds and runs it. The
-// versions are the ones the pinned picker (e2e/tools/epp) builds with, so a machine that
+// versions are the ones the pinned picker (picker/) builds with, so a machine that
 // built the picker needs nothing more from the module proxy.
 module promptcache.local/bench/gateway_hop_load
 

@@ -1,4 +1,4 @@
-// A prototype for bench/gateway_hop.py: the pinned GIE picker (e2e/tools/epp, same versions)
+// A prototype for bench/gateway_hop.py: the pinned GIE picker (picker/, same versions)
 // with the tenant salt derived inside it, the design with no extra hop. Not shipped.
 module promptcache.local/bench/salting_picker
 

@@ -72,13 +72,25 @@ def go_env() -> dict[str, str]:
     return env
 
 
+def module_sources(module_dir: Path) -> list[Path]:
+    """The module's own Go sources (tests aside): none in a wrapper module; the picker
+    (`picker/`) is a module of this repository's own code, so its sources key its stamp."""
+    return sorted(
+        p for p in module_dir.rglob("*.go") if p.is_file() and not p.name.endswith("_test.go")
+    )
+
+
 def stamp_key(
     module_dir: Path, binaries: dict[str, str], tags: str, go: str, recipe: str = BUILD_RECIPE
 ) -> str:
-    """Everything that changes the binaries: module files, Go version, recipe, list, tags."""
+    """Everything that changes the binaries: module files and own sources, Go version,
+    recipe, list, tags."""
     h = hashlib.sha256()
     for name in ("go.mod", "go.sum"):
         h.update((module_dir / name).read_bytes())
+    for src in module_sources(module_dir):  # none in a wrapper: its stamps stay valid
+        h.update(src.relative_to(module_dir).as_posix().encode() + b"\0")
+        h.update(hashlib.sha256(src.read_bytes()).digest())
     h.update(go.encode())
     h.update(recipe.encode())
     h.update(json.dumps(binaries, sort_keys=True).encode())

@@ -1,10 +1,12 @@
 """The pinned build targets: which binaries, from which wrapper module, built when.
 
-The long Kubernetes build goes last. The Endpoint Picker is the upstream Gateway API
-Inference Extension's v1.5.0 `cmd/epp` (the last GIE release with one): the module proxy
-refuses llm-d-router, so this is the picker a fresh machine can build, and the e2e picker
-tests run on it (`spec.gateway.picker: gie-v1.5`; docs/endpoint-picker.md). Cold: about
-10 minutes on 2 busy cores; cached afterwards like every other binary.
+The long Kubernetes build goes last. The Endpoint Picker is promptcache's own build
+(`picker/`, a module of this repository): GIE v1.5.0's `cmd/epp` runner (the last GIE
+release with a picker; the module proxy refuses llm-d-router) with promptcache's plugins
+registered. With a config that names none of them it is the upstream picker, so it is also
+the `gie-v1.5` picker the e2e picker tests run on (`spec.gateway.picker: gie-v1.5`;
+docs/endpoint-picker.md). Its stamp covers its own Go sources (`build.module_sources`).
+Cold: about 10 minutes on 2 busy cores; cached afterwards like every other binary.
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ from .errors import ClusterError, say
 
 TARGETS: list[Target] = [
     Target(
-        "epp",
-        "tools/epp",
+        "picker",
+        "../picker",
         "sigs.k8s.io/gateway-api-inference-extension",
-        {"epp": "sigs.k8s.io/gateway-api-inference-extension/cmd/epp"},
+        {"epp": "promptcache.local/picker"},
         control_plane=False,
     ),
     # The body-based router (GIE v1.5.0 `cmd/bbr`, the last GIE release with it), on request

@@ -1,10 +1,13 @@
 """Where each Endpoint Picker binary lives, so tests, benches and CI agree.
 
 Two pickers (`contract.PickerTarget`), built outside the clone into the shared cache
-(`$CACHE/bin/epp-<version>/epp`, see the cache convention):
+(`$CACHE/bin/picker-<version>/epp` and `$CACHE/bin/epp-<version>/epp`, see the cache
+convention):
 
-- `gie-v1.5`: the upstream GIE EPP v1.5.0, which `e2e/cluster build` builds by default
-  (module pinned in e2e/tools/epp/go.mod). Every picker check that can run on it does: a
+- `gie-v1.5`: the GIE EPP v1.5.0 as promptcache builds it (`picker/`: the upstream runner
+  with promptcache's plugins registered; a config naming none of them runs the upstream
+  picker unchanged), which `e2e/cluster build` builds by default into
+  `$CACHE/bin/picker-<GIE version>/epp`. Every picker check that can run on it does: a
   missing binary is a failure to run `e2e/cluster build`, never a skip.
 - `llm-d-router`: v0.10.0, which the Go module proxy here refuses; tests that need it run
   where a hand-built binary exists and skip with the reason elsewhere.
@@ -34,7 +37,7 @@ GIE_BIN_ENV = "PROMPTCACHE_GIE_EPP_BIN"
 
 
 GIE_VERSION = find_target("epp").version()
-"""The version e2e/tools/epp/go.mod pins (the one `e2e/cluster build` builds)."""
+"""The GIE version picker/go.mod pins (the one `e2e/cluster build` builds)."""
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,9 @@ class PickerBinary:
     how_to_build: str
 
     def default_path(self) -> Path:
-        return BIN_ROOT / f"epp-{self.version}" / "epp"
+        if self.target.gie_based:
+            return find_target("epp").out_dir() / "epp"  # where `e2e/cluster build` puts it
+        return default_epp_path(self.version)
 
     def path(self) -> Path:
         override = os.environ.get(self.env)
@@ -83,6 +88,14 @@ PICKERS: dict[PickerTarget, PickerBinary] = {
         GIE_BIN_ENV,
         "run `python e2e/cluster build` (it builds the GIE EPP by default)",
     ),
+    # the same binary: the renderer configures its tenant-salt parser and no policy step
+    PickerTarget.PROMPTCACHE: PickerBinary(
+        PickerTarget.PROMPTCACHE,
+        GIE_MODULE,
+        GIE_VERSION,
+        GIE_BIN_ENV,
+        "run `python e2e/cluster build` (it builds promptcache's picker, picker/, by default)",
+    ),
 }
 
 
@@ -102,5 +115,5 @@ def missing_reason(picker: PickerTarget = PickerTarget.LLM_D_ROUTER) -> str:
 
 
 def available_pickers() -> list[PickerTarget]:
-    """The pickers this machine can run (GIE always counts: its absence must fail)."""
-    return [t for t in PICKERS if t is PickerTarget.GIE or PICKERS[t].find() is not None]
+    """The pickers this machine can run (GIE's build always counts: its absence must fail)."""
+    return [t for t in PICKERS if t.gie_based or PICKERS[t].find() is not None]

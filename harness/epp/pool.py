@@ -234,7 +234,11 @@ class PoolOnCluster:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.epp = EppProcess(
             binary,
-            config_text if config_text is not None else self.rendered.epp_config_text,
+            (
+                config_text
+                if config_text is not None
+                else self.rendered.epp_config_text_with_salt_key(self.salt_key_file)
+            ),
             run_dir,
             pool_name=self.rendered.pool_name,
             pool_namespace=self.rendered.namespace,

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from promptcache.contract import PickerTarget
+from promptcache.contract import TENANT_SALT_PARSER, PickerTarget, TenantSaltParam
 from promptcache.render.epp_config import CONFIG_API_VERSIONS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -142,11 +142,35 @@ class Rendered:
     @property
     def picker(self) -> PickerTarget:
         """Which Endpoint Picker the config is for (each target has its own apiVersion)."""
+        if self.tenant_salt_plugin is not None:
+            return PickerTarget.PROMPTCACHE  # GIE's apiVersion, with our parser
         version = self.epp_config["apiVersion"]
         for target, api_version in CONFIG_API_VERSIONS.items():
+            if target is PickerTarget.PROMPTCACHE:
+                continue
             if api_version == version:
                 return target
         raise LookupError(f"no picker target renders config apiVersion {version!r}")
+
+    @property
+    def tenant_salt_plugin(self) -> dict[str, Any] | None:
+        """The config's tenant-salt parser (promptcache's picker), if it names one."""
+        for plugin in self.epp_config.get("plugins", []):
+            if plugin.get("type") == TENANT_SALT_PARSER:
+                return dict(plugin)
+        return None
+
+    def epp_config_text_with_salt_key(self, salt_key_file: Path) -> str:
+        """The config as rendered, with the tenant-salt parser reading `salt_key_file` (the
+        harness's copy of the pool's salt Secret) instead of the pod's mount path."""
+        if self.tenant_salt_plugin is None:
+            return self.epp_config_text
+        config = copy.deepcopy(self.epp_config)
+        for plugin in config["plugins"]:
+            params = plugin.get("parameters") or {}
+            if plugin.get("type") == TENANT_SALT_PARSER and TenantSaltParam.SALT_KEY_FILE in params:
+                params[TenantSaltParam.SALT_KEY_FILE] = str(salt_key_file)
+        return yaml.safe_dump(config, sort_keys=False)
 
     @property
     def model_deployment(self) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from promptcache._version import __version__
 from promptcache.api.constants import (
     DEFAULT_FRONT_IMAGE,
     DEFAULT_IMAGE_REGISTRY,
+    DEFAULT_PICKER_IMAGE,
     FRONT_IMAGE_REPOSITORY,
     OPERATOR_IMAGE_REPOSITORY,
 )
@@ -67,6 +68,7 @@ def test_default_images_are_what_the_dockerfile_publishes() -> None:
     assert published == {
         "operator": f"{OPERATOR_IMAGE}:{__version__}",
         "front": f"ghcr.io/promptcache/promptcache-front:{__version__}",
+        "picker": DEFAULT_PICKER_IMAGE,
     }
     # The chart's defaults (tag empty = appVersion) and the renderer's built-in ones agree.
     image = values()["image"]
@@ -96,7 +98,7 @@ def _stages(dockerfile: str) -> dict[str, str]:
     stages: dict[str, str] = {}
     current = None
     for line in text.splitlines():
-        match = re.match(r"FROM\s+\S+\s+AS\s+(\S+)", line, re.IGNORECASE)
+        match = re.match(r"FROM\s+(?:--\S+\s+)*\S+\s+AS\s+(\S+)", line, re.IGNORECASE)
         if match:
             current = match.group(1)
             stages[current] = ""
@@ -135,6 +137,10 @@ def test_session_shim_runs_from_the_operator_image() -> None:
 def test_images_declare_a_numeric_non_root_user_so_pods_fix_no_uid() -> None:
     """runAsNonRoot needs a numeric USER in the image; then no pod spec needs a UID."""
     stages = _stages((ROOT / "Dockerfile").read_text())
+    picker = re.search(r"^USER (\d+):(\d+)$", stages["picker"], re.MULTILINE)
+    assert picker is not None, "the picker runs as a numeric user too"
+    assert int(picker.group(1)) != 0
+    assert "CGO_ENABLED=0" in stages["build-picker"]  # static: its base has no libc, no shell
     user = re.search(r"^USER (\d+):(\d+)$", stages["runtime"], re.MULTILINE)
     assert user is not None, "the runtime stage must set a numeric non-root USER"
     uid, gid = int(user.group(1)), int(user.group(2))
@@ -156,6 +162,7 @@ def test_dockerignore_sends_only_the_package_sources() -> None:
         "pyproject.toml",
         "README.md",
         "operator/",
+        "picker/",
     }
 
 
@@ -259,7 +266,7 @@ def test_one_version_everywhere() -> None:
     images = release["jobs"]["images"]
     assert (
         set(images["strategy"]["matrix"]["target"])
-        == {"operator", "front"}
+        == {"operator", "front", "picker"}
         <= set(_stages((ROOT / "Dockerfile").read_text()))
     )
     assert images["env"]["IMAGE"].endswith(

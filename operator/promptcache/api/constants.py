@@ -34,6 +34,12 @@ DEFAULT_GATEWAY_POLICY_IMAGE: Final[str] = (
 )
 """The Endpoint Picker's gateway policy step runs from the operator image (its `gateway` extra):
 no torch, and one image less to publish and pin."""
+PICKER_IMAGE_REPOSITORY: Final[str] = "promptcache-picker"
+DEFAULT_PICKER_IMAGE: Final[str] = (
+    f"{DEFAULT_IMAGE_REGISTRY}/{PICKER_IMAGE_REPOSITORY}:{__version__}"
+)
+"""promptcache's Endpoint Picker (`picker/`, the Dockerfile's `picker` target), tagged with
+this version: the image of `gateway.picker: promptcache`."""
 
 DEFAULT_MODEL_SERVER_USER: Final[int] = 1000
 """UID the vLLM container runs as unless configured: the upstream image declares no user."""

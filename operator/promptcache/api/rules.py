@@ -55,9 +55,16 @@ def _unique_tier_names(prefix_cache: Any) -> bool:
 
 
 GIE_PICKER = "gie-v1.5"
+PROMPTCACHE_PICKER = "promptcache"
+GIE_BASED_PICKERS: tuple[str, ...] = (GIE_PICKER, PROMPTCACHE_PICKER)
+"""The pickers that are GIE v1.5.0's underneath (`contract.PickerTarget.gie_based`): its
+plugins, its prefix behaviour, its limits."""
+_BY_GIE = "gateway.picker gie-v1.5 or promptcache (GIE v1.5.0's picker)"
+_GIE_BASED_CEL = "[" + ", ".join(f"'{p}'" for p in GIE_BASED_PICKERS) + "]"
 VLLM_RENDER = "VllmRender"
 """`prefixCache.tokenProducer`'s value for vLLM's render backend."""
-"""`contract.PickerTarget.GIE`, spelled out: the API package stays free of the contract's enum."""
+"""`contract.PickerTarget`'s values, spelled out: the API package stays free of the
+contract's enum."""
 
 
 def picker_refusals(spec: Any, picker: str) -> list[str]:
@@ -66,13 +73,16 @@ def picker_refusals(spec: Any, picker: str) -> list[str]:
     The rules check an explicit `gateway.picker`; the renderer calls this with the picker
     it resolved (the operator's default when the field is empty), so both say the same."""
     refused = []
-    if picker == GIE_PICKER and spec.prefix_cache.token_producer == VLLM_RENDER:
+    if picker in GIE_BASED_PICKERS and spec.prefix_cache.token_producer == VLLM_RENDER:
         refused.append(GIE_RENDER_MESSAGE)
-    if picker == GIE_PICKER and spec.prefix_cache.tiers:
+    if picker in GIE_BASED_PICKERS and spec.prefix_cache.tiers:
         refused.append(GIE_TIERS_MESSAGE)
-    if picker == GIE_PICKER and spec.session_affinity.enabled:
+    if picker in GIE_BASED_PICKERS and spec.session_affinity.enabled:
         refused.append(GIE_SESSIONS_MESSAGE)
-    if picker == GIE_PICKER and spec.prefix_cache.lru_capacity_per_server != GIE_LRU_CAPACITY:
+    if (
+        picker in GIE_BASED_PICKERS
+        and spec.prefix_cache.lru_capacity_per_server != GIE_LRU_CAPACITY
+    ):
         refused.append(GIE_LRU_MESSAGE)
     return refused
 
@@ -80,7 +90,8 @@ def picker_refusals(spec: Any, picker: str) -> list[str]:
 GIE_LRU_CAPACITY = 31250
 """The per-pod prefix LRU GIE v1.5.0 uses whatever `lruCapacityPerServer` says."""
 GIE_LRU_MESSAGE = (
-    "prefixCache.lruCapacityPerServer cannot be honoured by gateway.picker gie-v1.5: it "
+    "prefixCache.lruCapacityPerServer cannot be honoured by "
+    f"{_BY_GIE}: it "
     f"sizes each pod's prefix index from num_gpu_blocks under autoTune, else {GIE_LRU_CAPACITY} "
     f"blocks; leave prefixCache.lruCapacityPerServer at {GIE_LRU_CAPACITY} or set "
     "gateway.picker to llm-d-router"
@@ -88,7 +99,8 @@ GIE_LRU_MESSAGE = (
 
 
 GIE_RENDER_MESSAGE = (
-    "prefixCache.tokenProducer VllmRender cannot be honoured by gateway.picker gie-v1.5: its "
+    "prefixCache.tokenProducer VllmRender cannot be honoured by "
+    f"{_BY_GIE}: its "
     "prefix producer hashes characters and it has no token-producer plugin; leave "
     "prefixCache.tokenProducer empty (or Estimate) or set gateway.picker to llm-d-router"
 )
@@ -99,13 +111,15 @@ RENDER_NEEDS_KEYLESS_MESSAGE = (
     "PerKey without identity.required"
 )
 GIE_TIERS_MESSAGE = (
-    "prefixCache.tiers cannot be honoured by gateway.picker gie-v1.5: its prefix producers "
+    "prefixCache.tiers cannot be honoured by "
+    f"{_BY_GIE}: its prefix producers "
     "all write one shared attribute and its prefix-cache-scorer ignores its parameters, so "
     "tiers would overwrite each other; remove prefixCache.tiers or set gateway.picker to "
     "llm-d-router"
 )
 GIE_SESSIONS_MESSAGE = (
-    "sessionAffinity.enabled cannot be honoured by gateway.picker gie-v1.5: it has no "
+    "sessionAffinity.enabled cannot be honoured by "
+    f"{_BY_GIE}: it has no "
     "session-affinity plugin; set sessionAffinity.enabled to false (prefix affinity still "
     "draws a conversation's next turn to the pod holding it) or set gateway.picker to "
     "llm-d-router"
@@ -637,7 +651,7 @@ RULES: tuple[CrossFieldRule, ...] = (
     CrossFieldRule(
         scope="spec",
         cel=(
-            f"!has(self.gateway.picker) || self.gateway.picker != '{GIE_PICKER}' "
+            f"!has(self.gateway.picker) || !(self.gateway.picker in {_GIE_BASED_CEL}) "
             "|| !has(self.prefixCache.tiers) || size(self.prefixCache.tiers) == 0"
         ),
         message=GIE_TIERS_MESSAGE,
@@ -647,7 +661,7 @@ RULES: tuple[CrossFieldRule, ...] = (
     CrossFieldRule(
         scope="spec",
         cel=(
-            f"!has(self.gateway.picker) || self.gateway.picker != '{GIE_PICKER}' "
+            f"!has(self.gateway.picker) || !(self.gateway.picker in {_GIE_BASED_CEL}) "
             "|| !has(self.prefixCache.tokenProducer) "
             "|| self.prefixCache.tokenProducer != 'VllmRender'"
         ),
@@ -672,7 +686,7 @@ RULES: tuple[CrossFieldRule, ...] = (
     CrossFieldRule(
         scope="spec",
         cel=(
-            f"!has(self.gateway.picker) || self.gateway.picker != '{GIE_PICKER}' "
+            f"!has(self.gateway.picker) || !(self.gateway.picker in {_GIE_BASED_CEL}) "
             "|| !self.sessionAffinity.enabled"
         ),
         message=GIE_SESSIONS_MESSAGE,
@@ -682,7 +696,7 @@ RULES: tuple[CrossFieldRule, ...] = (
     CrossFieldRule(
         scope="spec",
         cel=(
-            f"!has(self.gateway.picker) || self.gateway.picker != '{GIE_PICKER}' "
+            f"!has(self.gateway.picker) || !(self.gateway.picker in {_GIE_BASED_CEL}) "
             f"|| self.prefixCache.lruCapacityPerServer == {GIE_LRU_CAPACITY}"
         ),
         message=GIE_LRU_MESSAGE,

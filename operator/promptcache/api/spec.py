@@ -482,13 +482,16 @@ class GatewaySpec(ApiModel):
 
     picker: PickerName | None = None
     """Which Endpoint Picker the generated config and Deployment are for: `llm-d-router`
-    (v0.10.0) or `gie-v1.5` (the upstream Gateway API Inference Extension EPP v1.5.0, no
-    session affinity and no prefix tiers). Empty: the operator's default (the chart's
-    `defaultPicker`, flag `--picker`; `llm-d-router` unless changed)."""
+    (v0.10.0), `gie-v1.5` (the upstream Gateway API Inference Extension EPP v1.5.0, no
+    session affinity and no prefix tiers) or `promptcache` (promptcache's own build of
+    GIE v1.5.0's picker: it derives the tenant's salt itself, so no gateway policy step
+    runs in front of it; otherwise as `gie-v1.5`). Empty: the operator's default (the
+    chart's `defaultPicker`, flag `--picker`; `llm-d-router` unless changed)."""
     epp_image: ImageRef | None = None
     """Endpoint Picker image. Empty: the pinned release of `picker`
-    (`ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.10.0` or
-    `registry.k8s.io/gateway-api-inference-extension/epp:v1.5.0`)."""
+    (`ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.10.0`,
+    `registry.k8s.io/gateway-api-inference-extension/epp:v1.5.0`, or this release's
+    `ghcr.io/promptcache/promptcache-picker`)."""
     replicas: Annotated[int, Field(ge=1, le=5)] = 1
     """Endpoint Picker replicas; above 1 they elect a leader (approximate prefix indexes are
     per replica, so active-active would split them): more replicas add availability, not

@@ -88,7 +88,13 @@ from promptcache.contract.names import (
     IsolationMode,
     needs_salt_key,
 )
-from promptcache.contract.picker import DEFAULT_PICKER, DEFAULT_PICKER_ENV, PickerTarget
+from promptcache.contract.picker import (
+    DEFAULT_PICKER,
+    DEFAULT_PICKER_ENV,
+    TENANT_SALT_PARSER,
+    PickerTarget,
+    TenantSaltParam,
+)
 from promptcache.contract.pods import (
     ENDPOINT_PICKER_POD,
     MODEL_CACHE_MOUNT_PATH,
@@ -146,6 +152,7 @@ __all__ = [
     "SERVING_PORT",
     "SESSION_USER_FIELD",
     "SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR",
+    "TENANT_SALT_PARSER",
     "VLLM_LOCAL_PORT",
     "FrontEnv",
     "GatewayPolicyEnv",
@@ -157,6 +164,7 @@ __all__ = [
     "SessionShimEnv",
     "Setting",
     "SettingInputError",
+    "TenantSaltParam",
     "VllmFlag",
     "cache_gib_from_env",
     "cache_gib_to_bytes",

@@ -18,9 +18,38 @@ class PickerTarget(StrEnum):
     GIE = "gie-v1.5"
     """The upstream Gateway API Inference Extension EPP v1.5.0, the last GIE release with
     an EPP: no session plugin, lenient decoding, one shared prefix attribute."""
+    PROMPTCACHE = "promptcache"
+    """promptcache's own build (`picker/`): GIE v1.5.0's picker with promptcache's plugins,
+    the tenant salt derived inside it (`TENANT_SALT_PARSER`), so no policy step fronts it.
+    Otherwise GIE v1.5.0's behaviour and dialect."""
+
+    @property
+    def gie_based(self) -> bool:
+        """GIE v1.5.0's picker underneath: its config dialect, plugins and limits."""
+        return self is not PickerTarget.LLM_D_ROUTER
 
 
 DEFAULT_PICKER: Final[PickerTarget] = PickerTarget.LLM_D_ROUTER
 """The operator-wide default when neither the resource nor the operator names one."""
 DEFAULT_PICKER_ENV: Final[str] = "PROMPTCACHE_DEFAULT_PICKER"
 """The operator's (and `promptcache render`'s) default picker; flag `--default-picker`."""
+
+TENANT_SALT_PARSER: Final[str] = "promptcache-tenant-salt"
+"""The `promptcache` picker's request parser plugin type (`picker/plugins/tenantsalt`, whose
+`Type` the picker's Go tests hold to this value through the shared vectors)."""
+
+
+class TenantSaltParam(StrEnum):
+    """The tenant-salt parser's `parameters` (decoded strictly by the picker: a key not
+    listed here stops it; picker/README.md)."""
+
+    SALT_KEY_FILE = "saltKeyFile"
+    ISOLATION_MODE = "isolationMode"
+    ISOLATION_HEADER = "isolationHeader"
+    ISOLATION_FIELD = "isolationField"
+    HONOR_MAX_LEN = "honorPromptCacheMaxLen"
+    ALLOW_CLIENT_PRIORITY = "allowClientPriority"
+    ALLOW_ENGINE_STATE = "allowEngineState"
+    IDENTITY_HEADER = "identityHeader"
+    IDENTITY_BEARER = "identityBearer"
+    IDENTITY_REQUIRED = "identityRequired"

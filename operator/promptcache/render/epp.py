@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from promptcache.api import BUILT_IN_DEFAULTS, OperatorDefaults, PromptCacheDeployment
-from promptcache.api.constants import DEFAULT_EPP_IMAGE, DEFAULT_GIE_EPP_IMAGE
+from promptcache.api.constants import DEFAULT_EPP_IMAGE, DEFAULT_GIE_EPP_IMAGE, DEFAULT_PICKER_IMAGE
 from promptcache.contract import (
     EPP_EXT_PROC_PORT,
     EPP_LOCAL_GRPC_PORT,
@@ -59,6 +59,7 @@ GATEWAY_POLICY_DRAIN_SECONDS: Final[int] = TERMINATION_GRACE_SECONDS - 10
 DEFAULT_IMAGES: Final[dict[PickerTarget, str]] = {
     PickerTarget.LLM_D_ROUTER: DEFAULT_EPP_IMAGE,
     PickerTarget.GIE: DEFAULT_GIE_EPP_IMAGE,
+    PickerTarget.PROMPTCACHE: DEFAULT_PICKER_IMAGE,
 }
 
 
@@ -79,8 +80,17 @@ def uses_gateway_policy(pcd: PromptCacheDeployment) -> bool:
     """Whether the gateway's policy step fronts the picker: whenever isolation derives salts
     (the tenant's salt must be in the body the picker hashes, and a client's own must not)
     or the body names sessions (`prompt_cache_key`, `user`; the picker reads headers only).
-    See docs/endpoint-picker.md, 'The gateway's policy step'."""
+    Never in front of promptcache's own picker, which derives the salt itself (its
+    tenant-salt parser). See docs/endpoint-picker.md, 'The gateway's policy step'."""
+    if picker_of(pcd) is PickerTarget.PROMPTCACHE:
+        return False
     return pcd.spec.isolation.mode != "Shared" or pcd.spec.session_affinity.enabled
+
+
+def salts_in_picker(pcd: PromptCacheDeployment) -> bool:
+    """Whether the picker container itself reads the salt key (promptcache's picker, in a
+    mode that derives salts): it then mounts the front's salt Secret."""
+    return picker_of(pcd) is PickerTarget.PROMPTCACHE and pcd.spec.needs_salt_key
 
 
 uses_policy_step = uses_gateway_policy
@@ -251,10 +261,17 @@ def epp_deployment(
             "limits": {"memory": "2Gi"},
         },
         "securityContext": container_security_context(),
-        "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
+        "volumeMounts": [
+            {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+            *(
+                [{"name": SALT_VOLUME, "mountPath": SALT_KEY_MOUNT_DIR, "readOnly": True}]
+                if salts_in_picker(pcd)
+                else []
+            ),
+        ],
     }
     volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": names.epp}}]
-    salt = salt_volume(pcd, names) if shim else None
+    salt = salt_volume(pcd, names) if shim or salts_in_picker(pcd) else None
     if salt is not None:
         volumes.append(salt)
     if shim and step_workers(pcd) > 1:
@@ -324,16 +341,28 @@ def epp_service(names: Names) -> dict[str, Any]:
 
 
 def epp_network_policy(pcd: PromptCacheDeployment, names: Names) -> dict[str, Any] | None:
-    """Ingress to the picker pod on its served ports only, when the policy step fronts it.
+    """Ingress to the picker pod on its served ports only, when the policy step fronts it,
+    or when promptcache's picker (which reads the salt key and derives salts) serves alone.
 
     Behind the step the picker serves ext_proc in plain gRPC on `EPP_LOCAL_GRPC_PORT`, for the
     step on the pod's loopback; neither picker can bind it to loopback only (GIE v1.5.0 and
     llm-d-router v0.10.0 have no bind-address flag), so without this any pod could dial it
     directly, with a forged `cache_salt`, past the tenant rules. Traffic over the pod's own
     loopback and from its node (kubelet probes) is not subject to NetworkPolicy."""
-    if not (uses_gateway_policy(pcd) and pcd.spec.gateway.network_policy):
+    if not pcd.spec.gateway.network_policy:
         return None
-    ports = (GRPC_PORT, GRPC_HEALTH_PORT, METRICS_PORT, GATEWAY_POLICY_METRICS_PORT)
+    if uses_gateway_policy(pcd):
+        ports: tuple[int, ...] = (
+            GRPC_PORT,
+            GRPC_HEALTH_PORT,
+            METRICS_PORT,
+            GATEWAY_POLICY_METRICS_PORT,
+        )
+    elif picker_of(pcd) is PickerTarget.PROMPTCACHE:
+        # no step: the picker's own served ports, the first being the one the gateway dials
+        ports = (GRPC_PORT, GRPC_HEALTH_PORT, METRICS_PORT)
+    else:
+        return None
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",

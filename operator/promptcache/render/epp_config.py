@@ -14,7 +14,13 @@ from __future__ import annotations
 from typing import Any, Final
 
 from promptcache.api import PromptCacheDeployment
-from promptcache.contract import DEFAULT_PICKER, SERVING_PORT
+from promptcache.contract import (
+    DEFAULT_PICKER,
+    SALT_KEY_FILE,
+    SERVING_PORT,
+    TENANT_SALT_PARSER,
+    TenantSaltParam,
+)
 from promptcache.contract import PickerTarget as Picker
 from promptcache.render.names import names_of
 from promptcache.render.picker import PickerTarget, picker_target
@@ -26,6 +32,7 @@ GIE_CONFIG_API_VERSION: Final[str] = "inference.networking.x-k8s.io/v1alpha1"
 CONFIG_API_VERSIONS: Final[dict[Picker, str]] = {
     Picker.LLM_D_ROUTER: EPP_CONFIG_API_VERSION,
     Picker.GIE: GIE_CONFIG_API_VERSION,
+    Picker.PROMPTCACHE: GIE_CONFIG_API_VERSION,
 }
 PREFIX_PRODUCER: Final[str] = "approx-prefix-cache-producer"
 PREFIX_SCORER: Final[str] = "prefix-cache-scorer"
@@ -162,12 +169,38 @@ def endpoint_picker_config(pcd: PromptCacheDeployment) -> dict[str, Any]:
         profile.append({"pluginRef": scorer, "weight": tier.weight})
     plugins += [{"type": PICKER, "parameters": {"maxNumOfEndpoints": 1}}, {"type": PROFILE_HANDLER}]
     profile.append({"pluginRef": PICKER})
-    return {
+    config: dict[str, Any] = {
         "apiVersion": CONFIG_API_VERSIONS[picker_of(pcd)],
         "kind": "EndpointPickerConfig",
         "plugins": plugins,
         "schedulingProfiles": [{"name": PROFILE, "plugins": profile}],
     }
+    if picker_of(pcd) is Picker.PROMPTCACHE:
+        plugins.append({"type": TENANT_SALT_PARSER, "parameters": tenant_salt_parameters(pcd)})
+        config["parser"] = {"pluginRef": TENANT_SALT_PARSER}
+    return config
+
+
+def tenant_salt_parameters(pcd: PromptCacheDeployment) -> dict[str, Any]:
+    """The `promptcache` picker's request parser: the cache front's own isolation settings,
+    with the very values the front gets (`render.front`), so both derive one salt. Every
+    parameter is written out (the parser decodes strictly: picker/README.md)."""
+    spec = pcd.spec
+    iso = spec.isolation
+    params: dict[str, Any] = {
+        TenantSaltParam.ISOLATION_MODE: iso.mode.value,
+        TenantSaltParam.ISOLATION_HEADER: iso.header,
+        TenantSaltParam.ISOLATION_FIELD: iso.body_field,
+        TenantSaltParam.HONOR_MAX_LEN: spec.honors_prompt_cache_max_len,
+        TenantSaltParam.ALLOW_CLIENT_PRIORITY: spec.front.allow_client_priority,
+        TenantSaltParam.ALLOW_ENGINE_STATE: spec.front.allow_engine_state,
+        TenantSaltParam.IDENTITY_HEADER: iso.identity.header if iso.identity.enabled else "",
+        TenantSaltParam.IDENTITY_BEARER: iso.identity.enabled and iso.identity.bearer_token,
+        TenantSaltParam.IDENTITY_REQUIRED: iso.identity.enabled and iso.identity.required,
+    }
+    if spec.needs_salt_key:
+        params[TenantSaltParam.SALT_KEY_FILE] = SALT_KEY_FILE
+    return {str(k): v for k, v in params.items()}
 
 
 def _token_producer(pcd: PromptCacheDeployment) -> list[dict[str, Any]]:

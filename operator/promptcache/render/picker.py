@@ -61,7 +61,10 @@ GIE_V1_5 = PickerTarget(name="gie-v1.5", min_block_size_tokens=1, honours_lru_ca
 """The upstream GIE EPP v1.5.0: no floor; the per-pod LRU is `num_gpu_blocks` under autoTune,
 else its own 31250 whatever `lruCapacityPerServer` says (so the API refuses another value)."""
 
-TARGETS: dict[str, PickerTarget] = {t.name: t for t in (LLM_D_ROUTER, GIE_V1_5)}
+PROMPTCACHE = PickerTarget(name="promptcache", min_block_size_tokens=1, honours_lru_capacity=False)
+"""promptcache's build of the GIE v1.5.0 picker (`picker/`): GIE's prefix behaviour."""
+
+TARGETS: dict[str, PickerTarget] = {t.name: t for t in (LLM_D_ROUTER, GIE_V1_5, PROMPTCACHE)}
 
 
 def picker_target(pcd: PromptCacheDeployment) -> PickerTarget:

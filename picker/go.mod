@@ -1,9 +1,10 @@
-// Wrapper module pinning the Endpoint Picker (Gateway API Inference Extension reference EPP); it also carries the pinned InferencePool CRD under config/crd/bases.
-module promptcache.local/e2e/tools/epp
+// promptcache's Endpoint Picker: GIE v1.5.0's picker with promptcache's plugins registered
+// (README.md). The versions are those the upstream picker wrapper (e2e/tools/epp) pinned, so
+// the module and build caches it filled serve this build too.
+module promptcache.local/picker
 
 go 1.26.0
 
-tool sigs.k8s.io/gateway-api-inference-extension/cmd/epp
 
 require (
 	cel.dev/expr v0.25.1 // indirect
@@ -104,8 +105,8 @@ require (
 	k8s.io/kube-openapi v0.0.0-20260127142750-a19766b6e2d4 // indirect
 	k8s.io/utils v0.0.0-20260108192941-914a6e750570 // indirect
 	sigs.k8s.io/apiserver-network-proxy/konnectivity-client v0.31.2 // indirect
-	sigs.k8s.io/controller-runtime v0.23.3 // indirect
-	sigs.k8s.io/gateway-api-inference-extension v1.5.0 // indirect
+	sigs.k8s.io/controller-runtime v0.23.3
+	sigs.k8s.io/gateway-api-inference-extension v1.5.0
 	sigs.k8s.io/json v0.0.0-20250730193827-2d320260d730 // indirect
 	sigs.k8s.io/randfill v1.0.0 // indirect
 	sigs.k8s.io/structured-merge-diff/v6 v6.3.2 // indirect

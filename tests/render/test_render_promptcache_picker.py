@@ -1,0 +1,142 @@
+"""`gateway.picker: promptcache`: promptcache's own picker build derives the tenant salt
+itself, so its pod is the picker alone (no policy step), reading the front's salt Secret,
+with its tenant-salt parser selected by `parser.pluginRef` and given the very isolation
+settings the cache front gets (picker/README.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+
+from harness.resources import rendered
+from promptcache._version import __version__
+from promptcache.api.rules import GIE_BASED_PICKERS
+from promptcache.contract import (
+    EPP_EXT_PROC_PORT,
+    SALT_KEY_FILE,
+    TENANT_SALT_PARSER,
+    FrontEnv,
+    PickerTarget,
+    TenantSaltParam,
+)
+from promptcache.render.epp import GATEWAY_POLICY_CONTAINER
+
+OURS = {"picker": "promptcache"}
+
+
+def epp_pod(manifests: list[dict[str, Any]]) -> dict[str, Any]:
+    (dep,) = [
+        m for m in manifests if m["kind"] == "Deployment" and m["metadata"]["name"].endswith("-epp")
+    ]
+    pod: dict[str, Any] = dep["spec"]["template"]["spec"]
+    return pod
+
+
+def config(manifests: list[dict[str, Any]]) -> dict[str, Any]:
+    (cm,) = [
+        m for m in manifests if m["kind"] == "ConfigMap" and m["metadata"]["name"].endswith("-epp")
+    ]
+    doc: dict[str, Any] = yaml.safe_load(cm["data"]["config.yaml"])
+    return doc
+
+
+def front_env(manifests: list[dict[str, Any]]) -> dict[str, str]:
+    (model,) = [
+        m
+        for m in manifests
+        if m["kind"] == "Deployment" and not m["metadata"]["name"].endswith("-epp")
+    ]
+    (front,) = [c for c in model["spec"]["template"]["spec"]["containers"] if c["name"] != "vllm"]
+    return {e["name"]: e["value"] for e in front["env"] if "value" in e}
+
+
+def parser_parameters(manifests: list[dict[str, Any]]) -> dict[str, Any]:
+    doc = config(manifests)
+    assert doc["parser"] == {"pluginRef": TENANT_SALT_PARSER}
+    (plugin,) = [p for p in doc["plugins"] if p["type"] == TENANT_SALT_PARSER]
+    params: dict[str, Any] = plugin["parameters"]
+    return params
+
+
+def as_env(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+ISOLATIONS = [
+    {"mode": "Shared"},
+    {"mode": "PerKey"},
+    {"mode": "PerKey", "header": "", "bodyField": "tenant"},
+    {"mode": "Required", "header": "x-tenant", "bodyField": ""},
+    {"mode": "PerKey", "identity": {"header": "x-account-id", "bearerToken": True}},
+    {"mode": "Required", "identity": {"bearerToken": True, "required": True}},
+]
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_the_parser_gets_the_fronts_isolation_settings(isolation: dict[str, Any]) -> None:
+    manifests = rendered(gateway=OURS, isolation=isolation)
+    params = parser_parameters(manifests)
+    env = front_env(manifests)
+    assert set(params) <= {p.value for p in TenantSaltParam}  # the parser decodes strictly
+    same = {
+        TenantSaltParam.ISOLATION_MODE: FrontEnv.ISOLATION_MODE,
+        TenantSaltParam.ISOLATION_HEADER: FrontEnv.ISOLATION_HEADER,
+        TenantSaltParam.ISOLATION_FIELD: FrontEnv.ISOLATION_FIELD,
+        TenantSaltParam.HONOR_MAX_LEN: FrontEnv.HONOR_MAX_LEN,
+        TenantSaltParam.ALLOW_CLIENT_PRIORITY: FrontEnv.ALLOW_CLIENT_PRIORITY,
+        TenantSaltParam.ALLOW_ENGINE_STATE: FrontEnv.ALLOW_ENGINE_STATE,
+    }
+    for param, var in same.items():
+        assert as_env(params[param]) == env[var], param
+    identity = (
+        TenantSaltParam.IDENTITY_HEADER,
+        TenantSaltParam.IDENTITY_BEARER,
+        TenantSaltParam.IDENTITY_REQUIRED,
+    )
+    if FrontEnv.IDENTITY_HEADER in env:
+        names = (FrontEnv.IDENTITY_HEADER, FrontEnv.IDENTITY_BEARER, FrontEnv.IDENTITY_REQUIRED)
+        assert [as_env(params[p]) for p in identity] == [env[n] for n in names]
+    else:
+        assert [params[p] for p in identity] == ["", False, False]
+    salted = isolation["mode"] != "Shared"
+    assert params.get(TenantSaltParam.SALT_KEY_FILE) == (SALT_KEY_FILE if salted else None)
+    assert env.get(FrontEnv.SALT_KEY_FILE) == (SALT_KEY_FILE if salted else None)
+
+
+@pytest.mark.parametrize("mode", ["Shared", "PerKey"])
+def test_the_pod_is_the_picker_alone_and_the_network_policy_matches_it(mode: str) -> None:
+    manifests = rendered(gateway=OURS, isolation={"mode": mode})
+    pod = epp_pod(manifests)
+    (epp,) = pod["containers"]
+    assert epp["name"] != GATEWAY_POLICY_CONTAINER
+    assert epp["image"] == f"ghcr.io/promptcache/promptcache-picker:{__version__}"
+    args = epp["args"]
+    assert args[args.index("--grpc-port") + 1] == str(EPP_EXT_PROC_PORT)
+    assert "--secure-serving=false" not in args  # alone on the Service's port: TLS
+    mounts = {m["mountPath"] for m in epp["volumeMounts"]}
+    salted = mode != "Shared"
+    assert (SALT_KEY_FILE.rsplit("/", 1)[0] in mounts) is salted
+    assert any("secret" in v for v in pod["volumes"]) is salted
+    (policy,) = [
+        m
+        for m in manifests
+        if m["kind"] == "NetworkPolicy" and m["metadata"]["name"].endswith("-epp")
+    ]
+    allowed = {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]}
+    served = {p["containerPort"] for p in epp["ports"]}
+    assert allowed == served
+
+
+def test_the_step_still_fronts_the_other_pickers() -> None:
+    for picker in ("gie-v1.5", "llm-d-router"):
+        pod = epp_pod(rendered(gateway={"picker": picker}, isolation={"mode": "PerKey"}))
+        assert [c["name"] for c in pod["containers"]] == ["epp", GATEWAY_POLICY_CONTAINER]
+        assert "parser" not in config(rendered(gateway={"picker": picker}))
+
+
+def test_the_api_refuses_for_it_what_it_refuses_for_gie() -> None:
+    """The API spells the pickers out (it does not import the contract's enum): the set it
+    treats as GIE's picker underneath is the contract's."""
+    assert {p.value for p in PickerTarget if p.gie_based} == set(GIE_BASED_PICKERS)

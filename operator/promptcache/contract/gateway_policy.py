@@ -69,6 +69,8 @@ class GatewayPolicyEnv:
     ALLOW_CLIENT_PRIORITY: Final[str] = FrontEnv.ALLOW_CLIENT_PRIORITY
     ALLOW_ENGINE_STATE: Final[str] = FrontEnv.ALLOW_ENGINE_STATE
     FAIR_SHARE_BYTES_PER_SECOND: Final[str] = FrontEnv.FAIR_SHARE_BYTES_PER_SECOND
+    TENANT_SHARE_PERCENT: Final[str] = FrontEnv.TENANT_SHARE_PERCENT
+    """The front's: the most of the step's byte budget one client identity may hold."""
     """The front's: each key's share of the step's decoding work while others are active."""
     IDENTITY_HEADER: Final[str] = FrontEnv.IDENTITY_HEADER
     IDENTITY_BEARER: Final[str] = FrontEnv.IDENTITY_BEARER
@@ -117,6 +119,7 @@ ISOLATION_FIELDS: Final[tuple[str, ...]] = (
     "identity_bearer",
     "identity_required",
     "fair_share_bytes_per_second",
+    "tenant_share_percent",
 )
 """The front's settings the step shares, declaration and all: its isolation, and each key's
 fair share of the work bodies cost (the step meters a key as the front does)."""

@@ -73,7 +73,9 @@ async def test_a_key_over_its_share_waits_and_the_others_do_not(
     async with another_tenant(gateway_for(shim)) as b_latencies:
         a = gateway_for(shim)
         assert decided(await ask_step(a, {KEY: "a"}, DENSE))
-        owed = shim.servicer.share.owed_seconds(identity_key(account=None, isolation_key="a", credential="", source=""))
+        owed = shim.servicer.share.owed_seconds(
+            identity_key(account=None, isolation_key="a", credential="", source="")
+        )
         assert owed > 0.8, owed
         before_wait = len(b_latencies)
         started = time.monotonic()
@@ -137,8 +139,18 @@ async def test_with_accounts_the_key_is_the_account(
     async with another_tenant(gateway_for(shim), {"x-account": "someone-else"}):
         assert decided(await ask_step(gateway_for(shim), {"x-account": "acme", KEY: "k1"}, DENSE))
         share = shim.servicer.share
-        assert share.owed_seconds(identity_key(account=b"acme", isolation_key="", credential="", source="")) > 0.8
-        assert share.owed_seconds(identity_key(account=None, isolation_key="k1", credential="", source="")) == 0
+        assert (
+            share.owed_seconds(
+                identity_key(account=b"acme", isolation_key="", credential="", source="")
+            )
+            > 0.8
+        )
+        assert (
+            share.owed_seconds(
+                identity_key(account=None, isolation_key="k1", credential="", source="")
+            )
+            == 0
+        )
 
 
 def _raw_headers(extra: list[tuple[str, bytes]]) -> Any:

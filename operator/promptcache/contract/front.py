@@ -147,6 +147,22 @@ DEFAULT_TENANT_SHARE_PERCENT: Final[int] = 50
 body reads, memory budget), so no single identity can refuse everyone else; a lone
 client still gets half of the process (docs/cache-front.md, "Shares of slots and
 memory")."""
+MAXIMAL_REQUESTS_PER_BUDGET: Final[int] = 4
+"""A rendered memory budget (the front's and each policy-step worker's) holds at least
+this many maximal requests, so one request's working memory is a quarter of it at most,
+and one client's share holds a maximal request whatever the share (`budget_for`)."""
+
+
+def budget_for(floor: int, one_request: int, share_percent: int) -> int:
+    """The memory budget the renderer gives a process whose maximal request needs
+    `one_request` bytes of working memory: at least `floor`, at least
+    `MAXIMAL_REQUESTS_PER_BUDGET` maximal requests, and enough that one client's share
+    (`share_percent` of it) still holds one maximal request (else its 413 would refuse
+    requests the size limit allows)."""
+    within_share = -(-one_request * 100 // share_percent)  # ceiling division
+    return max(floor, MAXIMAL_REQUESTS_PER_BUDGET * one_request, within_share)
+
+
 TURBOQUANT_DTYPES: Final[tuple[str, ...]] = ("auto", "float32", "float16", "bfloat16")
 DEFAULT_TURBOQUANT_DTYPE: Final[str] = "auto"
 """auto: decode to the dtype the client compressed from (vLLM casts to the model dtype)."""

@@ -27,6 +27,7 @@ from promptcache.contract.gateway_policy import (
     GATEWAY_POLICY_SETTINGS,
     ISOLATION_FIELDS,
 )
+from promptcache.contract.front import budget_for
 from promptcache.contract.settings import format_float
 from promptcache.render.epp_config import (
     endpoint_picker_config,
@@ -141,15 +142,17 @@ GATEWAY_POLICY_TMP_VOLUME: Final[str] = "gateway-policy-tmp"
 
 def _policy_body_limits(pcd: PromptCacheDeployment) -> tuple[int, int]:
     """(per request, all requests): the front's own limit, so the step refuses with 413
-    only what the front would; all requests together hold at least the default budget and
-    `GATEWAY_POLICY_BUDGET_PER_MAX_BODY` largest bodies (one stalled body never holds all of
-    it), and each worker's equal share at least one largest body."""
-    per_request = pcd.spec.front.max_request_bytes
-    return per_request, max(
-        DEFAULT_GATEWAY_POLICY_MAX_BUFFERED_BYTES,
-        GATEWAY_POLICY_BUDGET_PER_MAX_BODY * per_request,
-        step_workers(pcd) * per_request,
+    only what the front would; each worker's equal share of the budget holds at least the
+    default budget and four maximal requests (their bytes, parse and re-encoding), with one
+    maximal request within one client's share (`contract.front.budget_for`): no single
+    request, and no single client, can hold a worker's budget."""
+    front = pcd.spec.front
+    per_request = front.max_request_bytes
+    one = GATEWAY_POLICY_BUDGET_PER_MAX_BODY * per_request
+    per_worker = budget_for(
+        DEFAULT_GATEWAY_POLICY_MAX_BUFFERED_BYTES, one, front.tenant_share_percent
     )
+    return per_request, step_workers(pcd) * per_worker
 
 
 def gateway_policy_container(

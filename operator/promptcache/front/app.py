@@ -70,7 +70,6 @@ from promptcache.tenancy.canonical import (
 )
 from promptcache.tenancy.errors import FrontError
 from promptcache.tenancy.fair_share import FairShare, share_exceeded
-from promptcache.tenancy.shares import Verdict, identity_key, share_refusal
 from promptcache.tenancy.identity import Account, identity_enabled
 from promptcache.tenancy.policy import Isolation, Plan, apply_policy
 from promptcache.tenancy.routes import (
@@ -81,6 +80,7 @@ from promptcache.tenancy.routes import (
     canonical_target,
     check_route,
 )
+from promptcache.tenancy.shares import Verdict, identity_key, share_refusal
 
 log = logging.getLogger("promptcache.front")
 

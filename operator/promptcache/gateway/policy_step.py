@@ -76,11 +76,11 @@ from promptcache.tenancy.canonical import (
 )
 from promptcache.tenancy.errors import FrontError
 from promptcache.tenancy.fair_share import FairShare, share_exceeded
-from promptcache.tenancy.shares import Ledger, Verdict, identity_key, share_of, share_refusal
 from promptcache.tenancy.identity import account_at_gateway, identity_enabled
 from promptcache.tenancy.policy import apply_policy
 from promptcache.tenancy.routes import Route, RouteClass, canonical_target, check_route
 from promptcache.tenancy.settings import PolicyReader
+from promptcache.tenancy.shares import Ledger, Verdict, identity_key, share_of, share_refusal
 
 log = logging.getLogger("promptcache.gateway_policy")
 

@@ -18,6 +18,7 @@ from promptcache.contract import (
     GatewayPolicyEnv,
     PickerTarget,
 )
+from promptcache.contract.front import budget_for
 from promptcache.contract.gateway_policy import (
     DEFAULT_GATEWAY_POLICY_LISTEN,
     DEFAULT_GATEWAY_POLICY_MAX_BUFFERED_BYTES,
@@ -27,7 +28,6 @@ from promptcache.contract.gateway_policy import (
     GATEWAY_POLICY_SETTINGS,
     ISOLATION_FIELDS,
 )
-from promptcache.contract.front import budget_for
 from promptcache.contract.settings import format_float
 from promptcache.render.epp_config import (
     endpoint_picker_config,

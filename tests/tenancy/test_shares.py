@@ -1,0 +1,104 @@
+"""The per-identity ledger both processes admit by (`tenancy.shares`): its two rules, and
+the identity a request counts under."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from promptcache.tenancy import errors
+from promptcache.tenancy.shares import (
+    Ledger,
+    Verdict,
+    identity_key,
+    share_of,
+    share_refusal,
+)
+
+A, B, C = b"a", b"b", b"c"
+
+
+def test_one_identity_holds_at_most_its_share() -> None:
+    slots = Ledger(256, share_of(256, 50))
+    assert slots.share == 128
+    taken = sum(slots.take(A, 1) is Verdict.TAKE for _ in range(300))
+    assert taken == 128
+    assert slots.check(A, 1) is Verdict.OVER_SHARE  # its own refusal (429)
+    assert slots.take(B, 1) is Verdict.TAKE  # others are not refused for it
+
+
+def test_a_first_slot_goes_before_a_hundredth() -> None:
+    """With 101 of 256 free, an identity holding 100 may take one more, one holding 150 may
+    not (it would leave fewer free than it holds); one holding none takes the last."""
+    slots = Ledger(256, 200)
+    for key, n in ((A, 100), (B, 55)):
+        slots.hold(key, n)
+    assert slots.check(A, 1) is Verdict.TAKE  # 101 free, holds 100: 100 stay free
+    slots.hold(B, 1)
+    assert slots.check(A, 1) is Verdict.OVER_SHARE  # 100 free, holds 100: 99 would stay
+    assert slots.check(C, 1) is Verdict.TAKE
+    slots.hold(C, 99)
+    assert slots.check(C, 1) is Verdict.OVER_SHARE  # 1 free: only someone holding none
+    assert slots.check(b"new", 1) is Verdict.TAKE
+    slots.hold(b"new", 1)
+    assert slots.check(b"newer", 1) is Verdict.EXHAUSTED  # holds nothing, none free: 503
+
+
+def test_an_amount_over_the_share_can_never_be_taken() -> None:
+    memory = Ledger(1000, share_of(1000, 25))
+    assert memory.check(A, 251) is Verdict.NEVER
+    assert memory.check(A, 250) is Verdict.TAKE
+
+
+def test_a_share_of_everything_turns_the_rules_off() -> None:
+    reads = Ledger(4, share_of(4, 100))
+    assert not reads.enforced
+    assert [reads.take(A, 1) for _ in range(5)] == [Verdict.TAKE] * 4 + [Verdict.EXHAUSTED]
+
+
+def test_giving_back_forgets_an_identity_that_holds_nothing() -> None:
+    memory = Ledger(100, 50)
+    memory.take(A, 30)
+    memory.give(A, 10)
+    assert (memory.held(A), memory.used, memory.holders()) == (20, 20, 1)
+    memory.give(A, 1000)  # never more than it holds
+    assert (memory.held(A), memory.used, memory.holders()) == (0, 0, 0)
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([A, B, C]), st.integers(1, 40), st.booleans()), max_size=60
+    )
+)
+def test_no_sequence_takes_more_than_the_capacity_or_a_share(
+    steps: list[tuple[bytes, int, bool]],
+) -> None:
+    memory = Ledger(100, 50)
+    for key, n, give in steps:
+        if give:
+            memory.give(key, n)
+        else:
+            memory.take(key, n)
+        assert 0 <= memory.used <= memory.capacity
+        assert all(held <= memory.share for held in memory.snapshot().values())
+        assert memory.used == sum(memory.snapshot().values())
+
+
+def test_the_identity_is_the_first_source_present_each_in_its_namespace() -> None:
+    def key(account: str | None = None, iso: str = "", cred: str = "", src: str = "") -> bytes:
+        return identity_key(account=account, isolation_key=iso, credential=cred, source=src)
+
+    assert key("acme", "k1", "Bearer t", "10.0.0.1") == key("acme", "k2", "", "10.0.0.2")
+    assert key(None, "k1", "Bearer t", "10.0.0.1") == key(None, "k1", "", "")
+    assert key(None, "", "Bearer t", "10.0.0.1") == key(None, "", "Bearer t", "10.0.0.2")
+    assert key(src="10.0.0.1") != key(src="10.0.0.2")
+    assert key("x") != key(iso="x") != key(cred="x") != key(src="x")
+    assert key() == key(None, "", "", "")
+    assert len(key(iso="k" * 10_000)) == 16  # fixed size, the text is never kept
+
+
+def test_the_refusal_is_a_429_in_the_contract_shape_with_retry_after() -> None:
+    error = share_refusal("concurrency slots", 3, 3)
+    assert (error.status, error.code) == (429, errors.TENANT_SHARE_EXCEEDED)
+    assert error.body()["error"]["type"] == "rate_limit_error"
+    assert int(error.headers["Retry-After"]) >= 1

@@ -88,13 +88,13 @@ async def stalled(gateway: Gateway, headers: dict[str, str], piece: int) -> Any:
     return call
 
 
-async def first_answer(call: Any, within: float) -> Any | None:
-    """The step's first answer on `call` within `within` seconds, or None (still held)."""
-    try:
-        answer = await asyncio.wait_for(call.read(), within)
-    except TimeoutError:
-        return None
-    return None if answer is grpc.aio.EOF else answer
+async def answered(calls: list[Any], within: float) -> list[Any | None]:
+    """Each call's first answer within `within` seconds, or None while it is held. The reads
+    still pending are left running, not cancelled (cancelling a read cancels the call, which
+    would free what it holds)."""
+    reads = [asyncio.ensure_future(call.read()) for call in calls]
+    await asyncio.wait(reads, timeout=within)
+    return [r.result() if r.done() and r.result() is not grpc.aio.EOF else None for r in reads]
 
 
 def status_and_code(answer: Any) -> tuple[int, str]:
@@ -155,7 +155,7 @@ async def test_stalled_bodies_hold_at_most_their_share_of_the_budget(
                 metrics.value("promptcache_gateway_policy_tenant_share_refusals_total") == N - HELD
             )
         )
-        answers = await asyncio.gather(*(first_answer(call, 5.0) for call in calls))
+        answers = await answered(calls, 5.0)
         refused = [a for a in answers if a is not None]
         assert len(refused) == N - HELD, answers
         assert all(status_and_code(a) == (429, "tenant_share_exceeded") for a in refused)
@@ -185,7 +185,7 @@ async def test_the_body_deadline_frees_every_stalled_stream_and_is_counted(
     calls = [await stalled(gateway, {KEY: "mallory"}, PIECE) for _ in range(HELD)]
     calls += [await stalled(gateway, {KEY: "mallory"}, 0) for _ in range(HELD)]
     async with cancelling(calls):
-        answers = await asyncio.gather(*(first_answer(call, 15.0) for call in calls))
+        answers = await answered(calls, 15.0)
         assert all(a is not None and status_and_code(a) == (408, "body_timeout") for a in answers)
         metrics = step.servicer.metrics
         assert (

@@ -13,8 +13,8 @@ tests' `FakeEpp`), each a process of its own. Two phases of equal length per run
   clients that stall mid-body, and the same dense and stalled bodies against the step;
   with `hold` (issue 43), one tenant sized to take everything: as many clients that stop
   reading as the front has slots, as many stalled bodies as it has body reads, as many
-  half-sent heads as it has slots, and twice the step's budget in stalled bodies plus as
-  many half-sent requests; with `account`, that tenant spreads them over a new isolation
+  half-sent heads as it has slots, and twice the step's budget in stalled 4 MiB bodies, 64
+  stalled 64 KiB ones (to fill what the large leave) and 64 half-sent requests; with `account`, that tenant spreads them over a new isolation
   key each under one account (the step reads the account header, the front the step's
   signed attestation).
 
@@ -673,6 +673,8 @@ def hold_jobs(pods: Pods, run: Run, holder: Holder, deadline: float) -> list[Awa
     if "step" in run.attacked:
         target, streams = pods.step_target, 2 * STEP_BUDGET // STEP_PIECE
         jobs += [step_holder(target, deadline, holder, STEP_PIECE) for _ in range(streams)]
+        # small stalled bodies fill what the large ones leave, half-sent requests hold streams
+        jobs += [step_holder(target, deadline, holder, 64 << 10) for _ in range(FRONT_SLOTS)]
         jobs += [step_holder(target, deadline, holder, 0) for _ in range(FRONT_SLOTS)]
     return jobs
 
@@ -773,9 +775,12 @@ class Pods:
             await proc.wait()
 
 
-async def start_pods(run: Run, salt: Path, fair_share: int, account: bool = False) -> Pods:
+async def start_pods(
+    run: Run, salt: Path, fair_share: int, account: bool = False, tenant_share: int = 50
+) -> Pods:
     standin_port, front_port, step_port, picker_port = (free_port() for _ in range(4))
     identity = ["--identity-header", ACCOUNT_HEADER] if account else []
+    identity += ["--tenant-share-percent", str(tenant_share)]
     rest = run.cpus("rest")
     standin = await start(
         "-m", "harness.standin", str(standin_port), "--usage-from-engine",
@@ -847,7 +852,9 @@ async def front_counters(http: aiohttp.ClientSession, url: str) -> list[str]:
     return []
 
 
-async def one_run(run: Run, seconds: float, attacks: Attacks, fair_share: int) -> bool:
+async def one_run(
+    run: Run, seconds: float, attacks: Attacks, fair_share: int, tenant_share: int = 50
+) -> bool:
     if run.pins:
         os.sched_setaffinity(0, run.cpus("rest") or os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory() as tmp:
@@ -857,7 +864,7 @@ async def one_run(run: Run, seconds: float, attacks: Attacks, fair_share: int) -
         account = "account" in attacks.kinds
         if account:
             attacks = dataclasses.replace(attacks, holder=Holder(Attester(secret, KEY)))
-        pods = await start_pods(run, salt, fair_share, account)
+        pods = await start_pods(run, salt, fair_share, account, tenant_share)
         try:
             timeout = aiohttp.ClientTimeout(total=60)
             async with aiohttp.ClientSession(timeout=timeout) as http:
@@ -874,7 +881,7 @@ async def one_run(run: Run, seconds: float, attacks: Attacks, fair_share: int) -
     print(
         f"\n== {run.name}: {seconds:g} s quiet then {seconds:g} s hostile "
         f"(attacking {', '.join(sorted(run.attacked))} with {', '.join(sorted(attacks.kinds))}"
-        f"; fair share {fair_share} bytes/s)"
+        f"; fair share {fair_share} bytes/s; tenant share {tenant_share} %)"
         f"; load average {load:.1f} before, "
         f"{os.getloadavg()[0]:.1f} after"
     )
@@ -922,7 +929,7 @@ async def main(args: argparse.Namespace) -> None:
         raise SystemExit(f"--attacks: unknown {sorted(kinds - ATTACK_KINDS - MODIFIERS)} ({known})")
     attacks = Attacks.build(kinds)
     for run in runs(args.layout):
-        await one_run(run, args.seconds, attacks, args.fair_share)
+        await one_run(run, args.seconds, attacks, args.fair_share, args.tenant_share)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -946,6 +953,13 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULT_FAIR_SHARE_BYTES_PER_SECOND,
         help="each key's share (spec.front.fairShareBytesPerSecond) for the front and the "
         "step; 0 shows what they do unmetered",
+    )
+    ap.add_argument(
+        "--tenant-share",
+        type=int,
+        default=50,
+        help="each client identity's share of the slots, body reads and budgets "
+        "(spec.front.tenantSharePercent) for the front and the step; 100 shows them off",
     )
     return ap
 

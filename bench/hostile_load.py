@@ -14,9 +14,9 @@ tests' `FakeEpp`), each a process of its own. Two phases of equal length per run
   with `hold` (issue 43), one tenant sized to take everything: as many clients that stop
   reading as the front has slots, as many stalled bodies as it has body reads, as many
   half-sent heads as it has slots, and twice the step's budget in stalled 4 MiB bodies, 64
-  stalled 64 KiB ones (to fill what the large leave) and 64 half-sent requests; with `account`, that tenant spreads them over a new isolation
-  key each under one account (the step reads the account header, the front the step's
-  signed attestation).
+  stalled 64 KiB ones (to fill what the large leave) and 64 half-sent requests; with
+  `account`, that tenant spreads them over a new isolation key each under one account (the
+  step reads the account header, the front the step's signed attestation).
 
 Three CPU layouts (`--layout`): `shared`, every process floating over this machine's
 cores and both processes attacked at once; `sidecar`, the attacked process alone on a

@@ -135,14 +135,14 @@ def _check_gateway_policy(
     epp = next(x for x in pod["containers"] if x["name"] == "epp")
     assert _port_of(s.upstream) == int(_flag(epp["args"], "--grpc-port"))
     assert s.max_buffered_bytes >= s.max_body_bytes
-    # the front's share and body deadline, and room in each worker for four maximal bodies
-    # (bytes, parse, re-encoding) with one of them within one client's share
+    # the front's share and body deadline; deciding one maximal body (bytes, parse,
+    # re-encoding) within one client's share of the step's budget, its bytes within one
+    # client's share of each worker's, and a stalled body's bytes a quarter of that at most
     front = pcd.spec.front
     assert s.tenant_share_percent == front.tenant_share_percent
     assert s.body_timeout_seconds == front.body_timeout_seconds
-    one = 4 * s.max_body_bytes
-    assert s.worker_budget >= 4 * one
-    assert s.worker_budget * s.tenant_share_percent // 100 >= one
+    assert s.max_buffered_bytes * s.tenant_share_percent // 100 >= 4 * s.max_body_bytes
+    assert s.worker_budget * s.tenant_share_percent // 100 >= s.max_body_bytes
 
 
 CHECKS = {"front": _check_front, POLICY_COMMAND: _check_gateway_policy}

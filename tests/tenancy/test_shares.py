@@ -66,9 +66,7 @@ def test_giving_back_forgets_an_identity_that_holds_nothing() -> None:
 
 
 @given(
-    st.lists(
-        st.tuples(st.sampled_from([A, B, C]), st.integers(1, 40), st.booleans()), max_size=60
-    )
+    st.lists(st.tuples(st.sampled_from([A, B, C]), st.integers(1, 40), st.booleans()), max_size=60)
 )
 def test_no_sequence_takes_more_than_the_capacity_or_a_share(
     steps: list[tuple[bytes, int, bool]],

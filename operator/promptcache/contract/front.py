@@ -148,9 +148,9 @@ body reads, memory budget), so no single identity can refuse everyone else; a lo
 client still gets half of the process (docs/cache-front.md, "Shares of slots and
 memory")."""
 MAXIMAL_REQUESTS_PER_BUDGET: Final[int] = 4
-"""A rendered memory budget (the front's and each policy-step worker's) holds at least
-this many maximal requests, so one request's working memory is a quarter of it at most,
-and one client's share holds a maximal request whatever the share (`budget_for`)."""
+"""The front's rendered memory budget holds at least this many maximal requests, so one
+request's working memory is a quarter of it at most, and one client's share holds a
+maximal request whatever the share (`budget_for`)."""
 
 
 def budget_for(floor: int, one_request: int, share_percent: int) -> int:

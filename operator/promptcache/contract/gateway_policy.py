@@ -94,9 +94,10 @@ for a body's bytes as they arrive, then for its parse and its re-encoding while 
 decided (so a dense body is charged for what parsing it costs, not for its length)."""
 GATEWAY_POLICY_BUDGET_PER_MAX_BODY: Final[int] = 4
 """Working memory deciding one body takes, per byte of it: its bytes, its parse (about
-twice a text body's length) and its re-encoding. The renderer gives each worker room for
-`contract.front.MAXIMAL_REQUESTS_PER_BUDGET` such requests (`contract.front.budget_for`),
-so one stalled body (cut after the body timeout anyway) never holds the whole budget."""
+twice a text body's length) and its re-encoding. The renderer gives all streams together
+enough that one client's share (`tenantSharePercent`) holds that for one maximal body, so
+a stalled body, which holds only its bytes until the body timeout, holds a small part of
+the budget (an eighth by default) and no client holds more than its share."""
 DEFAULT_GATEWAY_POLICY_BODY_TIMEOUT_SECONDS: Final[float] = DEFAULT_BODY_TIMEOUT_SECONDS
 """The front's: a body arriving slower is refused by both with HTTP 408 `body_timeout`."""
 DEFAULT_GATEWAY_POLICY_METRICS_LISTEN: Final[str] = f"0.0.0.0:{GATEWAY_POLICY_METRICS_PORT}"

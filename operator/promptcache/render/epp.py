@@ -18,7 +18,6 @@ from promptcache.contract import (
     GatewayPolicyEnv,
     PickerTarget,
 )
-from promptcache.contract.front import budget_for
 from promptcache.contract.gateway_policy import (
     DEFAULT_GATEWAY_POLICY_LISTEN,
     DEFAULT_GATEWAY_POLICY_MAX_BUFFERED_BYTES,
@@ -140,19 +139,26 @@ GATEWAY_POLICY_TMP_VOLUME: Final[str] = "gateway-policy-tmp"
 """Where several workers' counters are summed (prometheus_client's multiprocess files)."""
 
 
+def _within_share(n: int, percent: int) -> int:
+    """The smallest budget whose `percent` share holds `n` bytes."""
+    return -(-n * 100 // percent)
+
+
 def _policy_body_limits(pcd: PromptCacheDeployment) -> tuple[int, int]:
     """(per request, all requests): the front's own limit, so the step refuses with 413
-    only what the front would; each worker's equal share of the budget holds at least the
-    default budget and four maximal requests (their bytes, parse and re-encoding), with one
-    maximal request within one client's share (`contract.front.budget_for`): no single
-    request, and no single client, can hold a worker's budget."""
+    only what the front would. All requests together hold at least the default budget and
+    enough that one client's share holds the working memory of deciding one maximal body
+    (`GATEWAY_POLICY_BUDGET_PER_MAX_BODY` times its bytes: bytes, parse, re-encoding);
+    each worker's equal part at least what puts one maximal body's bytes within a client's
+    share. So a stalled maximal body holds at most `tenantSharePercent` / 4 of one worker's
+    budget (an eighth by default), and no single client more than its share of it."""
     front = pcd.spec.front
-    per_request = front.max_request_bytes
-    one = GATEWAY_POLICY_BUDGET_PER_MAX_BODY * per_request
-    per_worker = budget_for(
-        DEFAULT_GATEWAY_POLICY_MAX_BUFFERED_BYTES, one, front.tenant_share_percent
+    per_request, percent = front.max_request_bytes, front.tenant_share_percent
+    return per_request, max(
+        DEFAULT_GATEWAY_POLICY_MAX_BUFFERED_BYTES,
+        _within_share(GATEWAY_POLICY_BUDGET_PER_MAX_BODY * per_request, percent),
+        step_workers(pcd) * _within_share(per_request, percent),
     )
-    return per_request, step_workers(pcd) * per_worker
 
 
 def gateway_policy_container(

@@ -249,6 +249,11 @@ async def _overhead(args: argparse.Namespace, layout: Layout) -> None:
             "PerKey",
             "--salt-key-file",
             str(salt),
+            # one synthetic tenant at vLLM's whole concurrency (256): the overhead, not the
+            # per-client shares (bench/hostile_load.py measures those), which would hold one
+            # client to half the slots
+            "--tenant-share-percent",
+            "100",
             cpus=layout.front,
         )
         connector = aiohttp.TCPConnector(limit=0)

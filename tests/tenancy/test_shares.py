@@ -28,20 +28,36 @@ def test_one_identity_holds_at_most_its_share() -> None:
 
 
 def test_a_first_slot_goes_before_a_hundredth() -> None:
-    """With 101 of 256 free, an identity holding 100 may take one more, one holding 150 may
-    not (it would leave fewer free than it holds); one holding none takes the last."""
+    """Of 256 slots a sixteenth (16) is kept for identities holding little: one holding 100
+    takes more only while 16 stay free after it, one holding 3 while 3 do, one holding none
+    takes the very last."""
     slots = Ledger(256, 200)
-    for key, n in ((A, 100), (B, 55)):
-        slots.hold(key, n)
-    assert slots.check(A, 1) is Verdict.TAKE  # 101 free, holds 100: 100 stay free
-    slots.hold(B, 1)
-    assert slots.check(A, 1) is Verdict.OVER_SHARE  # 100 free, holds 100: 99 would stay
+    assert slots.reserve == 16
+    slots.hold(A, 100)
+    slots.hold(B, 139)  # 17 free
+    assert slots.check(A, 1) is Verdict.TAKE  # 16 stay free
+    slots.hold(B, 1)  # 16 free
+    assert slots.check(A, 1) is Verdict.OVER_SHARE  # 15 would: the reserve is others'
     assert slots.check(C, 1) is Verdict.TAKE
-    slots.hold(C, 99)
-    assert slots.check(C, 1) is Verdict.OVER_SHARE  # 1 free: only someone holding none
+    slots.hold(C, 3)  # 13 free
+    assert slots.check(C, 1) is Verdict.TAKE  # holds 3: 12 >= 3 stay free
+    slots.hold(b"d", 12)  # 1 free
+    assert slots.check(C, 1) is Verdict.OVER_SHARE
     assert slots.check(b"new", 1) is Verdict.TAKE
     slots.hold(b"new", 1)
     assert slots.check(b"newer", 1) is Verdict.EXHAUSTED  # holds nothing, none free: 503
+
+
+def test_busy_tenants_can_use_all_but_the_reserve() -> None:
+    """Four tenants each pressing for all they can get use 240 of 256 slots together (the
+    reserve is what stays free), not 4/5 of them."""
+    slots = Ledger(256, 128)
+    keys = [b"t0", b"t1", b"t2", b"t3"]
+    while [slots.take(key, 1) for key in keys].count(Verdict.TAKE):  # each asks in turn
+        pass
+    assert slots.used == 256 - slots.reserve
+    assert [slots.held(key) for key in keys] == [60] * 4
+    assert slots.check(b"newcomer", 1) is Verdict.TAKE
 
 
 def test_an_amount_over_the_share_can_never_be_taken() -> None:

@@ -621,13 +621,15 @@ class FrontSpec(ApiModel):
     """The most one client may hold, in percent, of what each cache-front process and each
     gateway policy step worker bounds: concurrency slots (`maxConcurrency`), bodies being
     received (`maxConcurrentBodyReads`) and working memory (`memoryBudgetBytes`; the step's
-    budget for bodies). A client holding something also gets no more while less than it
-    holds would stay free, so a client asking for its first slot goes before one asking for
-    its hundredth. Over it the client gets HTTP 429 (`tenant_share_exceeded`, with
-    `Retry-After`); other clients are not refused for it. Clients are told apart by account
-    (`isolation.identity`), else isolation key, else Authorization header, else connection
-    source: a share is as strong as that identity. The derived memory budgets keep one
-    maximal request within one client's share. 100: no shares (one client may take all)."""
+    budget for bodies). A sixteenth of each is kept for clients holding little: a client
+    holding h gets more only while min(h, that sixteenth) stays free, so a client asking
+    for its first slot goes before one asking for its hundredth. Over it the client gets
+    HTTP 429 (`tenant_share_exceeded`, with `Retry-After`); other clients are not refused
+    for it. Clients are told apart by account (`isolation.identity`), else isolation key,
+    else Authorization header, else connection source: a share is as strong as that
+    identity. The derived memory budgets keep one maximal request within one client's
+    share. One client alone also gets at most its share (half the slots by default): set
+    100 for a deployment with a single client. 100: no shares (one client may take all)."""
     usage_headers: UsageHeadersSpec = Field(default_factory=UsageHeadersSpec)
     resources: Resources = Field(
         default_factory=lambda: Resources(gpus=0, requests={"memory": "512Mi"})

@@ -11,10 +11,12 @@ step therefore count what each client identity holds of each bounded resource
 - **the share**: one identity holds at most `share` of the resource (the rendered
   `tenantSharePercent` of it), whatever the others do;
 - **the last units go to the lightest holders**: an identity already holding `h` units may
-  take `n` more only while at least `h` stay free after it. An identity asking for its first
-  slot is served while any slot is free; one asking for its hundredth only while a hundred
-  more are free. A client alone is never held back below its share by this when the
-  share is at most half (the default); a share of 100 % turns both rules off.
+  take `n` more only while at least min(`h`, `reserve`) stay free after it, `reserve` being
+  a sixteenth of the resource (`RESERVE_FRACTION`). An identity asking for its first slot
+  is served while any slot is free; one asking for its hundredth only while the reserve
+  stays free. So newcomers always find the reserve, and the busiest can use all but it
+  (a reserve of `h` itself would leave a 1/(k+1) part idle with k tenants busy). A share
+  of 100 % turns both rules off.
 
 A refusal goes to the identity that holds too much, never to others: one that holds
 something and is refused gets HTTP 429 `tenant_share_exceeded` with `Retry-After`
@@ -43,6 +45,9 @@ from promptcache.tenancy import errors
 from promptcache.tenancy.errors import FrontError
 from promptcache.tenancy.fair_share import FairShare
 
+RESERVE_FRACTION: Final[int] = 16
+"""A sixteenth of each resource (at least one unit) is kept for identities holding little:
+one holding `h` takes more only while min(`h`, reserve) stays free."""
 RETRY_AFTER_SECONDS: Final[int] = 1
 """What a refused client is told to wait: held units come back as requests end, which is
 often sooner than any deadline; a client that retries too early is refused again."""
@@ -79,7 +84,7 @@ class Verdict(Enum):
     TAKE = "take"
     OVER_SHARE = "over_share"
     """The identity holds something, and taking more would pass its share or leave less
-    free than it holds: refuse it (429), not others."""
+    free than it holds (or than the reserve): refuse it (429), not others."""
     EXHAUSTED = "exhausted"
     """The identity holds nothing and the resource has no room: the process is full (503)."""
     NEVER = "never"
@@ -98,6 +103,8 @@ class Ledger:
 
     def __post_init__(self) -> None:
         self._held: dict[bytes, int] = {}
+        self.reserve = max(1, math.ceil(self.capacity / RESERVE_FRACTION))
+        """Kept free for identities holding less than it (the second rule)."""
 
     def held(self, key: bytes) -> int:
         return self._held.get(key, 0)
@@ -121,7 +128,7 @@ class Ledger:
             return Verdict.TAKE if self.used + n <= self.capacity else Verdict.EXHAUSTED
         if n > self.share:
             return Verdict.NEVER
-        if held + n <= self.share and self.capacity - self.used - n >= held:
+        if held + n <= self.share and self.capacity - self.used - n >= min(held, self.reserve):
             return Verdict.TAKE
         return Verdict.OVER_SHARE if held else Verdict.EXHAUSTED
 

@@ -1,15 +1,21 @@
-"""No client identity can hold the front (issue 43), over real sockets.
+"""No client identity can hold the front while others want some (issue 43), over real
+sockets.
 
 One hostile tenant opens as many connections as the front has slots (or body reads) and
 holds each as long as the deadlines let it: clients that stop reading their streams,
-bodies that stall after a few bytes, request heads that are never finished. Beside it a
+bodies that stall after a few bytes, request heads that are never finished. Arriving
+alone, it may take all but the reserve (a sixteenth, at least one unit: `RESERVE`); the
+share binds only while another identity holds something (`tenancy.shares`). Beside it a
 well-behaved tenant asks small requests. The bound stated and checked: every request of
 the well-behaved tenant is answered 200, each within `SERVED_WITHIN` seconds (generous: a
-busy 2-core machine answers these in milliseconds), while the attack holds; the attacker's
-connections past its share are refused 429 `tenant_share_exceeded` with `Retry-After`,
-and no refusal goes to the well-behaved tenant. The same holds with the attack spread
-over several isolation keys of one account. The deadlines are set long (30 s) so that the
-attack holds for the whole test; the deadline tests set them short and count them.
+busy 2-core machine answers these in milliseconds), while the attack holds; it is served
+one at a time from the reserve while the attacker holds all else, and two at a time once
+the attacker holds no more than its share. Once the well-behaved tenant holds something,
+the attacker cannot take past its share even where units are free: those takes are
+refused 429 `tenant_share_exceeded` with `Retry-After`, and no refusal goes to the
+well-behaved tenant. The same holds with the attack spread over several isolation keys of
+one account. The deadlines are set long (30 s) so that the attack holds for the whole
+test; the deadline tests set them short and count them.
 """
 
 from __future__ import annotations
@@ -37,11 +43,16 @@ from .conftest import SECRET, Front, MakeFront
 KEY = "x-prompt-cache-isolation-key"
 SLOTS = 8
 """The attacked resource's size: the attack opens this many connections (N = the slots)."""
+SHARE = SLOTS // 2
+"""The attacker's share of the slots (the default 50 %)."""
+RESERVE = 1
+"""A sixteenth of the slots, at least one: what an identity alone leaves free."""
 SERVED_WITHIN = 10.0
 """Each of the well-behaved tenant's requests is answered 200 within this many seconds."""
 ASKS = 12
 """How many requests the well-behaved tenant sends while the attack holds (two at a time)."""
 HOLD = 30.0
+MiB = 1 << 20
 """Header, body and write deadlines while the attack holds: longer than the test."""
 LONG_STREAM = json.dumps(
     {"model": "m", "stream": True, "max_tokens": 50_000,
@@ -137,8 +148,11 @@ def _share_refusals(front: Front, resource: str) -> float:
     return front.state.metrics.share_refusals.labels(resource=resource)._value.get()  # type: ignore[no-any-return]
 
 
-async def well_behaved(url: str, http: aiohttp.ClientSession) -> list[tuple[int, float]]:
-    """`ASKS` small requests of another tenant, two at a time: (status, seconds) of each."""
+async def well_behaved(
+    url: str, http: aiohttp.ClientSession, at_once: int = 2
+) -> list[tuple[int, float]]:
+    """`ASKS` small requests of another tenant, `at_once` at a time: (status, seconds) of
+    each (one at a time: each is a newcomer, holding nothing when it asks)."""
 
     async def ask() -> tuple[int, float]:
         started = time.monotonic()
@@ -149,8 +163,8 @@ async def well_behaved(url: str, http: aiohttp.ClientSession) -> list[tuple[int,
             return answer.status, time.monotonic() - started
 
     results: list[tuple[int, float]] = []
-    for _ in range(ASKS // 2):
-        results += await asyncio.gather(ask(), ask())
+    for _ in range(ASKS // at_once):
+        results += await asyncio.gather(*(ask() for _ in range(at_once)))
     return results
 
 
@@ -187,8 +201,15 @@ async def _front(make_front: MakeFront, **overrides: object) -> Front:
     return await make_front(**settings)
 
 
+def _close(socks: list[socket.socket], which: list[socket.socket]) -> None:
+    """Close `which` of `socks` (the front frees what they held as it notices)."""
+    for sock in which:
+        socks.remove(sock)
+        sock.close()
+
+
 @pytest.mark.parametrize("attacker", list(ATTACKERS), ids=list(ATTACKERS))
-async def test_slow_readers_hold_at_most_their_share_of_slots(
+async def test_slow_readers_hold_at_most_their_share_of_slots_while_others_hold(
     make_front: MakeFront,
     standin: tuple[StandinUpstream, str],
     http: aiohttp.ClientSession,
@@ -198,20 +219,36 @@ async def test_slow_readers_hold_at_most_their_share_of_slots(
     front = await _front(make_front)
     headers = ATTACKERS[attacker]
     readers = [await slow_reader(front.url, headers(i, LONG_STREAM)) for i in range(SLOTS)]
-    async with closing([sock for sock, _ in readers]):
+    socks = [sock for sock, _ in readers]
+    async with closing(socks):
         firsts = [first for _, first in readers]
         held = [f for f in firsts if f.startswith(b"HTTP/1.1 200 ")]
         refused = [f for f in firsts if _is_share_refusal(f)]
-        # the share (half the slots) is held; every connection past it is refused 429
-        assert (len(held), len(refused)) == (SLOTS // 2, SLOTS - SLOTS // 2), firsts
+        # alone, it holds all but the reserve; the connection into the reserve is refused 429
+        assert (len(held), len(refused)) == (SLOTS - RESERVE, RESERVE), firsts
         assert all(b"Retry-After: 1" in f for f in refused)
-        assert front.state.in_flight == SLOTS // 2
+        assert front.state.in_flight == SLOTS - RESERVE
+        # the well-behaved tenant is served from the reserve, one request at a time
+        _served(await well_behaved(front.url, http, at_once=1))
+
+        # once it holds a slot (a long stream of its own), the attacker, given slots back,
+        # cannot take past its share: every further take is refused though slots are free
+        alice, first = await slow_reader(front.url, {KEY: "alice"})
+        socks.append(alice)
+        assert first.startswith(b"HTTP/1.1 200 "), first
+        holding = [sock for sock, f in readers if f.startswith(b"HTTP/1.1 200 ")]
+        _close(socks, holding[SHARE:])  # the attacker keeps its share
+        await eventually(lambda: front.state.in_flight == SHARE + 1)
+        more = [await slow_reader(front.url, headers(SLOTS + i, LONG_STREAM)) for i in range(2)]
+        socks += [sock for sock, _ in more]
+        assert all(_is_share_refusal(first) for _, first in more), more
+        assert front.state.in_flight == SHARE + 1
         _served(await well_behaved(front.url, http))
-        assert _share_refusals(front, "slots") == len(refused)
+        assert _share_refusals(front, "slots") == RESERVE + len(more)
 
 
 @pytest.mark.parametrize("attacker", list(ATTACKERS), ids=list(ATTACKERS))
-async def test_stalled_bodies_hold_at_most_their_share_of_body_reads(
+async def test_stalled_bodies_alone_leave_the_reserve_of_body_reads(
     make_front: MakeFront, http: aiohttp.ClientSession, attacker: str
 ) -> None:
     front = await _front(make_front)
@@ -220,39 +257,55 @@ async def test_stalled_bodies_hold_at_most_their_share_of_body_reads(
     body = json.dumps(SMALL).encode()
     socks = [await stalled_body(front.url, headers(i, body), len(body)) for i in range(SLOTS)]
     async with closing(socks):
-        await eventually(lambda: front.state.body_reads == SLOTS // 2)
-        await eventually(lambda: _share_refusals(front, "body_reads") == SLOTS - SLOTS // 2)
+        await eventually(lambda: front.state.body_reads == SLOTS - RESERVE)
+        await eventually(lambda: _share_refusals(front, "body_reads") == RESERVE)
         answers = await _answers(socks)
         refused = [a for a in answers if a is not None]
-        assert len(refused) == SLOTS - SLOTS // 2, answers
+        assert len(refused) == RESERVE, answers
         assert all(_is_share_refusal(a) for a in refused), refused
-        assert front.state.body_reads == SLOTS // 2
-        _served(await well_behaved(front.url, http))
+        assert front.state.body_reads == SLOTS - RESERVE
+        _served(await well_behaved(front.url, http, at_once=1))
 
 
-async def test_stalled_bodies_hold_at_most_their_share_of_memory(
+async def test_stalled_bodies_hold_at_most_their_share_of_memory_while_others_hold(
     make_front: MakeFront, http: aiohttp.ClientSession
 ) -> None:
-    """Bodies announcing 4 MiB each (charged before they are read) against a 16 MiB budget:
-    two fit in the attacker's 8 MiB share, the rest are refused 429, and the well-behaved
-    tenant's small requests still find the other half of the budget."""
+    """Bodies announcing 4 MiB each (charged before they are read) against a 16 MiB budget
+    (a share of 8 MiB, a reserve of 1 MiB): alone, the attacker holds three (12 MiB, the
+    fourth would eat into the reserve) and the rest are refused 429; the well-behaved
+    tenant's small requests find the 4 MiB left. Once it holds a stalled body of its own
+    and the attacker is down to one, the attacker takes one more (8 MiB, its share) and
+    is refused the next."""
     front = await _front(
         make_front,
-        max_body_bytes=4 << 20,
-        max_in_flight_bytes=16 << 20,
+        max_body_bytes=4 * MiB,
+        max_in_flight_bytes=16 * MiB,
         max_body_reads=64,
     )
-    socks = [await stalled_body(front.url, {KEY: "mallory"}, 4 << 20) for _ in range(SLOTS)]
+    socks = [await stalled_body(front.url, {KEY: "mallory"}, 4 * MiB) for _ in range(SLOTS)]
     async with closing(socks):
-        await eventually(lambda: front.state.body_reads == 2)
-        await eventually(lambda: _share_refusals(front, "memory") == SLOTS - 2)
+        await eventually(lambda: front.state.body_reads == 3)
+        await eventually(lambda: _share_refusals(front, "memory") == SLOTS - 3)
         answers = await _answers(socks)
         refused = [a for a in answers if a is not None]
-        assert len(refused) == SLOTS - 2, answers
+        assert len(refused) == SLOTS - 3, answers
         assert all(_is_share_refusal(a) for a in refused), refused
-        assert front.state.bytes_in_flight == 8 << 20
+        assert front.state.bytes_in_flight == 12 * MiB
         _served(await well_behaved(front.url, http))
-        assert _share_refusals(front, "memory") == len(refused)
+
+        alice = await stalled_body(front.url, {KEY: "alice"}, 1024)
+        await eventually(lambda: front.state.body_reads == 4)
+        held = [sock for sock, answer in zip(socks, answers, strict=True) if answer is None]
+        _close(socks, held[1:])
+        socks.append(alice)
+        await eventually(lambda: front.state.bytes_in_flight == 4 * MiB + 1024)
+        more = [await stalled_body(front.url, {KEY: "mallory"}, 4 * MiB) for _ in range(2)]
+        socks += more
+        await eventually(lambda: _share_refusals(front, "memory") == SLOTS - 3 + 1)
+        assert front.state.bytes_in_flight == 8 * MiB + 1024  # its share, beside alice's
+        answers = await _answers(more)
+        assert sum(a is not None and _is_share_refusal(a) for a in answers) == 1, answers
+        _served(await well_behaved(front.url, http))
 
 
 async def test_half_sent_heads_hold_nothing_another_tenant_needs(

@@ -1,14 +1,18 @@
-"""No client identity can hold the gateway's policy step (issue 43), over real gRPC.
+"""No client identity can hold the gateway's policy step while others want some (issue
+43), over real gRPC.
 
 The step holds each request's headers and body until the body has ended, charged to its
 byte budget. One hostile tenant opens streams that send part of a body and stop (or only
 the headers): before shares, two such streams of a few MiB held the rendered budget and
-every other tenant got 503 until they closed. Now the attacker holds at most its share of
-the budget, the streams past it are refused 429 `tenant_share_exceeded` with
-`Retry-After`, and a well-behaved tenant's requests are all decided (forwarded to the
-picker), each within `SERVED_WITHIN` seconds, while the attack holds. The same with the
-attack spread over several isolation keys of one account. With a short body deadline,
-every stalled stream is refused 408 when it fires, frees what it held, and is counted.
+every other tenant got 503 until they closed. Now the attacker, arriving alone, holds at
+most all but the reserve (a sixteenth of the budget; the share binds only while another
+identity holds something, `tenancy.shares`), the stream into the reserve is refused 429
+`tenant_share_exceeded` with `Retry-After`, and a well-behaved tenant's requests are all
+decided (forwarded to the picker), each within `SERVED_WITHIN` seconds, while the attack
+holds. Once the well-behaved tenant holds something, the attacker cannot take past its
+share even where the budget is free. The same with the attack spread over several
+isolation keys of one account. With a short body deadline, every stalled stream is
+refused 408 when it fires, frees what it held, and is counted.
 
 The step's other direction (the picker's answers) holds nothing of the budget: a request
 is released from it once decided, so a gateway that stops reading answers is gRPC's flow
@@ -43,8 +47,12 @@ N = 8
 PIECE = (1 << 20) - 64
 """What each stalled stream sends of its body: about 1 MiB."""
 BUDGET = 8 << 20
-"""The step's budget: the attacker's share (half) holds four pieces."""
+"""The step's budget: the attacker's share (half, 4 MiB) holds four pieces; its reserve (a
+sixteenth, 512 KiB) leaves an attacker alone seven."""
 HELD = 4
+"""Pieces in the attacker's share."""
+HELD_ALONE = 7
+"""Pieces an attacker alone holds: all the budget but the reserve."""
 SERVED_WITHIN = 10.0
 ASKS = 12
 HOLD = 25.0
@@ -141,26 +149,44 @@ async def cancelling(calls: list[Any]) -> AsyncIterator[list[Any]]:
 
 
 @pytest.mark.parametrize("attacker", list(ATTACKERS), ids=list(ATTACKERS))
-async def test_stalled_bodies_hold_at_most_their_share_of_the_budget(
+async def test_stalled_bodies_hold_at_most_their_share_of_the_budget_while_others_hold(
     make_gateway_policy: GatewayPolicyFactory, gateway_for: GatewayFor, attacker: str
 ) -> None:
     step = await _step(make_gateway_policy)
     gateway = gateway_for(step)
     headers = ATTACKERS[attacker]
+    budget, metrics = step.servicer.budget, step.servicer.metrics
+
+    def refusals() -> float:
+        return metrics.value("promptcache_gateway_policy_tenant_share_refusals_total")
+
     calls = [await stalled(gateway, headers(i), PIECE) for i in range(N)]
     async with cancelling(calls):
-        metrics = step.servicer.metrics
-        await eventually(
-            lambda: (
-                metrics.value("promptcache_gateway_policy_tenant_share_refusals_total") == N - HELD
-            )
-        )
+        await eventually(lambda: refusals() == N - HELD_ALONE)
         answers = await answered(calls, 5.0)
         refused = [a for a in answers if a is not None]
-        assert len(refused) == N - HELD, answers
+        assert len(refused) == N - HELD_ALONE, answers
         assert all(status_and_code(a) == (429, "tenant_share_exceeded") for a in refused)
         assert all(retry_after(a) == "1" for a in refused)
-        assert step.servicer.budget.used == HELD * PIECE  # the attacker's share, no more
+        assert budget.used == HELD_ALONE * PIECE  # all but the reserve, no more
+        _served(await well_behaved(gateway))
+
+        # once the well-behaved tenant holds part of a body, the attacker, down to its
+        # share, is refused every further piece though the budget has room for it
+        calls.append(await stalled(gateway, {KEY: "alice", ACCOUNT: "alice"}, 1024))
+        await eventually(lambda: budget.used == HELD_ALONE * PIECE + 1024)
+        held = [call for call, answer in zip(calls, answers, strict=False) if answer is None]
+        for call in held[HELD:]:
+            call.cancel()
+        await eventually(lambda: budget.used == HELD * PIECE + 1024)
+        more = [await stalled(gateway, headers(N + i), PIECE) for i in range(2)]
+        calls += more
+        await eventually(lambda: refusals() == N - HELD_ALONE + len(more))
+        answers = await answered(more, 5.0)
+        assert all(
+            a is not None and status_and_code(a) == (429, "tenant_share_exceeded") for a in answers
+        ), answers
+        assert budget.used == HELD * PIECE + 1024
         _served(await well_behaved(gateway))
 
 

@@ -18,13 +18,35 @@ from promptcache.tenancy.shares import (
 A, B, C = b"a", b"b", b"c"
 
 
-def test_one_identity_holds_at_most_its_share() -> None:
+def test_an_identity_alone_takes_all_but_the_reserve() -> None:
+    """The share is no cap on a pod nobody else uses: one identity (all traffic behind a
+    gateway with no keys) takes 240 of 256 slots, the reserve staying free for a newcomer."""
     slots = Ledger(256, share_of(256, 50))
-    assert slots.share == 128
+    assert (slots.share, slots.reserve) == (128, 16)
     taken = sum(slots.take(A, 1) is Verdict.TAKE for _ in range(300))
-    assert taken == 128
-    assert slots.check(A, 1) is Verdict.OVER_SHARE  # its own refusal (429)
-    assert slots.take(B, 1) is Verdict.TAKE  # others are not refused for it
+    assert taken == 256 - 16
+    assert slots.check(A, 1) is Verdict.OVER_SHARE  # into the reserve: its own refusal (429)
+    assert slots.take(B, 1) is Verdict.TAKE  # a newcomer finds the reserve
+
+
+def test_once_another_holds_the_share_binds() -> None:
+    """Beside another holder an identity takes up to its share, no more; one that took more
+    while alone is refused until it is back under its share, then takes up to it again."""
+    slots = Ledger(256, share_of(256, 50))
+    slots.take(B, 1)
+    assert sum(slots.take(A, 1) is Verdict.TAKE for _ in range(300)) == 128
+    assert slots.check(A, 1) is Verdict.OVER_SHARE
+    slots.give(B, 1)  # alone again: the share no longer binds
+    assert slots.check(A, 1) is Verdict.TAKE
+    slots.hold(A, 100)  # took 228 while alone
+    slots.take(B, 1)
+    slots.give(A, 99)  # back to 129: still over its share of 128
+    assert slots.check(A, 1) is Verdict.OVER_SHARE
+    slots.give(A, 1)
+    assert slots.check(A, 1) is Verdict.OVER_SHARE  # 128: at its share, not under it
+    slots.give(A, 1)
+    assert slots.take(A, 1) is Verdict.TAKE  # 127 + 1: within its share
+    assert slots.check(A, 1) is Verdict.OVER_SHARE
 
 
 def test_a_first_slot_goes_before_a_hundredth() -> None:
@@ -61,6 +83,8 @@ def test_busy_tenants_can_use_all_but_the_reserve() -> None:
 
 
 def test_an_amount_over_the_share_can_never_be_taken() -> None:
+    """Not even to an identity that is alone: whether one request fits does not depend on
+    who else happens to be using the process."""
     memory = Ledger(1000, share_of(1000, 25))
     assert memory.check(A, 251) is Verdict.NEVER
     assert memory.check(A, 250) is Verdict.TAKE
@@ -81,21 +105,63 @@ def test_giving_back_forgets_an_identity_that_holds_nothing() -> None:
     assert (memory.held(A), memory.used, memory.holders()) == (0, 0, 0)
 
 
-@given(
-    st.lists(st.tuples(st.sampled_from([A, B, C]), st.integers(1, 40), st.booleans()), max_size=60)
-)
-def test_no_sequence_takes_more_than_the_capacity_or_a_share(
-    steps: list[tuple[bytes, int, bool]],
-) -> None:
-    memory = Ledger(100, 50)
+KEYS = [A, B, C]
+Step = tuple[bytes, int, bool]
+STEPS = st.lists(
+    st.tuples(st.sampled_from(KEYS), st.integers(1, 40), st.booleans()), max_size=80
+)  # (who, how many, give back instead of take)
+
+
+def _play(memory: Ledger, steps: list[Step]) -> None:
     for key, n, give in steps:
         if give:
             memory.give(key, n)
         else:
             memory.take(key, n)
+
+
+@given(STEPS)
+def test_no_sequence_takes_more_than_the_capacity(steps: list[Step]) -> None:
+    memory = Ledger(100, 50)
+    for key, n, give in steps:
+        _play(memory, [(key, n, give)])
         assert 0 <= memory.used <= memory.capacity
-        assert all(held <= memory.share for held in memory.snapshot().values())
         assert memory.used == sum(memory.snapshot().values())
+
+
+@given(STEPS, st.sampled_from(KEYS), st.integers(1, 40))
+def test_with_another_holder_nobody_takes_above_its_share(
+    steps: list[Step], key: bytes, n: int
+) -> None:
+    memory = Ledger(100, 50)
+    _play(memory, steps)
+    before = memory.held(key)
+    if memory.others_hold(key) and memory.take(key, n) is Verdict.TAKE:
+        assert memory.held(key) == before + n <= memory.share
+
+
+@given(STEPS, st.sampled_from(KEYS), st.integers(1, 40))
+def test_a_take_by_a_heavy_holder_leaves_the_reserve_free(
+    steps: list[Step], key: bytes, n: int
+) -> None:
+    memory = Ledger(100, 50)
+    _play(memory, steps)
+    before = memory.held(key)
+    if memory.take(key, n) is Verdict.TAKE:
+        assert memory.capacity - memory.used >= min(before, memory.reserve)
+
+
+@given(STEPS, st.integers(1, 40))
+def test_a_newcomer_is_never_refused_while_its_request_fits(steps: list[Step], n: int) -> None:
+    """Whatever the others did, one holding nothing takes what fits in what is free (within
+    a share): in particular one unit whenever any is free, and the reserve whenever it is."""
+    memory = Ledger(100, 50)
+    _play(memory, steps)
+    verdict = memory.check(b"newcomer", n)
+    if n <= min(memory.share, memory.capacity - memory.used):
+        assert verdict is Verdict.TAKE
+    else:
+        assert verdict in (Verdict.EXHAUSTED, Verdict.NEVER)
 
 
 def test_the_identity_is_the_first_source_present_each_in_its_namespace() -> None:

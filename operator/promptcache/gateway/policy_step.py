@@ -332,7 +332,8 @@ class _Inspector:
     def take(self, n: int) -> FrontError | None:
         """Charge `n` more bytes to the held request and its client, or the refusal: 413 when
         the request alone would pass one client's share, 429 when its client holds its
-        share (or asks into the reserve kept for lighter holders), 503 when the step holds
+        share while another client holds some (or asks into the reserve kept for lighter
+        holders), 503 when the step holds
         all it may."""
         budget = self.budget
         if self.charged + n > budget.share:

@@ -8,15 +8,23 @@ refused for as long as it likes (issue 43). Both the cache front and the gateway
 step therefore count what each client identity holds of each bounded resource
 (`Ledger`), and admit a request only under two rules:
 
-- **the share**: one identity holds at most `share` of the resource (the rendered
-  `tenantSharePercent` of it), whatever the others do;
+- **the share, while others hold**: once another identity holds anything of the
+  resource, an identity may take more only up to `share` of it (the rendered
+  `tenantSharePercent`); one already over its share (it took more while it was alone) is
+  refused further takes until it is back under. An identity *alone* is not held to its
+  share: the share is what one identity may keep from others who want some, not a cap
+  on a pod nobody else is using (behind a gateway with no keys or accounts all traffic is
+  one identity, the gateway's address, and a hard cap would 429 it at half the engine's
+  batch). An identity that took more than its share while alone keeps what it took until
+  those requests end (nothing is taken back); the deadlines bound how long;
 - **the last units go to the lightest holders**: an identity already holding `h` units may
   take `n` more only while at least min(`h`, `reserve`) stay free after it, `reserve` being
   a sixteenth of the resource (`RESERVE_FRACTION`). An identity asking for its first slot
   is served while any slot is free; one asking for its hundredth only while the reserve
-  stays free. So newcomers always find the reserve, and the busiest can use all but it
-  (a reserve of `h` itself would leave a 1/(k+1) part idle with k tenants busy). A share
-  of 100 % turns both rules off.
+  stays free. So a newcomer always finds the reserve, even beside an identity that took
+  all it could while alone, and the busiest can use all but it (a reserve of `h` itself
+  would leave a 1/(k+1) part idle with k tenants busy). A share of 100 % turns both
+  rules off.
 
 A refusal goes to the identity that holds too much, never to others: one that holds
 something and is refused gets HTTP 429 `tenant_share_exceeded` with `Retry-After`
@@ -83,12 +91,16 @@ class Verdict(Enum):
 
     TAKE = "take"
     OVER_SHARE = "over_share"
-    """The identity holds something, and taking more would pass its share or leave less
-    free than it holds (or than the reserve): refuse it (429), not others."""
+    """The identity holds something, and taking more would pass its share while another
+    identity holds something, or leave less free than min(what it holds, the reserve):
+    refuse it (429), not others."""
     EXHAUSTED = "exhausted"
     """The identity holds nothing and the resource has no room: the process is full (503)."""
     NEVER = "never"
-    """`n` alone is more than one identity's share: it can never be served (413, bytes)."""
+    """`n` alone is more than one identity's share: it is never served (413, bytes), not
+    even to an identity that is alone, so that whether one request fits does not depend on
+    who else happens to be using the process (and one request cannot keep more than a share
+    from others for its whole duration)."""
 
 
 @dataclass
@@ -122,13 +134,20 @@ class Ledger:
         """Whether shares apply (a share of the whole capacity, 100 %, turns them off)."""
         return self.share < self.capacity
 
+    def others_hold(self, key: bytes) -> bool:
+        """Whether an identity other than `key` holds something now (the share binds)."""
+        return len(self._held) > (1 if key in self._held else 0)
+
     def check(self, key: bytes, n: int) -> Verdict:
+        """Whether `key` may take `n` more units now (nothing is taken): the share binds only
+        while another identity holds something; the reserve binds always (module docstring)."""
         held = self._held.get(key, 0)
         if not self.enforced:
             return Verdict.TAKE if self.used + n <= self.capacity else Verdict.EXHAUSTED
         if n > self.share:
             return Verdict.NEVER
-        if held + n <= self.share and self.capacity - self.used - n >= min(held, self.reserve):
+        within_share = held + n <= self.share or not self.others_hold(key)
+        if within_share and self.capacity - self.used - n >= min(held, self.reserve):
             return Verdict.TAKE
         return Verdict.OVER_SHARE if held else Verdict.EXHAUSTED
 
@@ -170,9 +189,10 @@ def share_refusal(what: str, held: int, share: int, unit: str = "") -> FrontErro
     return FrontError(
         429,
         errors.TENANT_SHARE_EXCEEDED,
-        f"this client already holds {held}{units} of the server's {what}; one client may "
-        f"hold at most {share}{units}, and fewer while the server is nearly full (the last "
-        f"free ones go to clients holding less). Retry in {RETRY_AFTER_SECONDS} s, finish "
+        f"this client already holds {held}{units} of the server's {what}; while other clients "
+        f"hold some too, one client may hold at most {share}{units}, and fewer while the "
+        f"server is nearly full (the last free ones go to clients holding less). Retry in "
+        f"{RETRY_AFTER_SECONDS} s, finish "
         "or read the requests you have open, or send fewer at once",
         headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
     )

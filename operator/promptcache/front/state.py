@@ -150,11 +150,12 @@ class Charge:
     the container's memory limit; one that could never fit in its client's share
     gets 413; a client that already holds its share while another client holds some too,
     or would eat into the reserve kept for clients holding less, gets 429
-    (`tenancy.shares`), so one client cannot hold the budget while others want it. Charged before the memory is used: a body as it is read, its parse
-    (`json_charge`), every payload verified or densified, the forwarded body before it
-    is built, and vLLM's answer: one read whole before it is read, a streamed one for
-    what it holds at a time (`hold`: the connection's read-ahead, the piece being
-    written, an incomplete SSE event). Thread-safe (decode threads charge too).
+    (`tenancy.shares`), so one client cannot hold the budget while others want it.
+    Charged before the memory is used: a body as it is read, its parse (`json_charge`),
+    every payload verified or densified, the forwarded body before it is built, and
+    vLLM's answer: one read whole before it is read, a streamed one for what it holds at
+    a time (`hold`: the connection's read-ahead, the piece being written, an incomplete
+    SSE event). Thread-safe (decode threads charge too).
     """
 
     def __init__(self, state: FrontState, key: bytes = PROCESS_KEY) -> None:

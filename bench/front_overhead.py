@@ -249,6 +249,12 @@ async def _overhead(args: argparse.Namespace, layout: Layout) -> None:
             "PerKey",
             "--salt-key-file",
             str(salt),
+            # one synthetic tenant at vLLM's whole concurrency (256): the overhead, not the
+            # per-client shares (bench/hostile_load.py measures those). The share no longer
+            # caps a tenant alone, but the reserve does (a sixteenth of the slots stays
+            # free for newcomers: 240 of 256), and the goal is zero refusals at 256
+            "--tenant-share-percent",
+            "100",
             cpus=layout.front,
         )
         connector = aiohttp.TCPConnector(limit=0)

@@ -10,7 +10,13 @@ tests' `FakeEpp`), each a process of its own. Two phases of equal length per run
   own, so the attackers' work in this process never counts as the front's latency);
 * hostile: the same, plus attackers: dense JSON bodies (small objects, long int arrays),
   deflated prompt-embeds payloads, clients that stop reading long streamed answers,
-  clients that stall mid-body, and the same dense and stalled bodies against the step.
+  clients that stall mid-body, and the same dense and stalled bodies against the step;
+  with `hold` (issue 43), one tenant sized to take everything: as many clients that stop
+  reading as the front has slots, as many stalled bodies as it has body reads, as many
+  half-sent heads as it has slots, and twice the step's budget in stalled 4 MiB bodies, 64
+  stalled 64 KiB ones (to fill what the large leave) and 64 half-sent requests; with
+  `account`, that tenant spreads them over a new isolation key each under one account (the
+  step reads the account header, the front the step's signed attestation).
 
 Three CPU layouts (`--layout`): `shared`, every process floating over this machine's
 cores and both processes attacked at once; `sidecar`, the attacked process alone on a
@@ -29,6 +35,8 @@ in each phase (what the attack costs, and whom). Goals: health p99 < 100 ms; ten
 
     python -m bench.hostile_load                        # 20 s per phase, every layout
     python -m bench.hostile_load --seconds 8 --layout sidecar
+    python -m bench.hostile_load --seconds 8 --layout shared --attacks hold
+    python -m bench.hostile_load --seconds 8 --layout shared --attacks hold,account
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -52,14 +61,25 @@ from typing import Any
 
 import aiohttp
 import grpc.aio
+from multidict import CIMultiDict
 
 from bench.local_processes import start, wait_ok
 from harness.extproc_gateway import Gateway, body_msg, headers_msg
 from harness.net import free_port
+from promptcache.contract import IDENTITY_ATTESTATION_HEADER
 from promptcache.contract.front import DEFAULT_FAIR_SHARE_BYTES_PER_SECOND
+from promptcache.tenancy.attestation import Attester
+from promptcache.tenancy.identity import Account
 
 FRONT_BUDGET = 256 * 1024**2
 """The front's `--max-in-flight-bytes`."""
+FRONT_SLOTS = 64
+"""The front's `--max-in-flight`: the `hold` attack opens this many of each kind."""
+FRONT_BODY_READS = 128
+"""The front's `--max-body-reads` (its default)."""
+ACCOUNT_HEADER = "x-account"
+"""The identity header the step reads (isolation by account) when `account` is attacked."""
+MALLORY = "mallory"
 STEP_BUDGET = 64 * 1024**2
 """The step's `--max-buffered-bytes`."""
 STEP_MAX_BODY = 8 * 1024**2
@@ -333,14 +353,146 @@ async def step_staller(target: str, deadline: float) -> None:
         await gateway.close()
 
 
+@dataclass(frozen=True)
+class Holder:
+    """The `hold` attacker's identity: one isolation key, or (`signer` set) a new key per
+    connection under one account, vouched for as the step vouches for it."""
+
+    signer: Attester | None = None
+
+    def front_headers(self, body: bytes) -> str:
+        """Header lines (CRLF-terminated) for one front connection sending `body`."""
+        if self.signer is None:
+            return f"{KEY}: {MALLORY}\r\n"
+        key = attacker_key(rotating=True)
+        account = Account(b"m" * 32)
+        attestation = self.signer.sign(account, CIMultiDict({KEY: key}), json.loads(body))
+        return f"{KEY}: {key}\r\n{IDENTITY_ATTESTATION_HEADER}: {attestation}\r\n"
+
+    def step_headers(self) -> dict[str, str]:
+        if self.signer is None:
+            return {KEY: MALLORY}
+        return {KEY: attacker_key(rotating=True), ACCOUNT_HEADER: MALLORY}
+
+
+async def holding_reader(port: int, deadline: float, holder: Holder) -> None:
+    """Asks for a long streamed answer, reads its first bytes, never reads again; when the
+    front cuts it (or refuses it), asks again at once."""
+    body = json.dumps(
+        {"model": "standin", "stream": True, "max_tokens": 50_000,
+         "messages": [{"role": "user", "content": "go"}]}
+    ).encode()  # fmt: skip
+    loop = asyncio.get_running_loop()
+    while time.monotonic() < deadline:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        try:
+            await loop.sock_connect(sock, ("127.0.0.1", port))
+            head = (
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                f"application/json\r\n{holder.front_headers(body)}"
+                f"Content-Length: {len(body)}\r\n\r\n"
+            ).encode()
+            await loop.sock_sendall(sock, head + body)
+            first = await asyncio.wait_for(loop.sock_recv(sock, 512), 10)
+            if first.startswith(b"HTTP/1.1 200"):
+                await _until_closed(sock, deadline)
+            else:
+                await asyncio.sleep(1.0)  # refused: its Retry-After
+        except (OSError, TimeoutError):
+            pass
+        finally:
+            sock.close()
+
+
+async def _until_closed(sock: socket.socket, deadline: float) -> None:
+    """Hold `sock` without reading until the peer closes it or the phase ends."""
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+        try:
+            sock.send(b"")
+        except OSError:
+            return
+
+
+async def holding_writer(port: int, deadline: float, holder: Holder) -> None:
+    """Announces a small chat body, sends its first byte, and nothing more until the front
+    answers (408 at its body deadline, or a refusal); then again."""
+    body = json.dumps(chat("mallory", 0)).encode()
+    loop = asyncio.get_running_loop()
+    while time.monotonic() < deadline:
+        sock = socket.socket()
+        sock.setblocking(False)
+        try:
+            await loop.sock_connect(sock, ("127.0.0.1", port))
+            head = (
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                f"application/json\r\n{holder.front_headers(body)}"
+                f"Content-Length: {len(body)}\r\n\r\n"
+            ).encode()
+            await loop.sock_sendall(sock, head + body[:1])
+            first = await asyncio.wait_for(loop.sock_recv(sock, 512), deadline - time.monotonic())
+            if not first.startswith(b"HTTP/1.1 408"):
+                await asyncio.sleep(1.0)  # refused: its Retry-After
+        except (OSError, TimeoutError):
+            pass
+        finally:
+            sock.close()
+
+
+async def half_head(port: int, deadline: float) -> None:
+    """Sends a request line and one header, never ends the head; again when closed."""
+    loop = asyncio.get_running_loop()
+    while time.monotonic() < deadline:
+        sock = socket.socket()
+        sock.setblocking(False)
+        try:
+            await loop.sock_connect(sock, ("127.0.0.1", port))
+            await loop.sock_sendall(
+                sock, f"POST /v1/chat/completions HTTP/1.1\r\n{KEY}: m".encode()
+            )
+            with contextlib.suppress(TimeoutError, OSError):
+                await asyncio.wait_for(loop.sock_recv(sock, 512), deadline - time.monotonic())
+        except OSError:
+            pass
+        finally:
+            sock.close()
+
+
+async def step_holder(target: str, deadline: float, holder: Holder, piece: int) -> None:
+    """A stream that sends its headers and `piece` bytes of body (0: none), then nothing
+    until the step answers it (408 at the body deadline, or a refusal); then again."""
+    gateway = Gateway(target)
+    try:
+        while time.monotonic() < deadline:
+            call = gateway.open()
+            with contextlib.suppress(grpc.aio.AioRpcError, TimeoutError):
+                await call.write(headers_msg(holder.step_headers()))
+                if piece:
+                    await call.write(body_msg(b'{"messages":[' + b" " * piece, end_of_stream=False))
+                answer = await asyncio.wait_for(call.read(), max(deadline - time.monotonic(), 0.1))
+                if answer is not grpc.aio.EOF and answer.immediate_response.status.code != 408:
+                    await asyncio.sleep(1.0)  # refused: its Retry-After
+            call.cancel()
+    finally:
+        await gateway.close()
+
+
 # --------------------------------------------------------------------------- the run
 
 
-ATTACK_KINDS = frozenset({"bombs", "readers", "writers"})
+ATTACK_KINDS = frozenset({"bombs", "readers", "writers", "hold"})
 """`bombs`: dense and deflated bodies (both processes); `readers`: clients that stop reading
-streams (front); `writers`: clients and streams stalled mid-body (both)."""
-MODIFIERS = frozenset({"keys"})
-"""`keys`: the bombs come under a new isolation key each (what a per-key share cannot see)."""
+streams (front); `writers`: clients and streams stalled mid-body (both); `hold`: one tenant
+holding all it can, sized to the front's slots and body reads and the step's budget
+(issue 43)."""
+MODIFIERS = frozenset({"keys", "account"})
+"""`keys`: the bombs come under a new isolation key each (what a per-key share cannot see);
+`account`: the `hold` tenant uses a new isolation key per connection, all under one account
+(what a share by account does see)."""
+DEFAULT_ATTACKS = "bombs,readers,writers"
+"""What a run attacks with unless told (`hold` is its own measurement: --attacks hold)."""
 
 
 @dataclass
@@ -350,6 +502,7 @@ class Attacks:
     front: list[bytes]
     step: list[bytes]
     kinds: frozenset[str] = ATTACK_KINDS
+    holder: Holder = field(default_factory=Holder)
 
     @classmethod
     def build(cls, kinds: frozenset[str] = ATTACK_KINDS) -> Attacks:
@@ -504,6 +657,28 @@ async def phase(pods: Pods, run: Run, seconds: float, attacks: Attacks | None) -
     return result
 
 
+STEP_PIECE = 4 << 20
+"""What each of the `hold` tenant's step streams sends of its body before it stalls."""
+
+
+def hold_jobs(pods: Pods, run: Run, holder: Holder, deadline: float) -> list[Awaitable[None]]:
+    """The `hold` tenant's connections, sized to take every slot, body read and budget
+    byte: what a single client could hold before shares."""
+    jobs: list[Awaitable[None]] = []
+    if "front" in run.attacked:
+        port = pods.front_port
+        jobs += [holding_reader(port, deadline, holder) for _ in range(FRONT_SLOTS)]
+        jobs += [holding_writer(port, deadline, holder) for _ in range(FRONT_BODY_READS)]
+        jobs += [half_head(port, deadline) for _ in range(FRONT_SLOTS)]
+    if "step" in run.attacked:
+        target, streams = pods.step_target, 2 * STEP_BUDGET // STEP_PIECE
+        jobs += [step_holder(target, deadline, holder, STEP_PIECE) for _ in range(streams)]
+        # small stalled bodies fill what the large ones leave, half-sent requests hold streams
+        jobs += [step_holder(target, deadline, holder, 64 << 10) for _ in range(FRONT_SLOTS)]
+        jobs += [step_holder(target, deadline, holder, 0) for _ in range(FRONT_SLOTS)]
+    return jobs
+
+
 async def attack(pods: Pods, run: Run, attacks: Attacks, begin: float, seconds: float) -> None:
     await asyncio.sleep(max(begin - time.monotonic(), 0))
     deadline = time.monotonic() + seconds
@@ -531,6 +706,8 @@ async def attack(pods: Pods, run: Run, attacks: Attacks, begin: float, seconds: 
                 jobs += [step_bomber(target, attacks.step[1], deadline, rotating)]
             if "writers" in attacks.kinds:
                 jobs += [step_staller(target, deadline) for _ in range(8)]
+        if "hold" in attacks.kinds:
+            jobs += hold_jobs(pods, run, attacks.holder, deadline)
         await asyncio.gather(*jobs)
 
 
@@ -598,8 +775,12 @@ class Pods:
             await proc.wait()
 
 
-async def start_pods(run: Run, salt: Path, fair_share: int) -> Pods:
+async def start_pods(
+    run: Run, salt: Path, fair_share: int, account: bool = False, tenant_share: int = 50
+) -> Pods:
     standin_port, front_port, step_port, picker_port = (free_port() for _ in range(4))
+    identity = ["--identity-header", ACCOUNT_HEADER] if account else []
+    identity += ["--tenant-share-percent", str(tenant_share)]
     rest = run.cpus("rest")
     standin = await start(
         "-m", "harness.standin", str(standin_port), "--usage-from-engine",
@@ -609,9 +790,11 @@ async def start_pods(run: Run, salt: Path, fair_share: int) -> Pods:
     front = await start(
         "-m", "promptcache.front", "--upstream", f"http://127.0.0.1:{standin_port}",
         "--listen", f"127.0.0.1:{front_port}", "--isolation-mode", "PerKey",
-        "--salt-key-file", str(salt), "--max-in-flight", "64",
+        "--salt-key-file", str(salt), "--max-in-flight", str(FRONT_SLOTS),
+        "--max-body-reads", str(FRONT_BODY_READS),
         "--max-in-flight-bytes", str(FRONT_BUDGET), "--write-timeout-seconds", "2",
         "--body-timeout-seconds", "5", "--fair-share-bytes-per-second", str(fair_share),
+        *identity,
         cpus=run.cpus("front"),
     )  # fmt: skip
     step = await start(
@@ -620,6 +803,7 @@ async def start_pods(run: Run, salt: Path, fair_share: int) -> Pods:
         "--salt-key-file", str(salt), "--max-body-bytes", str(STEP_MAX_BODY),
         "--max-buffered-bytes", str(STEP_BUDGET), "--body-timeout-seconds", "5",
         "--metrics-listen", "", "--fair-share-bytes-per-second", str(fair_share),
+        *identity,
         cpus=run.cpus("step"),
     )  # fmt: skip
     return Pods(standin, front, picker, step, standin_port, front_port, step_port)
@@ -645,13 +829,42 @@ async def warm_up(http: aiohttp.ClientSession, pods: Pods) -> None:
             await warm.read()
 
 
-async def one_run(run: Run, seconds: float, attacks: Attacks, fair_share: int) -> bool:
+COUNTED = (
+    "promptcache_front_tenant_share_refusals_total",
+    "promptcache_front_deadlines_total",
+    'promptcache_front_refusals_total{code="front_overloaded"}',
+    'promptcache_front_refusals_total{code="body_reads_saturated"}',
+    'promptcache_front_refusals_total{code="memory_budget_exhausted"}',
+)
+"""The front's counters a run prints: who was refused for a share, and which deadlines fired."""
+
+
+async def front_counters(http: aiohttp.ClientSession, url: str) -> list[str]:
+    """The `COUNTED` samples of the front's /metrics, as `name{labels} value`."""
+    with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+        async with http.get(url + "/metrics") as answer:
+            text = await answer.text()
+        return [
+            line.removeprefix("promptcache_front_")
+            for line in text.splitlines()
+            if line.startswith(COUNTED) and not line.startswith("#")
+        ]
+    return []
+
+
+async def one_run(
+    run: Run, seconds: float, attacks: Attacks, fair_share: int, tenant_share: int = 50
+) -> bool:
     if run.pins:
         os.sched_setaffinity(0, run.cpus("rest") or os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory() as tmp:
         salt = Path(tmp) / "salt-key"
-        salt.write_bytes(os.urandom(32))
-        pods = await start_pods(run, salt, fair_share)
+        secret = os.urandom(32)
+        salt.write_bytes(secret)
+        account = "account" in attacks.kinds
+        if account:
+            attacks = dataclasses.replace(attacks, holder=Holder(Attester(secret, KEY)))
+        pods = await start_pods(run, salt, fair_share, account, tenant_share)
         try:
             timeout = aiohttp.ClientTimeout(total=60)
             async with aiohttp.ClientSession(timeout=timeout) as http:
@@ -661,12 +874,14 @@ async def one_run(run: Run, seconds: float, attacks: Attacks, fair_share: int) -
             quiet = await phase(pods, run, seconds, None)
             loud = await phase(pods, run, seconds, attacks)
             after = {"front": peak_rss(pods.front.pid), "step": peak_rss(pods.step.pid)}
+            async with aiohttp.ClientSession(timeout=timeout) as http:
+                counted = await front_counters(http, pods.front_url)
         finally:
             await pods.stop()
     print(
         f"\n== {run.name}: {seconds:g} s quiet then {seconds:g} s hostile "
         f"(attacking {', '.join(sorted(run.attacked))} with {', '.join(sorted(attacks.kinds))}"
-        f"; fair share {fair_share} bytes/s)"
+        f"; fair share {fair_share} bytes/s; tenant share {tenant_share} %)"
         f"; load average {load:.1f} before, "
         f"{os.getloadavg()[0]:.1f} after"
     )
@@ -699,6 +914,8 @@ async def one_run(run: Run, seconds: float, attacks: Attacks, fair_share: int) -
             f"(+{growth >> 20} MiB); budget {budget >> 20} MiB + margin "
             f"{RSS_MARGIN >> 20} MiB  {'ok' if fits else 'MISSED'}"
         )
+    if "front" in run.attacked and counted:
+        print("  front counted: " + ", ".join(counted))
     print("  cores used, quiet -> hostile: " + ", ".join(
         f"{name} {quiet.cpu.get(name, 0):.2f} -> {loud.cpu.get(name, 0):.2f}" for name in loud.cpu
     ))  # fmt: skip
@@ -712,7 +929,7 @@ async def main(args: argparse.Namespace) -> None:
         raise SystemExit(f"--attacks: unknown {sorted(kinds - ATTACK_KINDS - MODIFIERS)} ({known})")
     attacks = Attacks.build(kinds)
     for run in runs(args.layout):
-        await one_run(run, args.seconds, attacks, args.fair_share)
+        await one_run(run, args.seconds, attacks, args.fair_share, args.tenant_share)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -725,9 +942,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--attacks",
-        default=",".join(sorted(ATTACK_KINDS)),
-        help="which attacks, comma-separated: bombs, readers, writers (one at a time shows "
-        "what each costs); add keys to send the bombs under a new isolation key each",
+        default=DEFAULT_ATTACKS,
+        help="which attacks, comma-separated: bombs, readers, writers, hold (one at a time "
+        "shows what each costs); add keys to send the bombs under a new isolation key each, "
+        "account to spread the hold tenant over keys of one account",
     )
     ap.add_argument(
         "--fair-share",
@@ -735,6 +953,13 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULT_FAIR_SHARE_BYTES_PER_SECOND,
         help="each key's share (spec.front.fairShareBytesPerSecond) for the front and the "
         "step; 0 shows what they do unmetered",
+    )
+    ap.add_argument(
+        "--tenant-share",
+        type=int,
+        default=50,
+        help="each client identity's share of the slots, body reads and budgets "
+        "(spec.front.tenantSharePercent) for the front and the step; 100 shows them off",
     )
     return ap
 

@@ -103,13 +103,19 @@ def _check_front_limits(spec: Any, s: FrontSettings) -> None:
         if front.max_concurrency is not None
         else spec.engine.max_num_seqs or DEFAULT_MAX_IN_FLIGHT
     )
-    # memoryBudgetBytes; empty: max(1 GiB, 5 x maxRequestBytes)
+    # memoryBudgetBytes; empty: max(1 GiB, 4 maximal requests (5 x maxRequestBytes each),
+    # one maximal request within one client's share)
+    one = 5 * front.max_request_bytes
     assert s.max_in_flight_bytes == (
         front.memory_budget_bytes
         if front.memory_budget_bytes is not None
-        else max(1 << 30, 5 * front.max_request_bytes)
+        else max(1 << 30, 4 * one, -(-one * 100 // front.tenant_share_percent))
     )
     assert s.max_in_flight_bytes >= s.max_body_bytes  # one maximal request always fits
+    assert s.tenant_share_percent == front.tenant_share_percent
+    if front.memory_budget_bytes is None:  # no request holds more than a quarter of it
+        assert one * 4 <= s.max_in_flight_bytes
+        assert one <= s.max_in_flight_bytes * s.tenant_share_percent // 100
     assert s.max_body_reads == front.max_concurrent_body_reads
     assert s.header_timeout_seconds == front.header_timeout_seconds  # exactly, not rounded
     assert s.body_timeout_seconds == front.body_timeout_seconds
@@ -129,6 +135,14 @@ def _check_gateway_policy(
     epp = next(x for x in pod["containers"] if x["name"] == "epp")
     assert _port_of(s.upstream) == int(_flag(epp["args"], "--grpc-port"))
     assert s.max_buffered_bytes >= s.max_body_bytes
+    # the front's share and body deadline; deciding one maximal body (bytes, parse,
+    # re-encoding) within one client's share of the step's budget, its bytes within one
+    # client's share of each worker's, and a stalled body's bytes a quarter of that at most
+    front = pcd.spec.front
+    assert s.tenant_share_percent == front.tenant_share_percent
+    assert s.body_timeout_seconds == front.body_timeout_seconds
+    assert s.max_buffered_bytes * s.tenant_share_percent // 100 >= 4 * s.max_body_bytes
+    assert s.worker_budget * s.tenant_share_percent // 100 >= s.max_body_bytes
 
 
 CHECKS = {"front": _check_front, POLICY_COMMAND: _check_gateway_policy}

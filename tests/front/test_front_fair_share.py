@@ -21,7 +21,8 @@ from harness.extproc_gateway import eventually
 from harness.standin import StandinUpstream
 from promptcache.contract import IsolationMode
 from promptcache.tenancy import errors
-from promptcache.tenancy.fair_share import MAX_WAITERS, FairShare
+from promptcache.tenancy.fair_share import MAX_WAITERS
+from promptcache.tenancy.shares import identity_key
 
 from .conftest import MakeFront
 
@@ -64,7 +65,9 @@ async def test_a_key_over_its_share_waits_and_the_others_do_not(
     front = await make_front(isolation_mode=mode, fair_share_bytes_per_second=RATE)
     async with tenant_b(http, front.url) as b_latencies:
         assert await post(http, front.url, "a", DENSE) == 200
-        owed = front.state.fair_share.owed_seconds(FairShare.key_of("a"))
+        owed = front.state.fair_share.owed_seconds(
+            identity_key(account=None, isolation_key="a", credential="", source="")
+        )
         assert owed > 0.8, owed
         before_wait = len(b_latencies)
         started = time.monotonic()
@@ -86,7 +89,12 @@ async def test_a_key_alone_is_never_held_back(
         assert await post(http, front.url, "a", DENSE) == 200
     assert time.monotonic() - started < 10
     assert front.state.metrics.fair_share_waits._value.get() == 0
-    assert front.state.fair_share.owed_seconds(FairShare.key_of("a")) == 0
+    assert (
+        front.state.fair_share.owed_seconds(
+            identity_key(account=None, isolation_key="a", credential="", source="")
+        )
+        == 0
+    )
 
 
 async def test_past_the_waiters_cap_a_key_gets_429(
@@ -95,7 +103,7 @@ async def test_past_the_waiters_cap_a_key_gets_429(
     front = await make_front(isolation_mode=IsolationMode.PER_KEY, fair_share_bytes_per_second=RATE)
     async with tenant_b(http, front.url):
         assert await post(http, front.url, "a", HEAVY) == 200
-        a = FairShare.key_of("a")
+        a = identity_key(account=None, isolation_key="a", credential="", source="")
         small = json.dumps(SMALL).encode()
         headers = {KEY: "a", "Content-Type": "application/json"}
         waiting = [
@@ -172,4 +180,9 @@ async def test_repeated_identical_keys_are_one_key(
     async with tenant_b(http, front.url):
         twice = [KEY.encode() + b": a", KEY.encode() + b": a"]
         assert await _raw_post(front.url, twice, DENSE) == 200
-        assert front.state.fair_share.owed_seconds(FairShare.key_of("a")) > 0.8
+        assert (
+            front.state.fair_share.owed_seconds(
+                identity_key(account=None, isolation_key="a", credential="", source="")
+            )
+            > 0.8
+        )

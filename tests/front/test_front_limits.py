@@ -70,7 +70,10 @@ async def test_slow_bodies_do_not_lock_tenants_out_and_time_out_with_408(
 async def test_the_body_read_cap_answers_503_with_its_own_code(
     standin: Standin, make_front: MakeFront, mode: IsolationMode, http: aiohttp.ClientSession
 ) -> None:
-    front = await make_front(isolation_mode=mode, max_body_reads=2, body_timeout_seconds=5)
+    # the process-wide cap, shares off (tests/front/test_front_shares.py has them on)
+    front = await make_front(
+        isolation_mode=mode, max_body_reads=2, body_timeout_seconds=5, tenant_share_percent=100
+    )
     slow = [await _slow_body(front.url) for _ in range(2)]
     await asyncio.sleep(0.2)
     async with http.post(front.url + CHAT, json=BODY, headers=KEYED) as resp:

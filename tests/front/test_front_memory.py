@@ -116,7 +116,8 @@ async def test_amplification_requests_stay_within_the_memory_budget(
                 assert resp.status == 200, attack.name
 
         statuses = await asyncio.gather(*(_send(http, url, attack) for _ in range(4)))
-        assert set(statuses) <= attack.refused | {503}, (attack.name, statuses)
+        # 429: the four come from one client, over its share of the budget
+        assert set(statuses) <= attack.refused | {503, 429}, (attack.name, statuses)
         assert set(statuses) & attack.refused, (attack.name, statuses)
     growth = peak_rss(pid) - before
     assert growth < BUDGET + MARGIN, f"peak RSS grew {growth >> 20} MiB"

@@ -8,6 +8,7 @@ import json
 import aiohttp
 import pytest
 
+from harness.extproc_gateway import eventually
 from harness.net import free_port
 from harness.standin import StandinUpstream
 from promptcache.contract import IsolationMode
@@ -19,6 +20,11 @@ from .conftest import SECRET, MakeFront
 Standin = tuple[StandinUpstream, str]
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
+
+
+KEY_A = {"x-prompt-cache-isolation-key": "a"}
+KEY_B = {"x-prompt-cache-isolation-key": "b"}
+KEY_C = {"x-prompt-cache-isolation-key": "c"}
 
 
 def _chat(**extra: object) -> dict[str, object]:
@@ -470,14 +476,20 @@ async def test_in_flight_cap_answers_503(
 ) -> None:
     upstream, _ = standin
     upstream.response_delay = 2
-    front = await make_front(max_in_flight=1)
-    first = asyncio.create_task(_post(http, front.url + CHAT, _chat()))
-    await asyncio.wait_for(upstream.started.wait(), 10)
-    status, body, _ = await _post(http, front.url + CHAT, _chat())
-    assert status == 503
+    front = await make_front(max_in_flight=2)  # one client may hold one of the two
+    first = asyncio.create_task(_post(http, front.url + CHAT, _chat(), headers=KEY_A))
+    other = asyncio.create_task(_post(http, front.url + CHAT, _chat(), headers=KEY_C))
+    await eventually(lambda: front.state.in_flight == 2)
+    status, body, _ = await _post(http, front.url + CHAT, _chat(), headers=KEY_B)
+    assert status == 503  # another client, holding nothing: the process is full
     assert isinstance(body, dict)
     assert body["error"]["code"] == "front_overloaded"
+    status, body, _ = await _post(http, front.url + CHAT, _chat(), headers=KEY_A)
+    assert status == 429  # the client holding the slot: over its share
+    assert isinstance(body, dict)
+    assert body["error"]["code"] == "tenant_share_exceeded"
     assert (await first)[0] == 200
+    assert (await other)[0] == 200
 
 
 # --- metrics and probes ----------------------------------------------------------------
@@ -563,7 +575,8 @@ async def test_request_that_can_never_fit_the_byte_budget_is_413(
     assert status == 413
     assert isinstance(body, dict)
     assert body["error"]["message"].startswith("the request needs about ")
-    assert body["error"]["message"].endswith("this server gives one request at most 8192")
+    # one client's share of the 8192-byte budget (half by default)
+    assert body["error"]["message"].endswith("this server gives one client at most 4096")
     assert standin[0].requests == []
 
 
@@ -573,7 +586,10 @@ async def test_byte_budget_full_answers_503_and_frees_after(
     upstream, _ = standin
     upstream.response_delay = 2
     # one request is charged its body, its parse and its forwarded copy: ~10 KB of 16 KB
-    front = await make_front(max_body_bytes=4096, max_in_flight_bytes=16384)
+    # (shares off: the process-wide budget alone; tests/front/test_front_shares.py has them)
+    front = await make_front(
+        max_body_bytes=4096, max_in_flight_bytes=16384, tenant_share_percent=100
+    )
     body = _chat(pad="x" * 1800)
     first = asyncio.create_task(_post(http, front.url + CHAT, body))
     await asyncio.wait_for(upstream.started.wait(), 10)

@@ -25,7 +25,8 @@ from harness.extproc_gateway import eventually
 from promptcache.contract import IsolationMode
 from promptcache.gateway.policy_step import RunningGatewayPolicy
 from promptcache.tenancy import errors
-from promptcache.tenancy.fair_share import MAX_WAITERS, FairShare
+from promptcache.tenancy.fair_share import MAX_WAITERS
+from promptcache.tenancy.shares import identity_key
 
 from .conftest import Gateway, GatewayPolicyFactory, body_msg, headers_msg
 
@@ -72,7 +73,9 @@ async def test_a_key_over_its_share_waits_and_the_others_do_not(
     async with another_tenant(gateway_for(shim)) as b_latencies:
         a = gateway_for(shim)
         assert decided(await ask_step(a, {KEY: "a"}, DENSE))
-        owed = shim.servicer.share.owed_seconds(FairShare.key_of(b"a"))
+        owed = shim.servicer.share.owed_seconds(
+            identity_key(account=None, isolation_key="a", credential="", source="")
+        )
         assert owed > 0.8, owed
         before_wait = len(b_latencies)
         started = time.monotonic()
@@ -107,7 +110,7 @@ async def test_past_the_waiters_cap_a_key_gets_429(
     )
     async with another_tenant(gateway_for(shim)):
         assert decided(await ask_step(gateway_for(shim), {KEY: "a"}, HEAVY))
-        a = FairShare.key_of("a")
+        a = identity_key(account=None, isolation_key="a", credential="", source="")
         waiting = [
             asyncio.create_task(ask_step(gateway_for(shim), {KEY: "a"}, SMALL))
             for _ in range(MAX_WAITERS)
@@ -136,8 +139,18 @@ async def test_with_accounts_the_key_is_the_account(
     async with another_tenant(gateway_for(shim), {"x-account": "someone-else"}):
         assert decided(await ask_step(gateway_for(shim), {"x-account": "acme", KEY: "k1"}, DENSE))
         share = shim.servicer.share
-        assert share.owed_seconds(FairShare.key_of(b"acme")) > 0.8
-        assert share.owed_seconds(FairShare.key_of(b"k1")) == 0
+        assert (
+            share.owed_seconds(
+                identity_key(account=b"acme", isolation_key="", credential="", source="")
+            )
+            > 0.8
+        )
+        assert (
+            share.owed_seconds(
+                identity_key(account=None, isolation_key="k1", credential="", source="")
+            )
+            == 0
+        )
 
 
 def _raw_headers(extra: list[tuple[str, bytes]]) -> Any:

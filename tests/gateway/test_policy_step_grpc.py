@@ -235,7 +235,10 @@ async def test_shared_budget_bounds_all_streams(
 ) -> None:
     raw_a = chat("alice", pad=200)
     need_a = len(raw_a) + decide_cost(raw_a)  # its bytes, then deciding on them
-    shim = await make_gateway_policy(max_body_bytes=need_a, max_buffered_bytes=need_a)
+    # shares off: the step-wide budget alone (tests/gateway/test_policy_shares.py has them)
+    shim = await make_gateway_policy(
+        max_body_bytes=need_a, max_buffered_bytes=need_a, tenant_share_percent=100
+    )
     gw = gateway_for(shim)
     raw_b = chat("bob", pad=need_a - 200)
     assert 250 + len(raw_b) > need_a >= len(raw_b)

@@ -137,12 +137,14 @@ def test_the_model_server_pod() -> None:
     assert env[FrontEnv.ISOLATION_MODE] == "Required"
     assert env[FrontEnv.SALT_KEY_FILE] == "/etc/promptcache/salt/salt-key"
     assert front["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
-    # 2 processes x (2 GiB of cache + 5 x 256 MiB of request budget + 640 MiB base)
-    assert front["resources"]["limits"]["memory"] == "7936Mi"
+    # 2 processes x (2 GiB of cache + 4 x 5 x 256 MiB of request budget + 640 MiB base):
+    # four maximal requests per budget, so none (and no single client) holds all of it
+    assert front["resources"]["limits"]["memory"] == "15616Mi"
     # half a core per process, and no CPU limit (a quota would stall the front's bursts)
     assert front["resources"]["requests"]["cpu"] == "1000m"
     assert "cpu" not in front["resources"]["limits"]
-    assert env[FrontEnv.MAX_IN_FLIGHT_BYTES] == str(5 * 256 * 1024**2)
+    assert env[FrontEnv.MAX_IN_FLIGHT_BYTES] == str(4 * 5 * 256 * 1024**2)
+    assert env[FrontEnv.TENANT_SHARE_PERCENT] == "50"
     assert env[FrontEnv.MAX_IN_FLIGHT] == "256"  # vLLM's max_num_seqs default
     assert env[FrontEnv.MAX_BODY_READS] == "128"
     assert env[FrontEnv.HEADER_TIMEOUT_SECONDS] == "30"

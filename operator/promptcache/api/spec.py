@@ -53,6 +53,7 @@ from promptcache.contract.front import (
     DEFAULT_MAX_BODY_READS,
     DEFAULT_MAX_PROMPT_EMBEDS_REFERENCES,
     DEFAULT_SEND_BUFFER_BYTES,
+    DEFAULT_TENANT_SHARE_PERCENT,
     DEFAULT_WRITE_TIMEOUT_SECONDS,
 )
 
@@ -571,9 +572,12 @@ class FrontSpec(ApiModel):
     """Working memory one front process may hold for requests in flight: bodies as read,
     parsed JSON, verified and densified prompt embeds (TurboQuant sized from its header
     before decoding), every reference to a cached payload at its full size, forwarded
-    copies. Beyond it requests get HTTP 503 (`memory_budget_exhausted`); one that could never
-    fit gets 413. Empty: max(1 GiB, 5 x maxRequestBytes). The container's derived memory
-    limit includes it."""
+    copies. Beyond it requests get HTTP 503 (`memory_budget_exhausted`); one client gets at
+    most `tenantSharePercent` of it while other clients hold some (429 beyond), and one
+    request that could never fit in
+    that share gets 413. Empty: max(1 GiB, 4 x 5 x maxRequestBytes, 5 x maxRequestBytes x
+    100 / tenantSharePercent): four maximal requests, one within a client's share. The
+    container's derived memory limit includes it."""
     max_concurrent_body_reads: Annotated[int, Field(ge=1, le=65536)] = DEFAULT_MAX_BODY_READS
     """Request bodies one front process receives at once, apart from `maxConcurrency`, so
     slow senders cannot take the slots of requests ready to run; more get HTTP 503
@@ -617,6 +621,21 @@ class FrontSpec(ApiModel):
     alone is never slowed. Clients are told apart by the isolation header, else the
     Authorization header (in the policy step, first by the account header of
     `isolation.identity`): the share is as strong as that identity. 0: unmetered."""
+    tenant_share_percent: Annotated[int, Field(ge=1, le=100)] = DEFAULT_TENANT_SHARE_PERCENT
+    """The most one client may hold, in percent, while other clients hold some, of what
+    each cache-front process and each gateway policy step worker bounds: concurrency slots
+    (`maxConcurrency`), bodies being received (`maxConcurrentBodyReads`) and working memory
+    (`memoryBudgetBytes`; the step's budget for bodies). A client alone may take all but
+    the reserve below, and keeps what it took until those requests end; once another
+    client holds something, a client over its share gets no more until it is back under
+    it. A sixteenth of each is kept for clients holding little: a client
+    holding h gets more only while min(h, that sixteenth) stays free, so a client asking
+    for its first slot goes before one asking for its hundredth. Over it the client gets
+    HTTP 429 (`tenant_share_exceeded`, with `Retry-After`); other clients are not refused
+    for it. Clients are told apart by account (`isolation.identity`), else isolation key,
+    else Authorization header, else connection source: a share is as strong as that
+    identity. The derived memory budgets keep one maximal request within one client's
+    share. 100: no shares and no reserve (one client may take all)."""
     usage_headers: UsageHeadersSpec = Field(default_factory=UsageHeadersSpec)
     resources: Resources = Field(
         default_factory=lambda: Resources(gpus=0, requests={"memory": "512Mi"})

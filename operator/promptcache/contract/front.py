@@ -96,6 +96,9 @@ class FrontEnv:
     FAIR_SHARE_BYTES_PER_SECOND: Final[str] = "PROMPTCACHE_FAIR_SHARE_BYTES_PER_SECOND"
     """Decoding work (bytes a body's parse materialises) each key may cost the front per
     second while other keys are active (`tenancy.fair_share`); 0: unmetered."""
+    TENANT_SHARE_PERCENT: Final[str] = "PROMPTCACHE_TENANT_SHARE_PERCENT"
+    """The most of a process's concurrency slots, body reads and memory budget one client
+    identity may hold, in percent (`tenancy.shares`); 100: no per-identity share."""
     IDENTITY_HEADER: Final[str] = "PROMPTCACHE_IDENTITY_HEADER"
     """The header the gateway's authentication sets to the caller's account; empty: none."""
     IDENTITY_BEARER: Final[str] = "PROMPTCACHE_IDENTITY_BEARER"
@@ -139,6 +142,27 @@ prompt a second, or a 128k-token prompt of token ids (~6.5 MiB); a dense 4 MiB b
 2M values (~104 MiB) then waits 10 s. Measured on one core, a pod parses about 60 MiB of
 it a second (front and engine), so one key takes at most ~13 % of a busy pod's core
 (docs/cache-front.md, "Fair share between tenants")."""
+DEFAULT_TENANT_SHARE_PERCENT: Final[int] = 50
+"""One client identity holds at most half of each bounded resource of a process (slots,
+body reads, memory budget), so no single identity can refuse everyone else; a lone
+client still gets half of the process (docs/cache-front.md, "Shares of slots and
+memory")."""
+MAXIMAL_REQUESTS_PER_BUDGET: Final[int] = 4
+"""The front's rendered memory budget holds at least this many maximal requests, so one
+request's working memory is a quarter of it at most, and one client's share holds a
+maximal request whatever the share (`budget_for`)."""
+
+
+def budget_for(floor: int, one_request: int, share_percent: int) -> int:
+    """The memory budget the renderer gives a process whose maximal request needs
+    `one_request` bytes of working memory: at least `floor`, at least
+    `MAXIMAL_REQUESTS_PER_BUDGET` maximal requests, and enough that one client's share
+    (`share_percent` of it) still holds one maximal request (else its 413 would refuse
+    requests the size limit allows)."""
+    within_share = -(-one_request * 100 // share_percent)  # ceiling division
+    return max(floor, MAXIMAL_REQUESTS_PER_BUDGET * one_request, within_share)
+
+
 TURBOQUANT_DTYPES: Final[tuple[str, ...]] = ("auto", "float32", "float16", "bfloat16")
 DEFAULT_TURBOQUANT_DTYPE: Final[str] = "auto"
 """auto: decode to the dtype the client compressed from (vLLM casts to the model dtype)."""
@@ -270,6 +294,10 @@ FRONT_SETTINGS: Final[tuple[Setting[Any], ...]] = (
             FrontEnv.FAIR_SHARE_BYTES_PER_SECOND, as_int, DEFAULT_FAIR_SHARE_BYTES_PER_SECOND,
             "decoding work (bytes a parse materialises) a key may cost per second while "
             "others are active; a key in debt waits (0: unmetered)"),
+    Setting("tenant_share_percent", "--tenant-share-percent", FrontEnv.TENANT_SHARE_PERCENT,
+            as_int, DEFAULT_TENANT_SHARE_PERCENT,
+            "most of the slots, body reads and memory budget one client identity may hold, "
+            "in percent (429 above; 100: no share)"),
     Setting("identity_header", "--identity-header", FrontEnv.IDENTITY_HEADER,
             parse_optional_header_name, DEFAULT_IDENTITY_HEADER,
             "header the gateway's authentication sets to the caller's account; empty: none",

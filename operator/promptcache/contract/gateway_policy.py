@@ -69,6 +69,8 @@ class GatewayPolicyEnv:
     ALLOW_CLIENT_PRIORITY: Final[str] = FrontEnv.ALLOW_CLIENT_PRIORITY
     ALLOW_ENGINE_STATE: Final[str] = FrontEnv.ALLOW_ENGINE_STATE
     FAIR_SHARE_BYTES_PER_SECOND: Final[str] = FrontEnv.FAIR_SHARE_BYTES_PER_SECOND
+    TENANT_SHARE_PERCENT: Final[str] = FrontEnv.TENANT_SHARE_PERCENT
+    """The front's: the most of the step's byte budget one client identity may hold."""
     """The front's: each key's share of the step's decoding work while others are active."""
     IDENTITY_HEADER: Final[str] = FrontEnv.IDENTITY_HEADER
     IDENTITY_BEARER: Final[str] = FrontEnv.IDENTITY_BEARER
@@ -91,8 +93,11 @@ DEFAULT_GATEWAY_POLICY_MAX_BUFFERED_BYTES: Final[int] = 64 * 1024**2
 for a body's bytes as they arrive, then for its parse and its re-encoding while it is
 decided (so a dense body is charged for what parsing it costs, not for its length)."""
 GATEWAY_POLICY_BUDGET_PER_MAX_BODY: Final[int] = 4
-"""The renderer gives all streams together at least this many largest bodies, so one
-stalled body (it is cut after the body timeout anyway) never holds the whole budget."""
+"""Working memory deciding one body takes, per byte of it: its bytes, its parse (about
+twice a text body's length) and its re-encoding. The renderer gives all streams together
+enough that one client's share (`tenantSharePercent`) holds that for one maximal body, so
+a stalled body, which holds only its bytes until the body timeout, holds a small part of
+the budget (an eighth by default) and no client holds more than its share."""
 DEFAULT_GATEWAY_POLICY_BODY_TIMEOUT_SECONDS: Final[float] = DEFAULT_BODY_TIMEOUT_SECONDS
 """The front's: a body arriving slower is refused by both with HTTP 408 `body_timeout`."""
 DEFAULT_GATEWAY_POLICY_METRICS_LISTEN: Final[str] = f"0.0.0.0:{GATEWAY_POLICY_METRICS_PORT}"
@@ -117,6 +122,7 @@ ISOLATION_FIELDS: Final[tuple[str, ...]] = (
     "identity_bearer",
     "identity_required",
     "fair_share_bytes_per_second",
+    "tenant_share_percent",
 )
 """The front's settings the step shares, declaration and all: its isolation, and each key's
 fair share of the work bodies cost (the step meters a key as the front does)."""

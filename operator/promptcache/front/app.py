@@ -57,7 +57,7 @@ from promptcache.front.upstream import (
     new_request_id,
 )
 from promptcache.tenancy import errors
-from promptcache.tenancy.attestation import Attester, ReplayGuard
+from promptcache.tenancy.attestation import Attester, ReplayGuard, claimed_account
 from promptcache.tenancy.attestation import Outcome as AttestationOutcome
 from promptcache.tenancy.canonical import (
     OFFLOAD_BYTES,
@@ -80,6 +80,7 @@ from promptcache.tenancy.routes import (
     canonical_target,
     check_route,
 )
+from promptcache.tenancy.shares import Verdict, identity_key, share_refusal
 
 log = logging.getLogger("promptcache.front")
 
@@ -128,14 +129,18 @@ async def _read_body(
     declared = request.content_length
     if declared is not None and declared > limit:
         raise _too_large(declared, limit)
-    if state.body_reads >= settings.max_body_reads:
+    reads = state.reads
+    verdict = reads.take(charge.key, 1)
+    if verdict is Verdict.OVER_SHARE:
+        state.metrics.share_refused("body_reads")
+        raise share_refusal("request bodies being received", reads.held(charge.key), reads.share)
+    if verdict is not Verdict.TAKE:
         raise FrontError(
             503,
             errors.BODY_READS_SATURATED,
             f"the cache front is already receiving {settings.max_body_reads} request bodies; "
             "retry shortly",
         )
-    state.body_reads += 1
     try:
         if declared is not None:
             charge.take(declared)
@@ -171,13 +176,14 @@ async def _read_body(
             )
         raise refusal from None
     except TimeoutError:
+        state.metrics.deadline_fired("body")
         raise FrontError(
             408,
             errors.BODY_TIMEOUT,
             f"the request body did not arrive within {settings.body_timeout_seconds:g} seconds",
         ) from None
     finally:
-        state.body_reads -= 1
+        reads.give(charge.key, 1)
     return buffer
 
 
@@ -301,7 +307,7 @@ async def _proxy(
 ) -> web.StreamResponse:
     settings = state.settings
     check_headers(request.headers)
-    charge = Charge(state)
+    charge = Charge(state, _identity(state, request))
     try:
         if route.kind is RouteClass.READ_ONLY:
             if _has_body(request):
@@ -317,30 +323,32 @@ async def _proxy(
                 charge=charge,
             )  # fmt: skip
         check_json_media_type(request.headers)
-        share_key = _share_key(state, request.headers)
-        if share_key is not None:
-            await _fair_share(state, share_key)
+        metered = state.fair_share.enabled
+        if metered:
+            state.fair_share.seen(charge.key)
+            await _fair_share(state, charge.key)
         scan = JsonScan()
         raw = await _read_body(request, state, charge, scan)
-        if share_key is not None:
-            state.fair_share.charge(share_key, scan.charge)
+        if metered:
+            state.fair_share.charge(charge.key, scan.charge)
         return await _salted(request, state, route, target, raw=raw, scan=scan, charge=charge)
     finally:
         charge.release()
 
 
-def _share_key(state: FrontState, headers: CIMultiDictProxy[str]) -> bytes | None:
-    """The key whose fair share a request's body is charged to, recorded as active
-    (`tenancy.fair_share`): the isolation header, else the bearer token, else anonymous."""
-    share = state.fair_share
-    if not share.enabled:
-        return None
+def _identity(state: FrontState, request: web.BaseRequest) -> bytes:
+    """The client identity a request's holdings and its fair share of work count against
+    (`tenancy.shares.identity_key`), read from its head: the account the policy step's
+    attestation names (checked only once the body has arrived, which it binds), else the
+    isolation header, else the Authorization header, else the connection's source address."""
+    headers = request.headers
     isolation = state.settings.isolation_header
-    key = share.key_of(
-        headers.get(isolation, "") if isolation else "", headers.get("Authorization", "")
+    return identity_key(
+        account=claimed_account(headers) if state.attester is not None else None,
+        isolation_key=headers.get(isolation, "") if isolation else "",
+        credential=headers.get("Authorization", ""),
+        source=request.remote or "",
     )
-    share.seen(key)
-    return key
 
 
 async def _fair_share(state: FrontState, key: bytes) -> None:
@@ -364,14 +372,18 @@ async def _admitted(
 ) -> web.StreamResponse:
     """Forward under the concurrency cap (bodies are read before a slot is taken); the
     answer is sent inside the slot, under the write deadline."""
-    cap = state.settings.max_in_flight
-    if state.in_flight >= cap:
+    slots, key = state.slots, charge.key
+    verdict = slots.take(key, 1)
+    if verdict is Verdict.OVER_SHARE:
+        state.metrics.share_refused("slots")
+        raise share_refusal("concurrency slots", slots.held(key), slots.share)
+    if verdict is not Verdict.TAKE:
+        cap = state.settings.max_in_flight
         raise FrontError(
             503,
             errors.FRONT_OVERLOADED,
             f"the cache front is already working on {cap} requests; retry shortly",
         )
-    state.in_flight += 1
     try:
         return await forward(
             request, state, route, target, data=data, headers=headers, strip_usage=strip_usage,
@@ -381,7 +393,7 @@ async def _admitted(
         state.metrics.client_disconnects.inc()
         raise
     finally:
-        state.in_flight -= 1
+        slots.give(key, 1)
 
 
 async def _encode(
@@ -738,6 +750,13 @@ class FrontRequestHandler(web.RequestHandler):
         bound_send_buffer(
             cast(asyncio.Transport, transport), self._front_state.settings.send_buffer_bytes
         )
+
+    def _process_keepalive(self) -> None:
+        """aiohttp's header (and idle keep-alive) deadline, counted when it closes one."""
+        was_closing = self._force_close
+        super()._process_keepalive()
+        if self._force_close and not was_closing:
+            self._front_state.metrics.deadline_fired("header")
 
     def handle_error(
         self,

@@ -143,6 +143,23 @@ class FrontMetrics:
             "Answers cut off because the client stopped reading for the write timeout.",
             registry=r,
         )
+        self.deadlines = Counter(
+            f"{PREFIX}_deadlines",
+            "Deadlines that fired, by deadline: header (a connection sent no complete "
+            "request head, or stayed idle, for the header timeout; it is closed), body (a "
+            "body did not arrive within the body timeout; 408), write (a client read nothing "
+            "of its answer for the write timeout; cut). Each freed what its request held.",
+            ["deadline"],
+            registry=r,
+        )
+        self.share_refusals = Counter(
+            f"{PREFIX}_tenant_share_refusals",
+            "Requests refused (429 tenant_share_exceeded) because their client identity held "
+            "its share of a resource: slots (maxConcurrency), body_reads "
+            "(maxConcurrentBodyReads) or memory (memoryBudgetBytes).",
+            ["resource"],
+            registry=r,
+        )
         self.client_disconnects = Counter(
             f"{PREFIX}_client_disconnects",
             "Requests the client abandoned; the upstream request was cancelled.",
@@ -177,6 +194,14 @@ class FrontMetrics:
         """A request waited `seconds` for its key's fair share (`tenancy.fair_share`)."""
         self.fair_share_waits.inc()
         self.fair_share_wait_seconds.inc(seconds)
+
+    def deadline_fired(self, deadline: str) -> None:
+        """Count one firing of the header, body or write deadline."""
+        self.deadlines.labels(deadline=deadline).inc()
+
+    def share_refused(self, resource: str) -> None:
+        """Count one refusal of a client over its share of `resource` (`tenancy.shares`)."""
+        self.share_refusals.labels(resource=resource).inc()
 
     def refuse(self, code: str) -> None:
         """Count one refusal by its stable error code."""

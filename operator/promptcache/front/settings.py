@@ -52,6 +52,7 @@ from promptcache.contract.front import (
     DEFAULT_MAX_PROMPT_EMBEDS_REFERENCES,
     DEFAULT_SEND_BUFFER_BYTES,
     DEFAULT_SESSION_FROM_USER,
+    DEFAULT_TENANT_SHARE_PERCENT,
     DEFAULT_TURBOQUANT_DTYPE,
     DEFAULT_UPSTREAM,
     DEFAULT_UPSTREAM_TIMEOUT_SECONDS,
@@ -102,6 +103,9 @@ class FrontSettings:
     decode_workers: int = DEFAULT_DECODE_WORKERS
     fair_share_bytes_per_second: int = DEFAULT_FAIR_SHARE_BYTES_PER_SECOND
     """0: large bodies are not metered per key."""
+    tenant_share_percent: int = DEFAULT_TENANT_SHARE_PERCENT
+    """The most of `max_in_flight`, `max_body_reads` and `max_in_flight_bytes` one client
+    identity may hold (`tenancy.shares`); 100: no share."""
     turboquant_dtype: str = DEFAULT_TURBOQUANT_DTYPE
     upstream_timeout_seconds: float = DEFAULT_UPSTREAM_TIMEOUT_SECONDS
     workers: int = DEFAULT_WORKERS
@@ -155,6 +159,10 @@ class FrontSettings:
         if self.fair_share_bytes_per_second < 0:
             raise SettingsError(
                 f"fair share {self.fair_share_bytes_per_second} bytes/s must be 0 (off) or more"
+            )
+        if not 1 <= self.tenant_share_percent <= 100:
+            raise SettingsError(
+                f"tenant share {self.tenant_share_percent} % must be between 1 and 100"
             )
         if self.max_in_flight < 1:
             raise SettingsError(f"max in-flight {self.max_in_flight} must be at least 1")

@@ -26,8 +26,9 @@ from promptcache.tenancy.attestation import Attester
 from promptcache.tenancy.canonical import json_charge
 from promptcache.tenancy.errors import FrontError
 from promptcache.tenancy.fair_share import FairShare
+from promptcache.tenancy.shares import Ledger, Verdict, share_of, share_refusal
 
-__all__ = ["Charge", "FrontState", "json_charge"]
+__all__ = ["PROCESS_KEY", "Charge", "FrontState", "json_charge"]
 
 T = TypeVar("T")
 
@@ -36,6 +37,9 @@ WORKER_NICENESS: Final = 10
 whose event loop answers everyone: on the cores they share (a container's CPU quota, or a
 busy node) the loop, its probes and other tenants' small requests go first, and an
 attacker's bodies take the CPU that is left."""
+
+PROCESS_KEY: Final = b"\0front"
+"""What the front holds for itself (a scrape of vLLM's metrics), apart from every client."""
 
 STUCK_JOB_SECONDS: Final = 120.0
 """A decode or JSON job unfinished this long is stuck, not slow: the largest payload the
@@ -58,18 +62,43 @@ class FrontState:
     pool: UpstreamPool | None = None
     attester: Attester | None = None
     """Isolation by account: checks the policy step's signed account (None: off)."""
-    in_flight: int = 0
-    body_reads: int = 0
-    bytes_in_flight: int = 0
+    slots: Ledger = field(init=False)
+    """Each client identity's share of `max_in_flight` (`tenancy.shares`)."""
+    reads: Ledger = field(init=False)
+    """Each client identity's share of `max_body_reads`."""
+    memory: Ledger = field(init=False)
+    """Each client identity's share of `max_in_flight_bytes`; used under `lock`."""
     draining: bool = False
     """Stopping (SIGTERM): still serving, but not ready, and no connection is kept alive."""
     lock: threading.Lock = field(default_factory=threading.Lock)
-    """Guards `bytes_in_flight`: decode threads charge densified payloads too."""
+    """Guards `memory`: decode threads charge densified payloads too."""
     json_processes: Executor | None = None
     jobs: dict[int, float] = field(default_factory=dict)
     """Jobs submitted to the decode threads or JSON workers and not yet done: when each
     was submitted (`time.monotonic`)."""
     stuck_after: float = STUCK_JOB_SECONDS
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        percent = s.tenant_share_percent
+        self.slots = Ledger(s.max_in_flight, share_of(s.max_in_flight, percent))
+        self.reads = Ledger(s.max_body_reads, share_of(s.max_body_reads, percent))
+        self.memory = Ledger(s.max_in_flight_bytes, share_of(s.max_in_flight_bytes, percent))
+
+    @property
+    def in_flight(self) -> int:
+        """Requests holding a concurrency slot now."""
+        return self.slots.used
+
+    @property
+    def body_reads(self) -> int:
+        """Request bodies being received now."""
+        return self.reads.used
+
+    @property
+    def bytes_in_flight(self) -> int:
+        """Working memory charged to requests in flight now."""
+        return self.memory.used
 
     def submit(self, executor: Executor, job: Callable[[], T]) -> asyncio.Future[T]:
         """Run `job` on `executor`, tracked until it is done, even if the request that
@@ -118,39 +147,48 @@ class Charge:
 
     Admission control on memory: a request that would push the process past
     `max_in_flight_bytes` is refused with 503 (retry later) instead of risking
-    the container's memory limit; one that could never fit gets 413. Charged
-    before the memory is used: a body as it is read, its parse (`json_charge`),
-    every payload verified or densified, the forwarded body before it is
-    built, and vLLM's answer: one read whole before it is read, a streamed one
-    for what it holds at a time (`hold`: the connection's read-ahead, the
-    piece being written, an incomplete SSE event). Thread-safe (decode threads
-    charge too).
+    the container's memory limit; one that could never fit in its client's share
+    gets 413; a client that already holds its share while another client holds some too,
+    or would eat into the reserve kept for clients holding less, gets 429
+    (`tenancy.shares`), so one client cannot hold the budget while others want it.
+    Charged before the memory is used: a body as it is read, its parse (`json_charge`),
+    every payload verified or densified, the forwarded body before it is built, and
+    vLLM's answer: one read whole before it is read, a streamed one for what it holds at
+    a time (`hold`: the connection's read-ahead, the piece being written, an incomplete
+    SSE event). Thread-safe (decode threads charge too).
     """
 
-    def __init__(self, state: FrontState) -> None:
+    def __init__(self, state: FrontState, key: bytes = PROCESS_KEY) -> None:
         self._state = state
+        self.key = key
+        """The client identity the charge counts against (`tenancy.shares.identity_key`)."""
         self.held = 0
 
     def take(self, n: int) -> None:
-        state, limit = self._state, self._state.settings.max_in_flight_bytes
+        state = self._state
+        memory = state.memory
         with state.lock:
-            if self.held + n > limit:
+            if self.held + n > memory.share:
                 raise FrontError(
                     413,
                     errors.REQUEST_TOO_LARGE,
                     f"the request needs about {self.held + n} bytes of working memory "
                     f"(its body, parsed, with every prompt-embeds payload and reference at "
-                    f"its full size); this server gives one request at most {limit}",
+                    f"its full size); this server gives one client at most {memory.share}",
                 )
-            if state.bytes_in_flight + n > limit:
-                raise FrontError(
-                    503,
-                    errors.MEMORY_BUDGET_EXHAUSTED,
-                    "the cache front's memory budget for requests in flight is in use; "
-                    "retry shortly",
-                )
-            state.bytes_in_flight += n
-            self.held += n
+            verdict = memory.take(self.key, n)
+            if verdict is Verdict.TAKE:
+                self.held += n
+                return
+            held = memory.held(self.key)
+        if verdict is Verdict.OVER_SHARE:
+            state.metrics.share_refused("memory")
+            raise share_refusal("memory budget for requests in flight", held, memory.share, "bytes")
+        raise FrontError(
+            503,
+            errors.MEMORY_BUDGET_EXHAUSTED,
+            "the cache front's memory budget for requests in flight is in use; retry shortly",
+        )
 
     def hold(self, n: int) -> None:
         """Count `n` bytes this request holds without refusing: for an answer whose headers
@@ -160,17 +198,17 @@ class Charge:
             self.give_back(-n)
             return
         with self._state.lock:
-            self._state.bytes_in_flight += n
+            self._state.memory.hold(self.key, n)
             self.held += n
 
     def give_back(self, n: int) -> None:
         """Return part of the charge whose memory is already freed (a finished decode)."""
         with self._state.lock:
             n = min(n, self.held)
-            self._state.bytes_in_flight -= n
+            self._state.memory.give(self.key, n)
             self.held -= n
 
     def release(self) -> None:
         with self._state.lock:
-            self._state.bytes_in_flight -= self.held
+            self._state.memory.give(self.key, self.held)
             self.held = 0

@@ -321,6 +321,7 @@ async def _write(
             await response.write(data)
     except TimeoutError:
         state.metrics.write_timeouts.inc()
+        state.metrics.deadline_fired("write")
         if request.transport is not None:
             request.transport.abort()
         return False
@@ -426,5 +427,6 @@ async def _finish(
             await response.write_eof()
     except TimeoutError:
         state.metrics.write_timeouts.inc()
+        state.metrics.deadline_fired("write")
         if request.transport is not None:
             request.transport.abort()

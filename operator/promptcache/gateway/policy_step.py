@@ -80,6 +80,7 @@ from promptcache.tenancy.identity import account_at_gateway, identity_enabled
 from promptcache.tenancy.policy import apply_policy
 from promptcache.tenancy.routes import Route, RouteClass, canonical_target, check_route
 from promptcache.tenancy.settings import PolicyReader
+from promptcache.tenancy.shares import Ledger, Verdict, identity_key, share_of, share_refusal
 
 log = logging.getLogger("promptcache.gateway_policy")
 
@@ -231,21 +232,39 @@ def decide_cost(raw: bytes | bytearray) -> int:
     return json_charge(raw) + len(raw)
 
 
-class _Budget:
-    """Body bytes held by all streams at once (one event loop: no lock needed)."""
+def _budget(limit: int, percent: int) -> Ledger:
+    """Body bytes held by all streams at once, and by each client identity (`tenancy.shares`;
+    one event loop: no lock needed)."""
+    return Ledger(limit, share_of(limit, percent))
 
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
 
-    def take(self, n: int) -> bool:
-        if self.used + n > self.limit:
-            return False
-        self.used += n
-        return True
+FORWARDED_FOR: Final[str] = "x-forwarded-for"
+"""Where the gateway names the connection a request came from: its last entry is the one the
+gateway itself appended (earlier ones are what the client claimed)."""
 
-    def give(self, n: int) -> None:
-        self.used -= n
+
+def step_identity(headers: Sequence[tuple[str, bytes]], policy: PolicyReader) -> bytes:
+    """The client identity a held request counts against (`tenancy.shares.identity_key`):
+    the account header the gateway's authentication sets (the step runs behind it), else the
+    isolation header, else the Authorization header (a bearer account is its token), else
+    the connection's source as the gateway appended it to X-Forwarded-For. The first value
+    of a repeated header, as the front reads it."""
+    first: dict[str, bytes] = {}
+    for name, value in headers:
+        first.setdefault(name, value)
+    identity, isolation = policy.identity_header, policy.isolation_header
+    forwarded = [v.strip() for v in headers_named(headers, FORWARDED_FOR)]
+    source = forwarded[-1].rsplit(b",", 1)[-1].strip() if forwarded else b""
+    return identity_key(
+        account=first.get(identity.lower(), b"") if identity else None,
+        isolation_key=first.get(isolation.lower(), b"") if isolation else b"",
+        credential=first.get("authorization", b""),
+        source=source,
+    )
+
+
+def headers_named(headers: Sequence[tuple[str, bytes]], name: str) -> list[bytes]:
+    return [value for key, value in headers if key == name]
 
 
 class _Inspector:
@@ -257,7 +276,7 @@ class _Inspector:
     undecided: a message the protocol does not allow while a request is held is a
     refusal, never a reason to let the held request through."""
 
-    def __init__(self, max_body_bytes: int, budget: _Budget) -> None:
+    def __init__(self, max_body_bytes: int, budget: Ledger) -> None:
         self.max_body_bytes = max_body_bytes
         self.budget = budget
         self.active = True
@@ -270,8 +289,10 @@ class _Inspector:
         """The body's structural bytes, counted per message as it arrives (at once, a
         large body's count held the loop for tens of milliseconds)."""
         self.charged = 0
-        self.share_key: bytes | None = None
-        """Whose fair share the held request's decoding is charged to (`tenancy.fair_share`)."""
+        self.share_key: bytes = b""
+        """The client identity the held request counts against: its share of the budget
+        (`tenancy.shares`) and of decoding work (`tenancy.fair_share`); set when its headers
+        arrive."""
         self.deadline = 0.0
         """Loop time by which a held request's body must have ended."""
 
@@ -294,9 +315,10 @@ class _Inspector:
                 size, limit = self.size + n, self.max_body_bytes
                 self.release()
                 return too_large(size, limit)
-            if not self.take(n):
+            refusal = self.take(n)
+            if refusal is not None:
                 self.release()
-                return busy()
+                return refusal
             self.size += n
             self.scan.add(msg.request_body.body)
             self.chunks.append(msg)
@@ -307,11 +329,23 @@ class _Inspector:
         self.release()
         return protocol_error(kind)
 
-    def take(self, n: int) -> bool:
-        if not self.budget.take(n):
-            return False
-        self.charged += n
-        return True
+    def take(self, n: int) -> FrontError | None:
+        """Charge `n` more bytes to the held request and its client, or the refusal: 413 when
+        the request alone would pass one client's share, 429 when its client holds its
+        share while another client holds some (or asks into the reserve kept for lighter
+        holders), 503 when the step holds
+        all it may."""
+        budget = self.budget
+        if self.charged + n > budget.share:
+            return parse_too_large(self.charged + n, budget.share)
+        verdict = budget.take(self.share_key, n)
+        if verdict is Verdict.TAKE:
+            self.charged += n
+            return None
+        if verdict is Verdict.OVER_SHARE:
+            held = budget.held(self.share_key)
+            return share_refusal("budget for request bodies", held, budget.share, "bytes")
+        return busy()
 
     def headers(self) -> list[tuple[str, bytes]]:
         """Every header entry, in order, keys lower-cased, values as bytes."""
@@ -364,7 +398,7 @@ class _Inspector:
     def release(self) -> list[Any]:
         """Stop inspecting; return what was held, in order, and free its budget."""
         out = ([self.held] if self.held is not None else []) + self.chunks + self.tail
-        self.budget.give(self.charged)
+        self.budget.give(self.share_key, self.charged)
         self.held, self.chunks, self.tail, self.size, self.charged = None, [], [], 0, 0
         self.scan = JsonScan()
         self.active = False
@@ -394,8 +428,8 @@ def parse_too_large(need: int, limit: int) -> FrontError:
         413,
         front_errors.REQUEST_TOO_LARGE,
         f"the request needs about {need} bytes of working memory to be checked at the "
-        f"gateway (its body, parsed and re-encoded); the gateway gives all requests "
-        f"together at most {limit}",
+        f"gateway (its body, parsed and re-encoded); the gateway gives one client at most "
+        f"{limit}",
     )
 
 
@@ -506,6 +540,19 @@ class PolicyMetrics:
             "Time requests spent waiting for their key's fair share",
             registry=self.registry,
         )
+        self.deadlines = Counter(
+            "promptcache_gateway_policy_deadlines",
+            "Deadlines that fired, by deadline: body (a held request's body did not end "
+            "within the body timeout; 408, and what it held is freed)",
+            ["deadline"],
+            registry=self.registry,
+        )
+        self.share_refusals = Counter(
+            "promptcache_gateway_policy_tenant_share_refusals",
+            "Requests refused (429 tenant_share_exceeded) because their client identity held "
+            "its share of the step's budget for request bodies",
+            registry=self.registry,
+        )
         self.decided = Counter(
             "promptcache_gateway_policy_decided",
             "Requests decided and forwarded to the picker",
@@ -546,7 +593,7 @@ class GatewayPolicyServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[
         self.policy = settings.policy()
         self.secret = secret
         self._stub = pb_grpc.ExternalProcessorStub(channel)
-        self.budget = _Budget(settings.worker_budget)
+        self.budget = _budget(settings.worker_budget, settings.tenant_share_percent)
         self.metrics = PolicyMetrics()
         self.share = FairShare(
             settings.fair_share_bytes_per_second, on_wait=self.metrics.waited_for_share
@@ -587,13 +634,12 @@ class GatewayPolicyServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[
     async def _decide(self, inspector: _Inspector) -> Decision:
         method, target, headers = self._head(inspector)
         raw = inspector.body()
-        if inspector.share_key is not None:
+        if self.share.enabled:
             self.share.charge(inspector.share_key, inspector.scan.charge)
         cost = inspector.scan.charge + len(raw)  # `decide_cost`, counted as the body came
-        if cost > self.budget.limit:
-            return Decision(refusal=parse_too_large(cost + len(raw), self.budget.limit))
-        if not inspector.take(cost):
-            return Decision(refusal=busy())
+        refusal = inspector.take(cost)
+        if refusal is not None:
+            return Decision(refusal=refusal)
         run = functools.partial(
             decide, method, target, headers, raw, policy=self.policy, secret=self.secret,
             session_header=self.settings.session_header, user_field=self.settings.user_field,
@@ -635,11 +681,13 @@ class GatewayPolicyServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[
         except StopAsyncIteration:
             return ended_early() if inspector.holding else None  # never undecided
         except TimeoutError:
+            self.metrics.deadlines.labels(deadline="body").inc()
             return body_timeout(self.settings.body_timeout_seconds)
         try:
             was_holding = inspector.holding
             forward = inspector.feed(msg)
             if inspector.holding and not was_holding:
+                inspector.share_key = step_identity(inspector.headers(), self.policy)
                 refusal = self._head_refused(inspector) or await self._fair_share(inspector)
                 if refusal is not None:
                     return refusal
@@ -671,17 +719,16 @@ class GatewayPolicyServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[
         requests already wait. The body's timeout starts after the wait."""
         if not self.share.enabled:
             return None
-        first = dict(reversed(inspector.headers()))  # the first of a repeated one, as the front
-        names = (self.policy.identity_header, self.policy.isolation_header, "authorization")
-        key = self.share.key_of(*(first.get(name.lower(), b"") for name in names if name))
+        key = inspector.share_key
         self.share.seen(key)
-        inspector.share_key = key
         refusal = await self.share.admit(key)
         return None if refusal is None else share_exceeded(refusal)
 
     def _refused(self, refusal: FrontError, inspector: _Inspector) -> None:
         inspector.release()
         self.metrics.refused(refusal)
+        if refusal.code == front_errors.TENANT_SHARE_EXCEEDED:
+            self.metrics.share_refusals.inc()
 
     async def Process(  # noqa: N802 - the gRPC method name
         self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]

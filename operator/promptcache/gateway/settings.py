@@ -32,6 +32,7 @@ from promptcache.contract.front import (
     DEFAULT_IDENTITY_HEADER,
     DEFAULT_IDENTITY_REQUIRED,
     DEFAULT_ISOLATION_MODE,
+    DEFAULT_TENANT_SHARE_PERCENT,
 )
 from promptcache.contract.gateway_policy import (
     DEFAULT_GATEWAY_POLICY_BODY_TIMEOUT_SECONDS,
@@ -80,6 +81,9 @@ class GatewayPolicySettings:
     allow_engine_state: bool = DEFAULT_ALLOW_ENGINE_STATE
     fair_share_bytes_per_second: int = DEFAULT_FAIR_SHARE_BYTES_PER_SECOND
     """The front's meter (`tenancy.fair_share`), one per step process: 0 turns it off."""
+    tenant_share_percent: int = DEFAULT_TENANT_SHARE_PERCENT
+    """The front's: the most of a worker's byte budget one client identity may hold
+    (`tenancy.shares`); 100: no share."""
     """The front's: a state field the front refuses is refused here, before routing."""
     workers: int = DEFAULT_GATEWAY_POLICY_WORKERS
     """Processes serving `listen` together (SO_REUSEPORT). Each relays about one core's worth
@@ -108,6 +112,10 @@ class GatewayPolicySettings:
             raise GatewayPolicySettingsError(
                 f"--max-buffered-bytes={self.max_buffered_bytes} must be at least "
                 f"--max-body-bytes={self.max_body_bytes}"
+            )
+        if not 1 <= self.tenant_share_percent <= 100:
+            raise GatewayPolicySettingsError(
+                f"--tenant-share-percent={self.tenant_share_percent} must be in [1, 100]"
             )
         if not 1 <= self.workers <= MAX_GATEWAY_POLICY_WORKERS:
             raise GatewayPolicySettingsError(

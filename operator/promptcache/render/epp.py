@@ -149,16 +149,25 @@ GATEWAY_POLICY_TMP_VOLUME: Final[str] = "gateway-policy-tmp"
 """Where several workers' counters are summed (prometheus_client's multiprocess files)."""
 
 
+def _within_share(n: int, percent: int) -> int:
+    """The smallest budget whose `percent` share holds `n` bytes."""
+    return -(-n * 100 // percent)
+
+
 def _policy_body_limits(pcd: PromptCacheDeployment) -> tuple[int, int]:
     """(per request, all requests): the front's own limit, so the step refuses with 413
-    only what the front would; all requests together hold at least the default budget and
-    `GATEWAY_POLICY_BUDGET_PER_MAX_BODY` largest bodies (one stalled body never holds all of
-    it), and each worker's equal share at least one largest body."""
-    per_request = pcd.spec.front.max_request_bytes
+    only what the front would. All requests together hold at least the default budget and
+    enough that one client's share holds the working memory of deciding one maximal body
+    (`GATEWAY_POLICY_BUDGET_PER_MAX_BODY` times its bytes: bytes, parse, re-encoding);
+    each worker's equal part at least what puts one maximal body's bytes within a client's
+    share. So a stalled maximal body holds at most `tenantSharePercent` / 4 of one worker's
+    budget (an eighth by default), and no single client more than its share of it."""
+    front = pcd.spec.front
+    per_request, percent = front.max_request_bytes, front.tenant_share_percent
     return per_request, max(
         DEFAULT_GATEWAY_POLICY_MAX_BUFFERED_BYTES,
-        GATEWAY_POLICY_BUDGET_PER_MAX_BODY * per_request,
-        step_workers(pcd) * per_request,
+        _within_share(GATEWAY_POLICY_BUDGET_PER_MAX_BODY * per_request, percent),
+        step_workers(pcd) * _within_share(per_request, percent),
     )
 
 

@@ -29,6 +29,7 @@ from promptcache.contract.front import (
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_MAX_IN_FLIGHT_BYTES,
     DEFAULT_UPSTREAM,
+    budget_for,
 )
 from promptcache.render.names import Names
 from promptcache.render.quantities import mebibytes
@@ -55,11 +56,14 @@ periods, and each stall is latency every client of the pod waits for."""
 
 
 def in_flight_bytes(pcd: PromptCacheDeployment) -> int:
-    """The front's memory budget: as set, or enough for one maximal request (and 1 GiB)."""
+    """The front's memory budget: as set, or at least 1 GiB and four maximal requests, with
+    one maximal request within one client's share (`contract.front.budget_for`), so no
+    single request, and no single client, can hold all of it."""
     front = pcd.spec.front
     if front.memory_budget_bytes is not None:
         return front.memory_budget_bytes
-    return max(DEFAULT_MAX_IN_FLIGHT_BYTES, _BUDGET_PER_REQUEST_BYTE * front.max_request_bytes)
+    one = _BUDGET_PER_REQUEST_BYTE * front.max_request_bytes
+    return budget_for(DEFAULT_MAX_IN_FLIGHT_BYTES, one, front.tenant_share_percent)
 
 
 def max_concurrency(pcd: PromptCacheDeployment) -> int:
@@ -107,6 +111,7 @@ def _env(pcd: PromptCacheDeployment, has_salt: bool) -> list[dict[str, str]]:
         (FrontEnv.ALLOW_CLIENT_PRIORITY, format_bool(spec.front.allow_client_priority)),
         (FrontEnv.ALLOW_ENGINE_STATE, format_bool(spec.front.allow_engine_state)),
         (FrontEnv.FAIR_SHARE_BYTES_PER_SECOND, str(spec.front.fair_share_bytes_per_second)),
+        (FrontEnv.TENANT_SHARE_PERCENT, str(spec.front.tenant_share_percent)),
         (FrontEnv.PROMPT_TOKENS_HEADER, usage.prompt_tokens_header if usage.enabled else ""),
         (
             FrontEnv.CACHED_PROMPT_TOKENS_HEADER,

@@ -306,3 +306,15 @@ class Attester:
             return Verdict(None, Outcome.ABSENT)  # no clock needed
         now = int(self._clock())  # one reading of the clock for the whole verdict
         return self.admit(self.check(headers, body, now=now), now=now)
+
+
+def claimed_account(headers: MultiMapping[str]) -> str | None:
+    """The account a well-formed attestation header names, unverified: the front reads its
+    client's identity from it before the body has arrived (the MAC binds the body, so it is
+    checked later), only to count what the request holds (`tenancy.shares`). A forged one
+    gains nothing but a share of its own, as an invented isolation key would."""
+    values = headers.getall(IDENTITY_ATTESTATION_HEADER, ())
+    if len(values) != 1:
+        return None
+    form = _FORM.fullmatch(values[0].strip(" \t"))
+    return form["account"] if form else None

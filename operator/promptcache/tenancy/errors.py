@@ -35,6 +35,7 @@ PROMPT_EMBEDS_NOT_CACHED: Final = PROMPT_EMBEDS_NOT_CACHED_ERROR_CODE
 PATH_FORBIDDEN: Final = "path_forbidden"
 FRONT_OVERLOADED: Final = "front_overloaded"
 FAIR_SHARE_EXCEEDED: Final = "fair_share_exceeded"
+TENANT_SHARE_EXCEEDED: Final = "tenant_share_exceeded"
 UPSTREAM_UNAVAILABLE: Final = "upstream_unavailable"
 UPSTREAM_TIMEOUT: Final = "upstream_timeout"
 UPSTREAM_FAILED: Final = "upstream_failed"

@@ -22,6 +22,10 @@ def pytest_configure(config: pytest.Config) -> None:
         from harness import pytest_cluster  # noqa: PLC0415 - only when not registered yet
 
         config.pluginmanager.register(pytest_cluster, "pytest_cluster")
+    if not config.pluginmanager.has_plugin("pytest_guards"):
+        from harness import pytest_guards  # noqa: PLC0415 - only when not registered yet
+
+        config.pluginmanager.register(pytest_guards, "pytest_guards")
 
 
 @pytest.fixture(scope="module", autouse=True)

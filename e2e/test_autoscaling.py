@@ -198,6 +198,8 @@ def _installed(cluster: Cluster) -> bool:
     return True
 
 
+# Its own waits add up to 20 minutes at most (four of TIMEOUT_S, the pipeline's start).
+@pytest.mark.timeout(1500)
 def test_the_hpa_controller_scales_a_resource_up_and_down_on_the_waiting_queue(
     cluster: Cluster, metrics_pipeline: dict[str, Any], tmp_path: Path
 ) -> None:

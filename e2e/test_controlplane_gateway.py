@@ -99,6 +99,7 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
+@pytest.mark.timeout(1200)  # starts a control plane of its own (up: 240 s at most)
 def test_cluster_without_gateway_crds_side_by_side_and_down_leaves_nothing(
     cluster: Cluster,
 ) -> None:

@@ -298,6 +298,7 @@ def test_install_and_the_operator_reconciles_with_the_chart_credentials(
         cluster.helm("uninstall", release, "-n", ops_namespace, "--wait", check=False)
 
 
+@pytest.mark.timeout(1200)  # starts a control plane of its own (up: 240 s at most)
 def test_upgrade_and_uninstall_keep_the_crd_and_user_resources(
     cluster_factory: Any, tmp_path: Path
 ) -> None:
@@ -438,6 +439,7 @@ def _chart_with_a_new_crd_field(tmp_path: Path, field: str) -> Path:
     return newer
 
 
+@pytest.mark.timeout(1200)  # starts a control plane of its own (up: 240 s at most)
 def test_the_crd_upgrades_with_the_chart_and_uninstall_keeps_it_unless_asked(
     cluster_factory: Any, tmp_path: Path
 ) -> None:

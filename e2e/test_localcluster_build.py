@@ -10,6 +10,7 @@ import pytest
 
 from e2e.localcluster.build import (
     Target,
+    build_groups,
     build_target,
     go_version,
     gomod_version,
@@ -19,7 +20,7 @@ from e2e.localcluster.build import (
 )
 from e2e.localcluster.errors import ClusterError
 from e2e.localcluster.paths import E2E
-from e2e.localcluster.targets import TARGETS, find_target
+from e2e.localcluster.targets import FOR_TESTS, TARGETS, find_target
 
 GOMOD = """module example.com/wrapper
 
@@ -152,3 +153,42 @@ def test_tests_build_every_on_request_binary_they_use() -> None:
         if name in on_request
     ]
     assert offenders == [], f"use built_binary() for on-request binaries: {offenders}"
+
+
+def test_the_set_up_builds_every_on_request_binary_the_tests_use() -> None:
+    """scripts/test runs `e2e/cluster build --for-tests` beside its downloads, so no test
+    spends its set-up compiling (Prometheus cost the alert-rule tests 130 s, the adapter
+    the HPA test 109 s): every `built_binary(NAME)` a test or bench uses is in FOR_TESTS."""
+    used = re.compile(r"""built_binary\(\s*["']([\w-]+)["']\s*\)""")
+    names = {
+        name
+        for tree in (E2E, E2E.parent / "tests", E2E.parent / "harness")
+        for path in tree.rglob("*.py")
+        for name in used.findall(path.read_text(encoding="utf-8"))
+    }
+    assert names, "no built_binary() use found: this check has nothing to guard"
+    assert names <= set(FOR_TESTS), f"add to FOR_TESTS: {sorted(names - set(FOR_TESTS))}"
+    assert all(find_target(b).optional for b in FOR_TESTS)  # the defaults are built anyway
+
+
+def test_one_go_build_per_target_where_go_names_the_binaries_as_we_do() -> None:
+    kube = find_target("kubectl").binaries
+    assert build_groups(kube) == [kube]  # four binaries, one invocation
+    etcd = {"etcd": "go.etcd.io/etcd/server/v3"}  # Go would call it `server`
+    assert build_groups(etcd) == [etcd]
+    mixed = {"a": "example.com/w/cmd/a", "b": "example.com/w/cmd/b", "c": "example.com/w/v2"}
+    assert build_groups(mixed) == [{"a": mixed["a"], "b": mixed["b"]}, {"c": mixed["c"]}]
+
+
+def test_a_real_build_of_two_binaries_in_one_invocation(tmp_path: Path) -> None:
+    t = module(tmp_path)
+    for name in ("one", "two"):
+        (t.module_path() / "cmd" / name).mkdir(parents=True)
+        (t.module_path() / "cmd" / name / "main.go").write_text(
+            f'package main\n\nfunc main() {{ println("{name}") }}\n'
+        )
+    two = {"one": "example.com/w/cmd/one", "two": "example.com/w/cmd/two"}
+    t = Target("w2", "m", "example.com/dep", two, e2e_dir=tmp_path, bin_root=tmp_path / "bin")
+    build_target(t, 1, 1, 0.0)
+    assert sorted(p.name for p in t.out_dir().iterdir()) == [".stamp", "one", "two"]
+    assert t.is_current()

@@ -164,6 +164,7 @@ def test_two_replicas_only_one_acts(
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 
+@pytest.mark.timeout(1200)  # starts a control plane of its own (up: 240 s at most)
 def test_without_gateway_crds_model_servers_are_managed(
     cluster_factory: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> None:

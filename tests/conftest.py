@@ -18,3 +18,7 @@ def pytest_configure(config: pytest.Config) -> None:
         from harness import pytest_cluster
 
         config.pluginmanager.register(pytest_cluster, "pytest_cluster")
+    if not config.pluginmanager.has_plugin("pytest_guards"):
+        from harness import pytest_guards
+
+        config.pluginmanager.register(pytest_guards, "pytest_guards")

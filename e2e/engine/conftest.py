@@ -19,12 +19,20 @@ from harness.engine.pods import FrontFor, SaltSecrets, engine_resource, front_on
 from harness.pod import ProcessPod
 from harness.vllm import engine_unavailable, tiny_model
 
+ENGINE_TEST_TIMEOUT_S = 1500
+"""pytest-timeout's limit for a real-engine test (the default is 600 s), set-up and teardown
+included: the first test of a module pays for the session's engine (a slot wait bounded at
+600 s by scripts/test, then tens of seconds to start) and the module's own pods; the longest
+call measured on a busy machine was 660 s (adding and removing an adapter). A test's own
+`@pytest.mark.timeout` wins over this one."""
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
     for item in items:
         if Path(str(item.fspath)).is_relative_to(here):
             item.add_marker(pytest.mark.engine)
+            item.add_marker(pytest.mark.timeout(ENGINE_TEST_TIMEOUT_S))
 
 
 @pytest.fixture(scope="session")

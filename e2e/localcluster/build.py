@@ -181,6 +181,54 @@ class Target:
         return stamp_matches(self.out_dir(), self.stamp_key(go), self.binaries)
 
 
+def go_default_name(pkg: str) -> str:
+    """The file name `go build -o DIR/` gives a main package: its last path element, or the
+    one before a major-version suffix (`.../server/v3` -> `server`)."""
+    parts = pkg.rstrip("/").split("/")
+    last = parts[-1]
+    if len(parts) > 1 and last.startswith("v") and last[1:].isdigit():
+        return parts[-2]
+    return last
+
+
+def build_groups(binaries: dict[str, str]) -> list[dict[str, str]]:
+    """The `go build` invocations for one target: every binary whose name is the one Go
+    gives its package goes into one invocation (one package-graph load, links in parallel
+    under `-p`); a binary named otherwise is built on its own with `-o FILE`."""
+    together = {n: p for n, p in binaries.items() if go_default_name(p) == n}
+    alone = [{n: p} for n, p in binaries.items() if n not in together]
+    if len(together) == 1:
+        return [together, *alone]
+    return ([together] if together else []) + alone
+
+
+def _go_build(t: Target, group: dict[str, str], out: Path, env: dict[str, str]) -> None:
+    """One `go build` of `group`'s packages into `out`, each binary replaced atomically."""
+    cmd = [go_bin(), "build", "-p", os.environ.get("PROMPTCACHE_BUILD_P", "2"), "-trimpath"]
+    if t.tags:
+        cmd += ["-tags", t.tags]
+    cmd += ["-ldflags", f"-s -w {t.ldflags()}".strip()]
+    staging = out / ".tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    if len(group) == 1:
+        ((name, pkg),) = group.items()
+        cmd += ["-o", str(staging / name), pkg]
+    else:
+        cmd += ["-o", f"{staging}/", *group.values()]
+    proc = subprocess.run(cmd, cwd=t.module_path(), env=env, check=False)
+    if proc.returncode != 0:
+        raise ClusterError(
+            f"go build of {', '.join(group.values())} failed (exit {proc.returncode})"
+        )
+    for name in group:
+        built = staging / name
+        if not built.is_file():
+            raise ClusterError(f"go build made no {name} in {staging}")
+        built.replace(out / name)
+    shutil.rmtree(staging, ignore_errors=True)
+
+
 def build_target(t: Target, index: int, total: int, t0: float) -> None:
     out = t.out_dir()
     label = f"({index}/{total}) {t.tool} {t.version()}"
@@ -190,19 +238,12 @@ def build_target(t: Target, index: int, total: int, t0: float) -> None:
     out.mkdir(parents=True, exist_ok=True)
     env = go_env()
     env["CGO_ENABLED"] = "1" if t.cgo else "0"
-    for name, pkg in t.binaries.items():
+    for group in build_groups(t.binaries):
         start = time.monotonic()
-        say(f"{label}: building {name} ({pkg}); elapsed {time.monotonic() - t0:.0f}s")
-        tmp = out / f".{name}.tmp"
-        cmd = [go_bin(), "build", "-p", os.environ.get("PROMPTCACHE_BUILD_P", "2"), "-trimpath"]
-        if t.tags:
-            cmd += ["-tags", t.tags]
-        cmd += ["-ldflags", f"-s -w {t.ldflags()}".strip(), "-o", str(tmp), pkg]
-        proc = subprocess.run(cmd, cwd=t.module_path(), env=env, check=False)
-        if proc.returncode != 0:
-            raise ClusterError(f"go build of {pkg} failed (exit {proc.returncode})")
-        tmp.replace(out / name)
-        say(f"{label}: {name} done in {time.monotonic() - start:.0f}s")
+        names = ", ".join(group)
+        say(f"{label}: building {names}; elapsed {time.monotonic() - t0:.0f}s")
+        _go_build(t, group, out, env)
+        say(f"{label}: {names} done in {time.monotonic() - start:.0f}s")
     write_stamp(out, t.stamp_key(), go_version())
 
 

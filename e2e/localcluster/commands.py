@@ -25,8 +25,8 @@ def print_env(state: State) -> None:
         print(f"export PATH={':'.join(paths)}:$PATH")
 
 
-def build(only: list[str] | None) -> int:
-    targets.build(only or None)
+def build(only: list[str] | None, for_tests: bool = False) -> int:
+    targets.build(only or None, for_tests=for_tests)
     return 0
 
 

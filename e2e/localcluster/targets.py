@@ -108,12 +108,21 @@ def binary_path(binary: str) -> Path:
     return find_target(binary).out_dir() / binary
 
 
-def build(only: list[str] | None = None) -> None:
-    """Build (or reuse) the default targets, or only those holding the `only` binaries;
-    prints `name<TAB>version<TAB>path` per binary. Idempotent, seconds when warm."""
+FOR_TESTS = ("bbr", "prometheus", "promtool", "prometheus-adapter")
+"""The on-request binaries the test suite uses (through `built_binary`): `build --for-tests`
+builds them with the defaults, so scripts/test compiles them in its set-up, beside the
+downloads, instead of inside a test's set-up (minutes each when cold). A test checks that
+every on-request binary a test uses is listed here."""
+
+
+def build(only: list[str] | None = None, for_tests: bool = False) -> None:
+    """Build (or reuse) the default targets (and with `for_tests` those of `FOR_TESTS`), or
+    only those holding the `only` binaries; prints `name<TAB>version<TAB>path` per binary.
+    Idempotent, seconds when warm."""
     with build_lock():
         t0 = time.monotonic()
-        targets = [t for t in TARGETS if not t.optional]
+        wanted = {find_target(b).tool for b in FOR_TESTS} if for_tests else set()
+        targets = [t for t in TARGETS if not t.optional or t.tool in wanted]
         if only:
             wanted = {find_target(b).tool for b in only}
             targets = [t for t in TARGETS if t.tool in wanted]

@@ -42,6 +42,12 @@ class FrontProcess:
         full[FrontEnv.LISTEN] = f"{self.ip}:{self.port}"
         full[FrontEnv.UPSTREAM] = upstream
         full[FrontEnv.WORKERS] = "1"  # one process is enough for routing tests
+        # No lame duck: it keeps a stopping front serving while the picker and the Gateway
+        # learn the pod is going, but the harness stops the picker and the policy step
+        # before the pods (`PoolOnCluster.close`), so here it only waited: 5 s per front,
+        # one front after another, 20 s of every 4-pod picker test's teardown. The lame
+        # duck itself is proven on the real front by tests/front/test_front_command.py.
+        full[FrontEnv.LAME_DUCK_SECONDS] = "0"
         lifecycle = full.get(FrontEnv.LIFECYCLE_LISTEN, "")
         if lifecycle:
             # the pod's loopback is its own IP here (as `harness.pod` translates it): two
@@ -85,9 +91,15 @@ class FrontProcess:
         with urllib.request.urlopen(f"http://{self.ip}:{self.port}/metrics", timeout=5) as resp:
             return str(resp.read().decode())
 
-    def stop(self) -> None:
+    def terminate(self) -> None:
+        """SIGTERM without waiting: stopping many fronts costs one drain, not one each."""
         if self._proc is not None and self._proc.poll() is None:
             self._proc.terminate()
+
+    def stop(self) -> None:
+        """SIGTERM (unless sent already), then wait for the drain; SIGKILL after 15 s."""
+        self.terminate()
+        if self._proc is not None:
             try:
                 self._proc.wait(timeout=15)
             except subprocess.TimeoutExpired:

@@ -302,8 +302,12 @@ class PoolOnCluster:
             self.epp = None
 
     def close(self) -> None:
+        """The router first (nothing picks a stopping pod), then every front at once."""
         self.stop_picker()
+        fronts = [p.front for p in self.pods if p.front is not None]
+        for front in fronts:
+            front.terminate()
+        for front in fronts:
+            front.stop()
         for p in self.pods:
-            if p.front is not None:
-                p.front.stop()
             p.server.stop()

@@ -42,6 +42,8 @@ KEY_HEADER = "x-prompt-cache-isolation-key"
 KEY_FIELD = "prompt_cache_isolation_key"
 SOURCE = Path(__file__).parent / "picker_decode" / "main.go"
 MODES = [IsolationMode.SHARED, IsolationMode.PER_KEY, IsolationMode.REQUIRED]
+# The first test pays for `go build` of the decoder (a 600 s bound of its own) when cold.
+pytestmark = pytest.mark.timeout(900)
 
 SALT_SPELLINGS = [
     "cache_salt",

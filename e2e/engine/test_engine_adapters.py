@@ -24,11 +24,11 @@ What must hold, read back from the real API server and from what clients receive
   its weight at 0 the same picker sends them to the idle pod; each pick counts only when
   the picker's own scores for it (its debug log, `harness.epp.scores`) show what it saw.
 
-Cost on this 2-core machine (real engines; `--durations`, 2026-12-06, other work beside
-it): the module's set-up (operator, one engine pod) about 3 min; adding and removing an
-adapter 11 min (two rollouts, each a new engine start beside the old pod's drain); the
-bad adapters 4.5 min (two engine starts that fail); the picker test 2.5 min (one more
-engine pod, two picker starts).
+Cost on this 2-core machine (real engines; `--durations`, 2026-12-06, at load 14-17 with
+other work beside it; the whole module 18 min): set-up (operator, one engine pod) 1-3 min;
+adding and removing an adapter 9.5 min (two rollouts, each a new engine start beside the
+old pod's drain); the bad adapters 5 min (two engine starts that fail); the picker test
+2-2.5 min (one more engine pod, two picker starts).
 """
 
 from __future__ import annotations

@@ -270,12 +270,25 @@ async def front_bomber(
     await until(deadline, send)
 
 
+LONG_STREAM_BODY = json.dumps(
+    {"model": "standin", "stream": True, "max_tokens": 50_000,
+     "messages": [{"role": "user", "content": "go"}]}
+).encode()  # fmt: skip
+"""A streamed answer long enough to outlast any phase: what the slow readers ask for."""
+
+
+def _chat_head(headers: str, length: int) -> bytes:
+    """A chat request's head announcing a body of `length` bytes; `headers` are extra
+    `Name: value\\r\\n` lines. What follows it (all of the body, part, none) is the attack."""
+    return (
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+        f"application/json\r\n{headers}Content-Length: {length}\r\n\r\n"
+    ).encode()
+
+
 async def stalled_reader(port: int, deadline: float) -> None:
     """Asks for a long streamed answer, reads its first bytes, then never reads again."""
-    body = json.dumps(
-        {"model": "standin", "stream": True, "max_tokens": 50_000,
-         "messages": [{"role": "user", "content": "go"}]}
-    ).encode()  # fmt: skip
+    body = LONG_STREAM_BODY
     loop = asyncio.get_running_loop()
     while time.monotonic() < deadline:
         sock = socket.socket()
@@ -283,20 +296,9 @@ async def stalled_reader(port: int, deadline: float) -> None:
         sock.setblocking(False)
         try:
             await loop.sock_connect(sock, ("127.0.0.1", port))
-            head = (
-                "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                f"application/json\r\n{KEY}: attacker\r\nContent-Length: {len(body)}\r\n\r\n"
-            ).encode()
-            await loop.sock_sendall(sock, head + body)
+            await loop.sock_sendall(sock, _chat_head(f"{KEY}: attacker\r\n", len(body)) + body)
             await asyncio.wait_for(loop.sock_recv(sock, 512), 10)
-            while time.monotonic() < deadline:  # hold it until the front cuts it
-                await asyncio.sleep(0.5)
-                if sock.fileno() < 0:
-                    break
-                try:
-                    sock.send(b"")
-                except OSError:
-                    break
+            await _until_closed(sock, deadline)  # hold it until the front cuts it
         except (OSError, TimeoutError):
             pass
         finally:
@@ -312,10 +314,7 @@ async def stalled_writer(port: int, deadline: float) -> None:
         sock.setblocking(False)
         try:
             await loop.sock_connect(sock, ("127.0.0.1", port))
-            head = (
-                "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                f"application/json\r\n{KEY}: attacker\r\nContent-Length: {1 << 20}\r\n\r\n"
-            ).encode()
+            head = _chat_head(f"{KEY}: attacker\r\n", 1 << 20)
             await loop.sock_sendall(sock, head + b'{"messages":[' + b" " * 65536)
             with contextlib.suppress(TimeoutError, OSError):
                 await asyncio.wait_for(loop.sock_recv(sock, 512), deadline - time.monotonic())
@@ -378,10 +377,7 @@ class Holder:
 async def holding_reader(port: int, deadline: float, holder: Holder) -> None:
     """Asks for a long streamed answer, reads its first bytes, never reads again; when the
     front cuts it (or refuses it), asks again at once."""
-    body = json.dumps(
-        {"model": "standin", "stream": True, "max_tokens": 50_000,
-         "messages": [{"role": "user", "content": "go"}]}
-    ).encode()  # fmt: skip
+    body = LONG_STREAM_BODY
     loop = asyncio.get_running_loop()
     while time.monotonic() < deadline:
         sock = socket.socket()
@@ -389,12 +385,7 @@ async def holding_reader(port: int, deadline: float, holder: Holder) -> None:
         sock.setblocking(False)
         try:
             await loop.sock_connect(sock, ("127.0.0.1", port))
-            head = (
-                "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                f"application/json\r\n{holder.front_headers(body)}"
-                f"Content-Length: {len(body)}\r\n\r\n"
-            ).encode()
-            await loop.sock_sendall(sock, head + body)
+            await loop.sock_sendall(sock, _chat_head(holder.front_headers(body), len(body)) + body)
             first = await asyncio.wait_for(loop.sock_recv(sock, 512), 10)
             if first.startswith(b"HTTP/1.1 200"):
                 await _until_closed(sock, deadline)
@@ -426,11 +417,7 @@ async def holding_writer(port: int, deadline: float, holder: Holder) -> None:
         sock.setblocking(False)
         try:
             await loop.sock_connect(sock, ("127.0.0.1", port))
-            head = (
-                "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                f"application/json\r\n{holder.front_headers(body)}"
-                f"Content-Length: {len(body)}\r\n\r\n"
-            ).encode()
+            head = _chat_head(holder.front_headers(body), len(body))
             await loop.sock_sendall(sock, head + body[:1])
             first = await asyncio.wait_for(loop.sock_recv(sock, 512), deadline - time.monotonic())
             if not first.startswith(b"HTTP/1.1 408"):

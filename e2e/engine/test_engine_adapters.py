@@ -550,8 +550,10 @@ class _AdapterKeptRunning:
             self._streams.add(stream)
             stream.add_done_callback(self._streams.discard)
             waiter = asyncio.create_task(handoff.wait())
-            await asyncio.wait({stream, waiter}, return_when=asyncio.FIRST_COMPLETED)
-            waiter.cancel()
+            try:
+                await asyncio.wait({stream, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            finally:  # asyncio.wait leaves its tasks running when the keeper is cancelled
+                waiter.cancel()
             if not handoff.is_set():
                 await asyncio.sleep(0.5)  # refused or cut short: not retried at once
 

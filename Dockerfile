@@ -89,6 +89,8 @@ CMD ["front"]
 FROM --platform=$BUILDPLATFORM ${GO_IMAGE} AS build-picker
 ARG TARGETOS
 ARG TARGETARCH
+# Where `go mod download` fetches from (scripts/images lends this machine's module cache).
+ARG GOPROXY=https://proxy.golang.org,direct
 WORKDIR /src/picker
 COPY picker/go.mod picker/go.sum ./
 RUN go mod download

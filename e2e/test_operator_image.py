@@ -10,15 +10,12 @@ It must take a resource to Ready=True (the `Available` transition) as the proces
 
 from __future__ import annotations
 
-import base64
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 
-from harness.images import PodRun, built_image, chart_operator_pod
+from harness.images import PodRun, built_image, chart_operator_pod, embedded_kubeconfig
 from harness.net import answers_ok, free_port
 from harness.operator import apply_yaml, condition, get_json, install_crd, resource
 from harness.pytest_cluster import Cluster
@@ -29,25 +26,6 @@ TIMEOUT_S = 240
 KUBECONFIG_DIR = "/var/run/promptcache-test"
 DROPPED = ("--all-namespaces", "--lease-name", "--lease-namespace", "--health-port",
            "--metrics-port", "--endpoint-picker-cluster-role")  # fmt: skip
-
-
-def embedded_kubeconfig(admin: Path, out: Path) -> Path:
-    """The admin kubeconfig with its certificate files inlined (the container sees no pki/)."""
-    config: dict[str, Any] = yaml.safe_load(admin.read_text())
-    for entry, fields in (("clusters", ("certificate-authority",)),
-                          ("users", ("client-certificate", "client-key"))):  # fmt: skip
-        for item in config[entry]:
-            body = item["cluster" if entry == "clusters" else "user"]
-            for name in fields:
-                if name in body:
-                    data = Path(body.pop(name)).read_bytes()
-                    body[f"{name}-data"] = base64.b64encode(data).decode()
-    out.mkdir(parents=True, exist_ok=True)
-    out.chmod(0o755)
-    path = out / "kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    path.chmod(0o644)  # readable by the image's user, like a projected token
-    return path
 
 
 def test_operator_image_makes_a_resource_available(cluster: Cluster, tmp_path: Path) -> None:

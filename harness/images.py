@@ -19,6 +19,7 @@ The images come from `tools.images.ensure_images` (built or reused: seconds when
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import os
@@ -233,3 +234,23 @@ class PodRun:
             check=False,
         )
         shutil.rmtree(self.workdir / "volumes", ignore_errors=True)
+
+
+def embedded_kubeconfig(admin: Path, out: Path) -> Path:
+    """A kubeconfig (the admin's, or a ServiceAccount's) with its certificate files inlined
+    (the container sees no pki/), readable by the image's user."""
+    config: dict[str, Any] = yaml.safe_load(admin.read_text())
+    for entry, fields in (("clusters", ("certificate-authority",)),
+                          ("users", ("client-certificate", "client-key"))):  # fmt: skip
+        for item in config[entry]:
+            body = item["cluster" if entry == "clusters" else "user"]
+            for name in fields:
+                if name in body:
+                    data = Path(body.pop(name)).read_bytes()
+                    body[f"{name}-data"] = base64.b64encode(data).decode()
+    out.mkdir(parents=True, exist_ok=True)
+    out.chmod(0o755)
+    path = out / "kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o644)  # readable by the image's user, like a projected token
+    return path

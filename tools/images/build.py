@@ -34,10 +34,11 @@ from tools.images.host import (
     podman_streamed,
     probe,
 )
+from tools.images.picker_bases import build_mounts, ensure_go_image, ensure_static_base
 
 # The Dockerfile's image targets, as the release workflow publishes them (a test holds the
 # two to each other); each is published as promptcache-<target>.
-TARGETS = ("operator", "front")
+TARGETS = ("operator", "front", "picker")
 LOCAL_REGISTRY = "localhost"
 INPUTS_LABEL = "io.promptcache.inputs"
 TORCH_LABEL = "io.promptcache.torch-index"
@@ -97,11 +98,19 @@ def context_files() -> list[Path]:
     return files
 
 
-def inputs_key(target: str, base: str, torch_index: str) -> str:
-    digest = hashlib.sha256()
-    head = {"scheme": SCHEME, "target": target, "base": base}
+def build_args(target: str, bases: dict[str, str], torch_index: str) -> dict[str, str]:
+    """The build arguments a target's stages read: its base images, and torch's index."""
+    if target == "picker":
+        return {"GO_IMAGE": bases["go"], "PICKER_BASE_IMAGE": bases["static"]}
+    args = {"PYTHON_IMAGE": bases["python"]}
     if target == "front":  # the only target whose stages read TORCH_INDEX_URL
-        head["torch_index"] = torch_index
+        args["TORCH_INDEX_URL"] = torch_index
+    return args
+
+
+def inputs_key(target: str, args: dict[str, str]) -> str:
+    digest = hashlib.sha256()
+    head = {"scheme": SCHEME, "target": target, **args}
     digest.update(json.dumps(head, sort_keys=True).encode())
     digest.update((ROOT / "Dockerfile").read_bytes())
     for path in context_files():
@@ -151,10 +160,11 @@ def _size(ref: str) -> int:
     return int(podman("image", "inspect", "--format", "{{.Size}}", ref).stdout.strip())
 
 
-def build_target(target: str, base: str, torch_index: str, progress: Progress) -> Built:
+def build_target(target: str, bases: dict[str, str], torch_index: str, progress: Progress) -> Built:
     """The target's image, built unless its tag already carries today's inputs."""
     ref = local_ref(target)
-    key = inputs_key(target, base, torch_index)
+    args = build_args(target, bases, torch_index)
+    key = inputs_key(target, args)
     if _label(ref, INPUTS_LABEL) == key:
         progress.say(f"{target}: reusing {ref} (inputs {key})")
         return Built(target, ref, key, torch_index, _size(ref))
@@ -169,10 +179,7 @@ def build_target(target: str, base: str, torch_index: str, progress: Progress) -
             "--layers",
             "--pull=never",
             "--network=host",
-            "--build-arg",
-            f"PYTHON_IMAGE={base}",
-            "--build-arg",
-            f"TORCH_INDEX_URL={torch_index}",
+            *(f for name, value in args.items() for f in ("--build-arg", f"{name}={value}")),
             "--label",
             f"{INPUTS_LABEL}={key}",
             "--label",
@@ -184,6 +191,8 @@ def build_target(target: str, base: str, torch_index: str, progress: Progress) -
             argv += ["--label", f"{TORCH_LABEL}={torch_index}"]
         if CA_BUNDLE.exists():
             argv += ["--volume", f"{CA_BUNDLE}:{CA_BUNDLE}:ro"]
+        if target == "picker":
+            argv += build_mounts()
         previous = _image_id(ref)
         try:
             podman_streamed([*argv, str(ROOT)], STATE / "logs" / f"{target}.log", progress)
@@ -233,11 +242,14 @@ def ensure_images(
         raise ImagesError(f"unknown image target {unknown}: the targets are {list(TARGETS)}")
     with locked("base"):
         ensure_tools(progress)
-        base = ensure_base(progress)
-        probe(base)
+        bases = {"python": ensure_base(progress)}
+        probe(bases["python"])
+        if "picker" in targets:
+            bases["go"] = ensure_go_image(bases["python"], progress)
+            bases["static"] = ensure_static_base(progress)
     torch_index = choose_torch_index(progress) if "front" in targets else PYPI_INDEX
     images: dict[str, Built] = {}
     for target in (t for t in TARGETS if t in targets):
         with locked(target):
-            images[target] = build_target(target, base, torch_index, progress)
+            images[target] = build_target(target, bases, torch_index, progress)
     return images

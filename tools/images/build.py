@@ -16,6 +16,7 @@ import json
 import os
 import re
 import ssl
+import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
@@ -160,6 +161,20 @@ def _size(ref: str) -> int:
     return int(podman("image", "inspect", "--format", "{{.Size}}", ref).stdout.strip())
 
 
+def _relabel(ref: str, key: str) -> None:
+    """Give REF today's inputs label, where podman's layer cache kept yesterday's.
+
+    Why: when a change of the inputs touches no layer of a target (the README, which the
+    picker's stages never copy), every step is a cache hit and podman hands back the cached
+    image with the label of the build that made it, ignoring `--label`; a later run would
+    then rebuild it forever. A `LABEL` instruction on top is a new configuration, no new
+    layer, and costs a second.
+    """
+    with tempfile.TemporaryDirectory(dir=STATE, prefix="relabel-") as tmp:
+        (Path(tmp) / "Containerfile").write_text(f"FROM {ref}\nLABEL {INPUTS_LABEL}={key}\n")
+        podman("build", "--pull=never", "--layers=false", "--tag", ref, tmp)
+
+
 def build_target(target: str, bases: dict[str, str], torch_index: str, progress: Progress) -> Built:
     """The target's image, built unless its tag already carries today's inputs."""
     ref = local_ref(target)
@@ -196,6 +211,8 @@ def build_target(target: str, bases: dict[str, str], torch_index: str, progress:
         previous = _image_id(ref)
         try:
             podman_streamed([*argv, str(ROOT)], STATE / "logs" / f"{target}.log", progress)
+            if _label(temporary, INPUTS_LABEL) != key:
+                _relabel(temporary, key)
             podman("tag", temporary, ref)
         finally:
             podman("untag", temporary, temporary, check=False)

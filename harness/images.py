@@ -152,13 +152,17 @@ class PodRun:
                 size = _quantity_bytes(volume["emptyDir"].get("sizeLimit", DEFAULT_EMPTYDIR_SIZE))
                 flags.append(f"--tmpfs={mount['mountPath']}:rw,size={size},mode=1777")
                 continue
-            source = volume.get("secret") or volume.get("configMap")
-            assert source is not None, f"volume {mount['name']}: only emptyDir/Secret/ConfigMap"
+            # A projected volume is the API server's ServiceAccount token (`kube-api-access-*`),
+            # which none of these containers reads: mounted with the files the test gives.
+            source = volume.get("secret") or volume.get("configMap") or volume.get("projected")
+            assert source is not None, (
+                f"volume {mount['name']}: only emptyDir/Secret/ConfigMap/projected"
+            )
             directory = self.workdir / "volumes" / mount["name"]
             directory.mkdir(parents=True, exist_ok=True)
             directory.chmod(0o1777)  # the kubelet's volume directory: anyone may look up
             mode = source.get("defaultMode", 0o644)
-            for name, content in self.files[mount["name"]].items():
+            for name, content in self.files.get(mount["name"], {}).items():
                 path = directory / name
                 path.write_bytes(content)
                 os.chown(path, 0, fs_group)
@@ -173,8 +177,8 @@ class PodRun:
             name = var["name"]
             if name in self.env:
                 continue
-            if "value" in var:
-                flags.append(f"--env={name}={var['value']}")
+            if "valueFrom" not in var:  # the API server drops an empty `value`
+                flags.append(f"--env={name}={var.get('value', '')}")
             else:
                 ref = var["valueFrom"]["fieldRef"]["fieldPath"]
                 known = {"metadata.name": self.name, "metadata.namespace": "default", **self.fields}

@@ -126,6 +126,9 @@ class Container:
     termination_policy: str = "File"
     pre_stop: Mapping[str, Any] | None = None
     """`lifecycle.preStop` as rendered."""
+    cleanup: list[str] | None = None
+    """What removes what the process leaves when killed (a container run from an image:
+    SIGKILL stops podman, not the container)."""
     restarts: int = 0
     started: bool = False
     exited_at: float | None = None
@@ -166,6 +169,8 @@ class Container:
                 self.proc.wait(timeout=grace_s)
         self.signal(signal.SIGKILL)  # and whatever it left in its group
         self.proc.wait(timeout=30)
+        if self.cleanup is not None:
+            subprocess.run(self.cleanup, env=self.env, capture_output=True, check=False)
         if self._log is not None:
             self._log.close()
             self._log = None
@@ -214,8 +219,12 @@ class ProcessPod:
         kv_cache_bytes: int | None = None,
         on_ready: Callable[[ProcessPod, bool], None] | None = None,
         promptcache_argv: tuple[str, ...] = (sys.executable, "-m", "promptcache.cli"),
+        images: Mapping[str, str] | None = None,
     ) -> None:
+        """`images`: container name -> image reference, for the containers run from their
+        image with podman (`harness.images.PodRun`) rather than from the checkout."""
         self.name, self.ip, self.workdir = name, ip, workdir
+        self._images = dict(images or {})
         self.spec = pod_spec
         self.outlives_module = False
         """Set by a fixture wider than a module (the session's engine pod): the check that
@@ -276,6 +285,9 @@ class ProcessPod:
     ) -> Container:
         mounts = {m["mountPath"]: self.volumes[m["name"]] for m in spec.get("volumeMounts", [])}
         self.mounts_by_container[spec["name"]] = mounts
+        image = self._images.get(spec["name"])
+        if image is not None:
+            return self._image_container(spec, image)
         args = [pod_local(str(a), self.ip, mounts) for a in spec.get("args", [])]
         env = self._env(spec, mounts)
         if spec["name"] == VLLM_CONTAINER:
@@ -288,6 +300,15 @@ class ProcessPod:
         else:
             argv = [*promptcache_argv, *args]
 
+        return self._as_container(spec, argv, env)
+
+    def _as_container(
+        self,
+        spec: Mapping[str, Any],
+        argv: list[str],
+        env: dict[str, str],
+        cleanup: list[str] | None = None,
+    ) -> Container:
         def probe(kind: str) -> _Probe | None:
             return _Probe(spec[kind]) if kind in spec else None
 
@@ -301,7 +322,43 @@ class ProcessPod:
             readiness=probe("readinessProbe"),
             termination_policy=str(spec.get("terminationMessagePolicy", "File")),
             pre_stop=(spec.get("lifecycle") or {}).get("preStop"),
+            cleanup=cleanup,
         )
+
+    def _image_container(self, spec: Mapping[str, Any], image: str) -> Container:
+        """The container run from IMAGE as its pod spec says (user, read-only root, no
+        capability, its emptyDirs and Secret files), on the host network at the pod's IP:
+        the pod's addresses in its env become the pod IP, as for a process container; its
+        paths stay the container's own."""
+        from harness.images import PodRun  # noqa: PLC0415 (podman's harness, only here)
+        from tools.images import podman_env  # noqa: PLC0415
+
+        volumes = {v["name"]: v for v in self.spec.get("volumes", [])}
+        files: dict[str, dict[str, bytes]] = {}
+        for mount in spec.get("volumeMounts", []):
+            secret = volumes[mount["name"]].get("secret")
+            if secret is not None:
+                files[mount["name"]] = {
+                    item.get("path", item["key"]): self._secrets(secret["secretName"], item["key"])
+                    for item in secret.get("items") or []
+                }
+        run = PodRun(
+            image,
+            self.spec,
+            spec,
+            self.workdir / f"{spec['name']}-image",
+            files=files,
+            env={
+                item["name"]: pod_local(str(item["value"]), self.ip, {})
+                for item in spec.get("env", [])
+                if "value" in item
+            },
+            fields={"metadata.name": self.name},
+            network="host",
+            name=f"promptcache-pod-{self.ip.replace('.', '-')}-{spec['name']}",
+        )
+        cleanup = ["podman", "rm", "--force", "--time=0", run.name]
+        return self._as_container(spec, run.argv(), podman_env(), cleanup)
 
     # --- running -------------------------------------------------------------------------
     def container(self, name: str) -> Container:

@@ -12,6 +12,12 @@ probes decide. What must hold:
   counters (the hit ratio rises with real traffic);
 * when the engine dies the pod leaves Ready and the resource says why; after the restart
   it is Ready again.
+
+The pod's cache front runs from the front image (`scripts/images`), as the rendered
+`cache-front` container says (its user and fsGroup, read-only root, no capability, its
+/tmp emptyDir and salt Secret, its env and probes), on the pod's IP before the real engine:
+the one model-server pod of the suite whose front is the image a user pulls rather than
+the checkout (issue 40).
 """
 
 from __future__ import annotations
@@ -28,12 +34,13 @@ import yaml
 from harness.engine.client import chat_body, long_text
 from harness.engine.cluster_pods import PROCESS_POD_TEMPLATE, run_on_cluster
 from harness.engine.pods import engine_resource
+from harness.images import built_image
 from harness.operator import condition, get_json, namespaced_operator, wait_for
 from harness.pod import ProcessPod
 from harness.pytest_cluster import Cluster
 from harness.vllm.server import START_TIMEOUT_S
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.images]
 NAME = "real"
 BLOCK = 64
 
@@ -94,7 +101,9 @@ def test_status_and_readiness_come_from_the_real_engine(
     name = found["metadata"]["name"]
     assert _pod_ready(cluster, ns, name) == "False", "kwok must leave the pod's readiness to us"
 
-    pod = run_on_cluster(cluster, ns, name, tmp_path / "pod")
+    pod = run_on_cluster(
+        cluster, ns, name, tmp_path / "pod", images={"cache-front": built_image("front").ref}
+    )
     try:
         # Still loading: neither the pod nor the resource is Ready.
         time.sleep(3)

@@ -18,7 +18,15 @@ import json
 import subprocess
 import tempfile
 
-from tools.images.host import STATE, ImagesError, Progress, last_line, podman
+from tools.images.host import (
+    STATE,
+    ImagesError,
+    Progress,
+    last_line,
+    podman,
+    reusable,
+    tagged_when_done,
+)
 
 SUITE = "bookworm"
 SOURCES = (
@@ -46,10 +54,8 @@ def base_key() -> str:
 def ensure_base(progress: Progress) -> str:
     """The base image's reference, made first when no image of these inputs exists."""
     ref = f"{REPOSITORY}:{base_key()}"
-    if podman("image", "exists", ref, check=False).returncode == 0:
-        progress.say(f"base: reusing {ref}")
+    if reusable(ref, "base", progress):
         return ref
-    temporary = f"{REPOSITORY}:building-{base_key()}"
     with progress.step(f"base {ref} (mmdebstrap {SUITE}: {', '.join(PACKAGES)})"):
         STATE.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=STATE, prefix="base-") as tmp:
@@ -70,10 +76,6 @@ def ensure_base(progress: Progress) -> str:
                     f"mmdebstrap failed ({last_line(done.stderr)}): Debian's archive must be "
                     "reachable; fix that, then run scripts/images again"
                 )
-            podman("import", "--change", 'CMD ["/bin/bash"]', tarball, temporary)
-        # Tagged only once complete: a run stopped above leaves no tag a later run trusts.
-        try:
-            podman("tag", temporary, ref)
-        finally:
-            podman("untag", temporary, temporary, check=False)
+            with tagged_when_done(ref) as temporary:
+                podman("import", "--change", 'CMD ["/bin/bash"]', tarball, temporary)
     return ref

@@ -222,3 +222,23 @@ def locked(name: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def reusable(ref: str, what: str, progress: Progress) -> bool:
+    """Whether an image of these inputs is already here (its tag names them), said so."""
+    if podman("image", "exists", ref, check=False).returncode == 0:
+        progress.say(f"{what}: reusing {ref}")
+        return True
+    return False
+
+
+@contextmanager
+def tagged_when_done(ref: str) -> Iterator[str]:
+    """A temporary tag to build REF under, given REF only when the block succeeded: a run
+    stopped half-way leaves no tag a later run would take for complete."""
+    temporary = f"{ref}-building"
+    try:
+        yield temporary
+        podman("tag", temporary, ref)
+    finally:
+        podman("untag", temporary, temporary, check=False)

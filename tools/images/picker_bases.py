@@ -29,7 +29,15 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from tools.images.host import CACHE, STATE, ImagesError, Progress, podman
+from tools.images.host import (
+    CACHE,
+    STATE,
+    ImagesError,
+    Progress,
+    podman,
+    reusable,
+    tagged_when_done,
+)
 
 GO_REPOSITORY = "localhost/promptcache-go"
 STATIC_REPOSITORY = "localhost/promptcache-static"
@@ -62,8 +70,7 @@ def ensure_go_image(base: str, progress: Progress) -> str:
     root = go_root()
     key = hashlib.sha256(f"{base}\0{go_version(root)}".encode()).hexdigest()[:12]
     ref = f"{GO_REPOSITORY}:{go_version(root).removeprefix('go')}-{key}"
-    if podman("image", "exists", ref, check=False).returncode == 0:
-        progress.say(f"go image: reusing {ref}")
+    if reusable(ref, "go image", progress):
         return ref
     with progress.step(f"go image {ref} ({root})"):
         STATE.mkdir(parents=True, exist_ok=True)
@@ -128,32 +135,24 @@ def ensure_static_base(progress: Progress) -> str:
     """The picker's runtime base: no shell, the non-root user, certificates."""
     tree = _static_tree()
     ref = f"{STATIC_REPOSITORY}:{hashlib.sha256(tree).hexdigest()[:12]}"
-    if podman("image", "exists", ref, check=False).returncode == 0:
-        progress.say(f"static base: reusing {ref}")
+    if reusable(ref, "static base", progress):
         return ref
     with progress.step(f"static base {ref}"):
         STATE.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=STATE, prefix="static-") as tmp:
             tarball = Path(tmp) / "static.tar"
             tarball.write_bytes(tree)
-            temporary = f"{ref}-building"
-            podman("import", "--change", f"USER {NONROOT}:{NONROOT}", str(tarball), temporary)
-            try:
-                podman("tag", temporary, ref)
-            finally:
-                podman("untag", temporary, temporary, check=False)
+            with tagged_when_done(ref) as temporary:
+                podman("import", "--change", f"USER {NONROOT}:{NONROOT}", str(tarball), temporary)
     return ref
 
 
 def _build_tagged(ref: str, argv: list[str]) -> None:
-    temporary = f"{ref}-building"
     try:
-        podman("build", "--tag", temporary, *argv)
-        podman("tag", temporary, ref)
+        with tagged_when_done(ref) as temporary:
+            podman("build", "--tag", temporary, *argv)
     except subprocess.CalledProcessError as error:
         raise ImagesError(f"building {ref} failed: {error.stderr or error}") from error
-    finally:
-        podman("untag", temporary, temporary, check=False)
 
 
 def build_mounts() -> list[str]:

@@ -15,11 +15,15 @@ from typing import Any, Final
 
 from promptcache.api import PromptCacheDeployment
 from promptcache.contract import (
+    DEFAULT_MAX_SESSIONS,
     DEFAULT_PICKER,
     SALT_KEY_FILE,
     SERVING_PORT,
+    SESSION_AFFINITY_PLUGIN,
     TENANT_SALT_PARSER,
+    SessionParam,
     TenantSaltParam,
+    session_sources,
 )
 from promptcache.contract import PickerTarget as Picker
 from promptcache.render.names import names_of
@@ -108,7 +112,14 @@ def endpoint_picker_config(pcd: PromptCacheDeployment) -> dict[str, Any]:
         plugins.append({"type": LORA_SCORER})
     plugins += _token_producer(pcd)
     profile: list[dict[str, Any]] = []
-    # GIE has no session plugin: the API refuses sessionAffinity there (api/rules.py).
+    # The upstream GIE picker has no session plugin: the API refuses sessionAffinity there
+    # (api/rules.py). promptcache's build has its own, a filter: first, so a pinned session
+    # keeps its pod whatever the prefix filter or the scorers say (picker/README.md).
+    if session.enabled and picker_of(pcd) is Picker.PROMPTCACHE:
+        plugins.append(
+            {"type": SESSION_AFFINITY_PLUGIN, "parameters": session_affinity_parameters(pcd)}
+        )
+        profile.append({"pluginRef": SESSION_AFFINITY_PLUGIN})
     if session.enabled and picker_of(pcd) is Picker.LLM_D_ROUTER:
         plugins.append(
             {
@@ -200,6 +211,21 @@ def tenant_salt_parameters(pcd: PromptCacheDeployment) -> dict[str, Any]:
     }
     if spec.needs_salt_key:
         params[TenantSaltParam.SALT_KEY_FILE] = SALT_KEY_FILE
+    return {str(k): v for k, v in params.items()}
+
+
+def session_affinity_parameters(pcd: PromptCacheDeployment) -> dict[str, Any]:
+    """The `promptcache` picker's session plugin: `sessionAffinity` as the policy step
+    reads it for llm-d-router (the header, then `prompt_cache_key`, then `user` when
+    `useUserField`), pinned for `ttlSeconds`, at most `DEFAULT_MAX_SESSIONS` tracked. Every
+    parameter is written out (the plugin decodes strictly and defaults none)."""
+    session = pcd.spec.session_affinity
+    params: dict[SessionParam, Any] = {
+        SessionParam.HEADER: session.header,
+        SessionParam.SOURCES: [s.value for s in session_sources(session.use_user_field)],
+        SessionParam.TTL_SECONDS: session.ttl_seconds,
+        SessionParam.MAX_SESSIONS: DEFAULT_MAX_SESSIONS,
+    }
     return {str(k): v for k, v in params.items()}
 
 

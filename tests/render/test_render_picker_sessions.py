@@ -82,9 +82,7 @@ def test_every_parameter_is_written_and_named_by_the_contract() -> None:
 
 
 def test_without_the_user_field_user_names_no_session() -> None:
-    doc = config(
-        rendered(gateway=OURS, sessionAffinity={"enabled": True, "useUserField": False})
-    )
+    doc = config(rendered(gateway=OURS, sessionAffinity={"enabled": True, "useUserField": False}))
     assert session_plugin(doc)["parameters"]["sources"] == ["header", "prompt_cache_key"]
 
 

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"os"
 	"reflect"
+	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -162,4 +164,27 @@ func TestTypeAndParametersAreTheContracts(t *testing.T) {
 	if _, err := sessions.ParseSources(v.Contract.Sources); err != nil {
 		t.Error(err)
 	}
+}
+
+// The bytes one tracked session costs with the pod names the plugin keeps (README.md
+// quotes it): a full store's heap over its sessions, names shared with GIE's endpoints.
+func TestBytesPerSessionAsThePluginKeepsThem(t *testing.T) {
+	const n = 65536
+	pods := []podName{{"ns", "pool-0"}, {"ns", "pool-1"}, {"ns", "pool-2"}}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	s := sessions.NewStore[podName](time.Hour, n)
+	now := time.Unix(1_800_000_000, 0)
+	for i := range n {
+		s.Pin(sessions.KeyOf(strconv.Itoa(i)), pods[i%3], now)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	per := float64(after.HeapAlloc-before.HeapAlloc) / n
+	t.Logf("%.0f bytes per tracked session, %.1f MiB for %d", per, per*n/(1<<20), n)
+	if per > 256 {
+		t.Errorf("%.0f bytes per session; the README's bound assumes at most 256", per)
+	}
+	runtime.KeepAlive(s)
 }

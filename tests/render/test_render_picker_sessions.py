@@ -44,7 +44,8 @@ def epp_container(manifests: list[dict[str, Any]]) -> dict[str, Any]:
 
 def session_plugin(doc: dict[str, Any]) -> dict[str, Any]:
     (plugin,) = [p for p in doc["plugins"] if p["type"] == SESSION_AFFINITY_PLUGIN]
-    return plugin
+    found: dict[str, Any] = plugin
+    return found
 
 
 def test_sessions_register_the_plugin_with_the_resources_settings() -> None:

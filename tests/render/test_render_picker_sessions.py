@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from harness.epp import accepted_parameters
 from harness.resources import BASE, rendered
 from promptcache.api import parse_resource
 from promptcache.api.rules import GIE_SESSIONS_MESSAGE, picker_refusals
@@ -101,3 +102,10 @@ def test_the_api_takes_sessions_for_our_picker_and_still_refuses_them_for_gie() 
     assert GIE_SESSIONS_MESSAGE not in picker_refusals(pcd.spec, "promptcache")
     assert GIE_SESSIONS_MESSAGE in picker_refusals(pcd.spec, "gie-v1.5")
     assert "promptcache" in GIE_SESSIONS_MESSAGE  # the message names the way out
+
+
+def test_the_harness_accepts_exactly_the_contracts_parameters() -> None:
+    """`harness/epp/accepted_parameters.json` (what the config tests hold every emitted
+    parameter to) lists the session plugin's keys as the contract names them; the Go
+    struct is held to the same names by the shared vectors."""
+    assert set(accepted_parameters()[SESSION_AFFINITY_PLUGIN]) == {p.value for p in SessionParam}

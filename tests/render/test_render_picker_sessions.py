@@ -109,3 +109,13 @@ def test_the_harness_accepts_exactly_the_contracts_parameters() -> None:
     parameter to) lists the session plugin's keys as the contract names them; the Go
     struct is held to the same names by the shared vectors."""
     assert set(accepted_parameters()[SESSION_AFFINITY_PLUGIN]) == {p.value for p in SessionParam}
+
+
+def test_the_config_text_says_what_the_pin_does() -> None:
+    manifests = rendered(gateway=OURS, sessionAffinity={"enabled": True})
+    (cm,) = [
+        m for m in manifests if m["kind"] == "ConfigMap" and m["metadata"]["name"].endswith("-epp")
+    ]
+    text: str = cm["data"]["config.yaml"]
+    assert f"# {SESSION_AFFINITY_PLUGIN}: a session stays on its pod" in text
+    assert "gie-v1.5" not in text

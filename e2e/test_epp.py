@@ -10,7 +10,9 @@ ServiceAccount, and asks it where requests go over ext_proc, as the gateway does
 Every test runs on the upstream GIE EPP v1.5.0, which `e2e/cluster build` builds (its
 absence fails, never skips), and on llm-d-router v0.10.0 where that binary exists;
 tests of what only llm-d-router has (session plugins, strict decoding, the 64-token
-floor) skip with the reason elsewhere. See docs/endpoint-picker.md.
+floor) skip with the reason elsewhere. Sessions on promptcache's own picker, whose session
+plugin reads the body too, are `e2e/test_epp_sessions.py` (never skipped). See
+docs/endpoint-picker.md.
 """
 
 from __future__ import annotations

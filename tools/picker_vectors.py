@@ -3,7 +3,9 @@
 
 The salt, the key grammar and limits, the account digest, the signed identity header and
 its body digest, and the whole gateway decision are defined in Python
-(`promptcache.tenancy`, `promptcache.gateway.policy_step.decide`). This script computes
+(`promptcache.tenancy`, `promptcache.gateway.policy_step.decide`); so are the session a
+request names and the session plugin's type and parameters (`promptcache.contract.session`,
+read by `picker/sessions` and `picker/plugins/sessionaffinity`). This script computes
 vectors from those functions into ``picker/testdata/vectors.json`` and writes the route
 table the Go side classifies requests with (``picker/tenancy/routes_table.go``);
 ``go test ./...`` in ``picker/`` reads the vectors, and
@@ -30,9 +32,15 @@ from multidict import CIMultiDict
 
 from promptcache.contract import (
     IDENTITY_ATTESTATION_HEADER,
+    MAX_SESSION_ID_CHARS,
+    SESSION_AFFINITY_PLUGIN,
     TENANT_SALT_PARSER,
     IsolationMode,
+    SessionParam,
+    SessionSource,
     TenantSaltParam,
+    request_session,
+    session_sources,
 )
 from promptcache.gateway.policy_step import decide
 from promptcache.tenancy import attestation, identity, salt
@@ -416,6 +424,76 @@ def _decisions() -> list[dict[str, Any]]:
     return out
 
 
+SESSION_HEADERS: list[str | None] = [
+    None, "", " ", "\t", "\x1c", "\u3000", "alice", " alice ", "caf\u00e9", "x" * 5000,
+]  # fmt: skip
+SESSION_BODIES: list[dict[str, Any]] = [
+    {},
+    {"prompt_cache_key": "k", "user": "u"},
+    {"user": "u"},
+    {"prompt_cache_key": "k"},
+    {"prompt_cache_key": 1, "user": "u"},
+    {"prompt_cache_key": None, "user": "u"},
+    {"prompt_cache_key": ["k"], "user": "u"},
+    {"prompt_cache_key": {"k": 1}, "user": "u"},
+    {"prompt_cache_key": True},
+    {"prompt_cache_key": "", "user": "u"},
+    {"prompt_cache_key": "   ", "user": "u"},
+    {"prompt_cache_key": " k "},
+    {"prompt_cache_key": "\x1ck\x1f"},
+    {"prompt_cache_key": "\u3000k\u2003"},
+    {"prompt_cache_key": "\x85k\xa0"},
+    {"prompt_cache_key": "a\x85b"},
+    {"prompt_cache_key": "a\x00b", "user": "u"},
+    {"prompt_cache_key": "a\x7fb", "user": "u"},
+    {"prompt_cache_key": "a\nb", "user": "u"},
+    {"prompt_cache_key": "a\x1fb", "user": "u"},
+    {"prompt_cache_key": "x" * MAX_SESSION_ID_CHARS},
+    {"prompt_cache_key": "x" * (MAX_SESSION_ID_CHARS + 1), "user": "u"},
+    {"prompt_cache_key": " " + "x" * MAX_SESSION_ID_CHARS + " "},
+    {"prompt_cache_key": "\U0001f600" * MAX_SESSION_ID_CHARS},
+    {"prompt_cache_key": "\U0001f600" * (MAX_SESSION_ID_CHARS + 1), "user": "u"},
+    {"prompt_cache_key": "\u00e9" * MAX_SESSION_ID_CHARS},
+    {"prompt_cache_key": "<html>&amp;\u2028"},
+    {"user": "\ufffd"},
+    {"user": 7},
+]
+SESSION_SOURCE_ORDERS: dict[str, tuple[SessionSource, ...]] = {
+    "all": session_sources(use_user_field=True),
+    "no-user": session_sources(use_user_field=False),
+    "user-then-header": (SessionSource.USER, SessionSource.HEADER),
+    "body-only": (SessionSource.PROMPT_CACHE_KEY,),
+}
+
+
+def _session_cases() -> list[dict[str, Any]]:
+    """`request_session` on every header with a body naming both fields, and on every
+    body without a header and with a blank one, under each order of sources."""
+    pairs: list[tuple[str | None, dict[str, Any]]] = [
+        (h, SESSION_BODIES[1]) for h in SESSION_HEADERS
+    ] + [(h, b) for h in (None, " ") for b in SESSION_BODIES]
+    out = []
+    for (order, sources), (header, body) in itertools.product(SESSION_SOURCE_ORDERS.items(), pairs):
+        out.append(
+            {
+                "sources": [s.value for s in sources],
+                "order": order,
+                "header": header,
+                "body": json.dumps(body, ensure_ascii=False),
+                "session": request_session(header, body, sources),
+            }
+        )
+    return out
+
+
+def _sessions() -> dict[str, Any]:
+    return {
+        "max_id_chars": MAX_SESSION_ID_CHARS,
+        "python_whitespace": [c for c in range(0x110000) if chr(c).isspace()],
+        "cases": _session_cases(),
+    }
+
+
 def _settings_json() -> dict[str, dict[str, Any]]:
     out = {}
     for name, overrides in SETTINGS.items():
@@ -441,6 +519,9 @@ def vectors() -> dict[str, Any]:
             "tenant_salt_parser": TENANT_SALT_PARSER,
             "tenant_salt_parameters": sorted(p.value for p in TenantSaltParam),
             "identity_header": IDENTITY_ATTESTATION_HEADER,
+            "session_affinity_plugin": SESSION_AFFINITY_PLUGIN,
+            "session_affinity_parameters": sorted(p.value for p in SessionParam),
+            "session_sources": [s.value for s in SessionSource],
         },
         "secret": SECRET.hex(),
         "max_isolation_key_chars": MAX_ISOLATION_KEY_CHARS,
@@ -455,6 +536,7 @@ def vectors() -> dict[str, Any]:
         "attestation": _attestations(),
         "settings": _settings_json(),
         "decisions": _decisions(),
+        "sessions": _sessions(),
     }
 
 

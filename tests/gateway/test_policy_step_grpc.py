@@ -20,8 +20,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from hypothesis import given
 from hypothesis import strategies as st
 
+from promptcache.contract.session import MAX_SESSION_ID_CHARS
 from promptcache.gateway.policy_step import (
-    MAX_SESSION_ID_CHARS,
     decide,
     decide_cost,
     session_from_body,

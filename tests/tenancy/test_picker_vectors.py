@@ -35,3 +35,26 @@ def test_vectors_cover_what_breaks_ports() -> None:
     bodies = [b["body"] for b in data["body_digests"]]
     assert any("<script>" in b for b in bodies if isinstance(b, str))
     assert any("1e16" in b for b in bodies if isinstance(b, str))
+
+
+def test_session_vectors_cover_what_breaks_ports() -> None:
+    """The session a request names (`contract.session.request_session`): the cases a Go
+    port gets wrong first are there, each with the outcome Python gives."""
+    data = json.loads(picker_vectors.VECTORS.read_text(encoding="utf-8"))
+    sessions = data["sessions"]
+    assert 0x1C in sessions["python_whitespace"]  # Python strips it; Go's IsSpace does not
+    cases = {(c["order"], c["header"], c["body"]): c["session"] for c in sessions["cases"]}
+    both = json.dumps({"prompt_cache_key": "k", "user": "u"})
+    assert cases[("all", "alice", both)] == "alice"  # an explicit header wins
+    assert cases[("all", " ", both)] == "k"  # a blank header names nothing
+    assert cases[("all", "\x1c", both)] == "k"  # blank as Python counts it
+    assert cases[("user-then-header", "alice", both)] == "u"  # the sources' order decides
+    assert cases[("no-user", None, json.dumps({"user": "u"}))] is None
+    stripped = json.dumps({"prompt_cache_key": "\x1ck\x1f"}, ensure_ascii=False)
+    assert cases[("all", None, stripped)] == "k"
+    astral = json.dumps({"prompt_cache_key": "\U0001f600" * 256}, ensure_ascii=False)
+    assert cases[("all", None, astral)] == "\U0001f600" * 256  # code points, not bytes
+    data_contract = data["contract"]
+    assert data_contract["session_affinity_parameters"] == sorted(
+        ["header", "sources", "ttlSeconds", "maxSessions"]
+    )

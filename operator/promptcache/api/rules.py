@@ -77,8 +77,8 @@ def picker_refusals(spec: Any, picker: str) -> list[str]:
         refused.append(GIE_RENDER_MESSAGE)
     if picker in GIE_BASED_PICKERS and spec.prefix_cache.tiers:
         refused.append(GIE_TIERS_MESSAGE)
-    if picker in GIE_BASED_PICKERS and spec.session_affinity.enabled:
-        refused.append(GIE_SESSIONS_MESSAGE)
+    if picker == GIE_PICKER and spec.session_affinity.enabled:
+        refused.append(GIE_SESSIONS_MESSAGE)  # promptcache's build has a session plugin
     if (
         picker in GIE_BASED_PICKERS
         and spec.prefix_cache.lru_capacity_per_server != GIE_LRU_CAPACITY
@@ -118,11 +118,10 @@ GIE_TIERS_MESSAGE = (
     "llm-d-router"
 )
 GIE_SESSIONS_MESSAGE = (
-    "sessionAffinity.enabled cannot be honoured by "
-    f"{_BY_GIE}: it has no "
-    "session-affinity plugin; set sessionAffinity.enabled to false (prefix affinity still "
-    "draws a conversation's next turn to the pod holding it) or set gateway.picker to "
-    "llm-d-router"
+    f"sessionAffinity.enabled cannot be honoured by gateway.picker {GIE_PICKER} (the "
+    "upstream GIE v1.5.0 picker): it has no session-affinity plugin; set "
+    "sessionAffinity.enabled to false (prefix affinity still draws a conversation's next "
+    "turn to the pod holding it) or set gateway.picker to promptcache or llm-d-router"
 )
 
 
@@ -686,7 +685,7 @@ RULES: tuple[CrossFieldRule, ...] = (
     CrossFieldRule(
         scope="spec",
         cel=(
-            f"!has(self.gateway.picker) || !(self.gateway.picker in {_GIE_BASED_CEL}) "
+            f"!has(self.gateway.picker) || self.gateway.picker != '{GIE_PICKER}' "
             "|| !self.sessionAffinity.enabled"
         ),
         message=GIE_SESSIONS_MESSAGE,

@@ -348,17 +348,20 @@ class IsolationSpec(ApiModel):
 class SessionAffinitySpec(ApiModel):
     """Route requests of one session to one replica (spec/004 'cache locality').
 
-    Rendered as the Endpoint Picker's `session-affinity-filter` with `strategy: session_id`:
-    a bound session is pinned to its replica whatever the load scorers say."""
+    Rendered as llm-d-router's `session-affinity-filter` with `strategy: session_id`, or as
+    the `promptcache` picker's own `promptcache-session-affinity` filter: a bound session is
+    pinned to its replica whatever the load scorers say, until the replica leaves the pool.
+    The upstream `gie-v1.5` picker has none (refused there)."""
 
     enabled: bool = False
-    """Pin sessions to replicas (the Endpoint Picker's Alpha session-affinity filter)."""
+    """Pin sessions to replicas (the Endpoint Picker's session-affinity filter)."""
     header: HeaderName = DEFAULT_SESSION_HEADER
     """Header carrying the session identifier."""
     use_user_field: bool = True
-    """Also take the session from the body's `user` field when the header is absent."""
+    """Also take the session from the body's `user` field when the header and
+    `prompt_cache_key` name none."""
     ttl_seconds: Annotated[int, Field(ge=1, le=86400)] = 300
-    """How long an idle session stays bound to its replica."""
+    """How long an idle session stays bound to its replica (each request renews it)."""
 
 
 class ScorerWeights(ApiModel):
@@ -485,9 +488,10 @@ class GatewaySpec(ApiModel):
     """Which Endpoint Picker the generated config and Deployment are for: `llm-d-router`
     (v0.10.0), `gie-v1.5` (the upstream Gateway API Inference Extension EPP v1.5.0, no
     session affinity and no prefix tiers) or `promptcache` (promptcache's own build of
-    GIE v1.5.0's picker: it derives the tenant's salt itself, so no gateway policy step
-    runs in front of it; otherwise as `gie-v1.5`). Empty: the operator's default (the
-    chart's `defaultPicker`, flag `--picker`; `llm-d-router` unless changed)."""
+    GIE v1.5.0's picker: it derives the tenant's salt and pins sessions itself, so no
+    gateway policy step runs in front of it; otherwise as `gie-v1.5`). Empty: the
+    operator's default (the chart's `defaultPicker`, flag `--picker`; `llm-d-router` unless
+    changed)."""
     epp_image: ImageRef | None = None
     """Endpoint Picker image. Empty: the pinned release of `picker`
     (`ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.10.0`,

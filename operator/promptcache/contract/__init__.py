@@ -13,6 +13,7 @@ same grammar and bounds. None of them defines its own copy.
 - `picker`: which Endpoint Picker a rendered gateway targets, and the operator's default.
 - `engine`: the `vllm serve` flags the operator writes or relies on, and the pattern of every
   spelling vLLM's parser reads as one of them (what `engine.extraArgs` may not carry).
+- `session`: what names a request's session, and the `promptcache` picker's session plugin.
 - `pods`: the parts of each rendered pod a `podTemplate` overlay may not touch.
 
 This package imports nothing of this project but itself and nothing heavy (no
@@ -103,6 +104,15 @@ from promptcache.contract.pods import (
     OPERATOR_POD_LABELS,
     OwnedPodParts,
 )
+from promptcache.contract.session import (
+    DEFAULT_MAX_SESSIONS,
+    MAX_SESSION_ID_CHARS,
+    SESSION_AFFINITY_PLUGIN,
+    SessionParam,
+    SessionSource,
+    request_session,
+    session_sources,
+)
 from promptcache.contract.settings import Setting, SettingInputError, format_bool, format_float
 
 __all__ = [
@@ -113,6 +123,7 @@ __all__ = [
     "DEFAULT_CACHED_PROMPT_TOKENS_HEADER",
     "DEFAULT_ISOLATION_FIELD",
     "DEFAULT_ISOLATION_HEADER",
+    "DEFAULT_MAX_SESSIONS",
     "DEFAULT_PICKER",
     "DEFAULT_PICKER_ENV",
     "DEFAULT_PROMPT_TOKENS_HEADER",
@@ -134,6 +145,7 @@ __all__ = [
     "IDENTITY_ATTESTATION_MAX_AGE_SECONDS",
     "IDENTITY_CLOCK_SKEW_SECONDS",
     "MAX_CACHE_GIB",
+    "MAX_SESSION_ID_CHARS",
     "MISSING_PROMPT_EMBEDS_IDS_FIELD",
     "MODEL_CACHE_MOUNT_PATH",
     "MODEL_SERVER_POD",
@@ -150,6 +162,7 @@ __all__ = [
     "SALT_KEY_MOUNT_DIR",
     "SALT_KEY_SECRET_KEY",
     "SERVING_PORT",
+    "SESSION_AFFINITY_PLUGIN",
     "SESSION_USER_FIELD",
     "SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR",
     "TENANT_SALT_PARSER",
@@ -161,7 +174,9 @@ __all__ = [
     "OwnedEngineFlags",
     "OwnedPodParts",
     "PickerTarget",
+    "SessionParam",
     "SessionShimEnv",
+    "SessionSource",
     "Setting",
     "SettingInputError",
     "TenantSaltParam",
@@ -178,4 +193,6 @@ __all__ = [
     "needs_salt_key",
     "owned_flag_pattern",
     "parse_cache_gib",
+    "request_session",
+    "session_sources",
 ]

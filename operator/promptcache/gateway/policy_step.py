@@ -56,9 +56,9 @@ from prometheus_client import CollectorRegistry, Counter, start_http_server
 from promptcache.contract import (
     CACHE_SALT_FIELD,
     IDENTITY_ATTESTATION_HEADER,
-    PROMPT_CACHE_KEY_FIELD,
     needs_salt_key,
 )
+from promptcache.contract.session import session_of
 from promptcache.contract.settings import split_host_port
 from promptcache.gateway.settings import GatewayPolicySettings
 from promptcache.stopping import STOP_SIGNALS, stop_event
@@ -84,8 +84,6 @@ from promptcache.tenancy.shares import Ledger, Verdict, identity_key, share_of, 
 
 log = logging.getLogger("promptcache.gateway_policy")
 
-MAX_SESSION_ID_CHARS: Final[int] = 256
-"""Longer `user` values are not used as a session (a header has to carry them)."""
 _CHUNK_BYTES: Final[int] = 1024 * 1024
 """Largest body message sent to the picker (gRPC servers refuse messages over 4 MiB)."""
 _DECIDE_WORKERS: Final[int] = 2
@@ -96,29 +94,6 @@ _WORKER_NICENESS: Final[int] = 10
 _NOT_FORWARDED_METADATA: Final[frozenset[str]] = frozenset(
     {"content-type", "te", "user-agent", "host", "content-length", "accept-encoding"}
 )
-
-
-def _usable_session(value: Any) -> str | None:
-    """A client-sent session name, if it can be a header value; else None (ignored)."""
-    if not isinstance(value, str):
-        return None
-    text = value.strip()
-    if not text or len(text) > MAX_SESSION_ID_CHARS:
-        return None
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in text):
-        return None
-    return text
-
-
-def session_of(body: dict[str, Any], user_field: str) -> str | None:
-    """The session a body names: `prompt_cache_key`, else `user_field` (when set).
-
-    A client controls both, so only a string of 1-256 characters (after trimming spaces)
-    without control characters is used; anything else is ignored, never forwarded."""
-    for field in (PROMPT_CACHE_KEY_FIELD, user_field):
-        if field and (value := _usable_session(body.get(field))) is not None:
-            return value
-    return None
 
 
 def session_from_body(raw: bytes, field: str = "user") -> str | None:

@@ -92,6 +92,7 @@ from promptcache.contract.picker import (
     DEFAULT_PICKER,
     DEFAULT_PICKER_ENV,
     TENANT_SALT_PARSER,
+    PickerFlag,
     PickerTarget,
     TenantSaltParam,
 )
@@ -160,6 +161,7 @@ __all__ = [
     "IsolationMode",
     "OwnedEngineFlags",
     "OwnedPodParts",
+    "PickerFlag",
     "PickerTarget",
     "SessionShimEnv",
     "Setting",

@@ -16,6 +16,7 @@ from promptcache.contract import (
     SALT_KEY_MOUNT_DIR,
     SESSION_USER_FIELD,
     GatewayPolicyEnv,
+    PickerFlag,
     PickerTarget,
 )
 from promptcache.contract.gateway_policy import (
@@ -122,6 +123,15 @@ def epp_args(pcd: PromptCacheDeployment, names: Names) -> list[str]:
         endpoint_picker_config(pcd)
     ):
         args.append("--allow-experimental-plugins")
+    if picker_of(pcd) is PickerTarget.PROMPTCACHE:
+        # Without the step the picker is the first process to read a body: it bounds it
+        # with the front's own limits (picker/boundary), so it refuses with 413 / 408
+        # exactly what the front would, before holding more of it.
+        front = pcd.spec.front
+        args += [
+            PickerFlag.MAX_BODY_BYTES.value, str(front.max_request_bytes),
+            PickerFlag.BODY_TIMEOUT_SECONDS.value, format_float(front.body_timeout_seconds),
+        ]  # fmt: skip
     if gateway.replicas > 1:
         args.append("--ha-enable-leader-election")
     return args + list(gateway.extra_flags)

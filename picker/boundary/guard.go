@@ -50,8 +50,8 @@ type stream struct {
 	stall     *time.Timer // the send deadline, reused for every send
 	sending   bool
 	sendSince time.Time
-	over      bool      // the guard ended this stream: the handler gets no more messages
-	late      *Refusal  // set when the body deadline passed (a stall leaves it nil)
+	over      bool     // the guard ended this stream: the handler gets no more messages
+	late      *Refusal // set when the body deadline passed (a stall leaves it nil)
 	endOnce   sync.Once
 	ended     chan struct{}
 

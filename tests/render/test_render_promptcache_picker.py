@@ -158,6 +158,28 @@ def test_the_picker_bounds_bodies_with_the_fronts_limits(
         assert not {f.value for f in PickerFlag} & set(pod["containers"][0]["args"])
 
 
+@pytest.mark.parametrize(
+    ("front", "sizing", "limit_mib"),
+    [
+        ({}, {}, 512 + 8 * 256),  # one maximal body (256 MiB) at 8 bytes per byte
+        ({"maxRequestBytes": 1024**2}, {}, 2048),  # never below every picker's 2 GiB
+        ({"maxRequestBytes": 1024**2}, {"requestKiB": 2048}, 512 + 8 * 512),  # 256 typical
+    ],
+)
+def test_its_memory_limit_holds_the_bodies_it_may_read(
+    front: dict[str, Any], sizing: dict[str, Any], limit_mib: int
+) -> None:
+    (epp,) = epp_pod(rendered(gateway={**OURS, "sizing": sizing}, front=front))["containers"]
+    assert epp["resources"]["requests"]["memory"] == "512Mi"
+    assert epp["resources"]["limits"]["memory"] == f"{limit_mib}Mi"
+    env = {e["name"]: e.get("value") for e in epp["env"]}
+    assert env["GOMEMLIMIT"] == f"{limit_mib * 9 // 10}MiB"
+    for picker in ("gie-v1.5", "llm-d-router"):  # behind the step: the index's memory
+        (other, *_) = epp_pod(rendered(gateway={"picker": picker}, front=front))["containers"]
+        assert other["resources"]["limits"]["memory"] == "2Gi"
+        assert "GOMEMLIMIT" not in {e["name"] for e in other["env"]}
+
+
 def test_the_step_still_fronts_the_other_pickers() -> None:
     for picker in ("gie-v1.5", "llm-d-router"):
         pod = epp_pod(rendered(gateway={"picker": picker}, isolation={"mode": "PerKey"}))

@@ -67,7 +67,7 @@ func (b *buffering) Process(srv extProcPb.ExternalProcessor_ProcessServer) (err 
 // serve runs a real gRPC server on loopback with the buffering handler behind the limits,
 // registered the way GIE registers its own (RegisterExternalProcessorServer) after the
 // descriptor was given the guard.
-func serve(t *testing.T, limits Limits) (*buffering, extProcPb.ExternalProcessorClient) {
+func serve(t testing.TB, limits Limits) (*buffering, extProcPb.ExternalProcessorClient) {
 	t.Helper()
 	desc := extProcPb.ExternalProcessor_ServiceDesc
 	desc.Streams = append(desc.Streams[:0:0], desc.Streams...)

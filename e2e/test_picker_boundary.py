@@ -101,6 +101,12 @@ def _rss_mib(pid: int) -> float:
     raise AssertionError(f"no VmRSS for {pid}")
 
 
+def _refusals(metrics: str, reason: str) -> float:
+    line = f'promptcache_picker_body_refusals_total{{reason="{reason}"}} '
+    values = [float(x[len(line) :]) for x in metrics.splitlines() if x.startswith(line)]
+    return values[0] if values else 0.0
+
+
 class Tally:
     """What each kind of client saw, counted across threads."""
 
@@ -320,4 +326,12 @@ def test_hostile_bodies_neither_exhaust_the_picker_nor_lock_out_a_tenant(
     )
     assert len(waits) >= 20, waits
     assert max(waits) <= TENANT_BOUND_S, waits
+    # Each end is counted where the picker's metrics are served.
+    metrics = pool.epp.metrics_text()
+    for reason, seen in (
+        ("request_too_large", counts["huge:413"]),
+        ("body_timeout", counts["slow:408"]),
+        ("send_timeout", counts["unread:DEADLINE_EXCEEDED"]),
+    ):
+        assert _refusals(metrics, reason) >= seen, (reason, seen)
     assert peak - idle <= RSS_BOUND_MIB, f"VmRSS grew {peak - idle:.0f} MiB (idle {idle:.0f})"

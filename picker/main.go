@@ -10,8 +10,10 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 	ctrl "sigs.k8s.io/controller-runtime"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"sigs.k8s.io/gateway-api-inference-extension/cmd/epp/runner"
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
@@ -25,7 +27,15 @@ func main() {
 	// GIE's runner parses pflag.CommandLine, so flags defined on it here are parsed (and
 	// refused when invalid) with GIE's own; the guard reads them at the first stream.
 	flags := boundary.AddFlags(pflag.CommandLine)
-	if err := boundary.Install(flags.Limits); err != nil {
+	// Counted where GIE's own metrics are served (controller-runtime's registry, the
+	// --metrics-port endpoint): GIE never sees these streams' ends as errors of its own.
+	ended := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "promptcache_picker_body_refusals_total",
+		Help: "Streams the body bounds ended, by reason: request_too_large (413), body_timeout (408), send_timeout (an answer not read in time).",
+	}, []string{"reason"})
+	crmetrics.Registry.MustRegister(ended)
+	observe := func(o boundary.Outcome) { ended.WithLabelValues(string(o)).Inc() }
+	if err := boundary.Install(flags.Limits, observe); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}

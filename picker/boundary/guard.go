@@ -15,16 +15,32 @@ import (
 // errEnded is what the handler's own sends get once the guard ended its stream.
 var errEnded = status.Error(codes.DeadlineExceeded, "promptcache picker: the stream was ended by its body or send deadline")
 
+// Outcome names how the guard ended a stream (the refusal's code, or the send deadline).
+type Outcome string
+
+const (
+	TooLargeOutcome    Outcome = CodeRequestTooLarge // 413
+	BodyTimeoutOutcome Outcome = CodeBodyTimeout     // 408
+	SendTimeoutOutcome Outcome = "send_timeout"      // an answer not read in time
+)
+
+// Observer hears each stream the guard ends (for a metric); it must not block.
+type Observer func(Outcome)
+
 // Wrap puts the limits in front of an ext_proc stream handler. The handler runs on its
 // own goroutine so that a deadline can end the stream while it waits in Recv or Send
 // (neither takes a deadline of its own): returning ends the gRPC stream, which cancels its
 // context, so the handler's pending Recv or Send returns and it frees what it held.
-func Wrap(next grpc.StreamHandler, limits Limits) grpc.StreamHandler {
+// observe may be nil.
+func Wrap(next grpc.StreamHandler, limits Limits, observe Observer) grpc.StreamHandler {
 	if !limits.Enabled() {
 		return next
 	}
+	if observe == nil {
+		observe = func(Outcome) {}
+	}
 	return func(srv any, ss grpc.ServerStream) error {
-		s := &stream{ServerStream: ss, limits: limits, meter: meter{limits: limits}, ended: make(chan struct{})}
+		s := &stream{ServerStream: ss, limits: limits, meter: meter{limits: limits}, ended: make(chan struct{}), observe: observe}
 		done := make(chan error, 1)
 		go func() { done <- next(srv, s) }()
 		select {
@@ -42,7 +58,8 @@ func Wrap(next grpc.StreamHandler, limits Limits) grpc.StreamHandler {
 // Send through the send deadline.
 type stream struct {
 	grpc.ServerStream
-	limits Limits
+	limits  Limits
+	observe Observer
 
 	mu        sync.Mutex
 	meter     meter
@@ -95,6 +112,7 @@ func (s *stream) RecvMsg(m any) error {
 	if next == tooLarge {
 		// The chunk that passed the cap is not handed on; the handler sees the stream
 		// end (io.EOF: GIE returns without an error) and drops what it held.
+		s.observe(TooLargeOutcome)
 		_ = s.send(refusal.Response())
 		return io.EOF
 	}
@@ -181,8 +199,10 @@ func (s *stream) conclude() error {
 	late := s.late
 	s.mu.Unlock()
 	if late == nil {
+		s.observe(SendTimeoutOutcome)
 		return status.Error(codes.DeadlineExceeded, "promptcache picker: the gateway took no answer within the body timeout")
 	}
+	s.observe(BodyTimeoutOutcome)
 	sent := make(chan error, 1)
 	go func() {
 		s.sendMu.Lock()

@@ -71,7 +71,7 @@ func serve(t testing.TB, limits Limits) (*buffering, extProcPb.ExternalProcessor
 	t.Helper()
 	desc := extProcPb.ExternalProcessor_ServiceDesc
 	desc.Streams = append(desc.Streams[:0:0], desc.Streams...)
-	desc.Streams[0].Handler = Wrap(desc.Streams[0].Handler, limits)
+	desc.Streams[0].Handler = Wrap(desc.Streams[0].Handler, limits, nil)
 	srv := grpc.NewServer()
 	b := &buffering{exited: make(chan error, 16)}
 	srv.RegisterService(&desc, b)
@@ -231,7 +231,8 @@ func TestAWellBehavedRequestPassesUntouched(t *testing.T) {
 func TestInstallGuardsWhatRegistersAfterIt(t *testing.T) {
 	orig := extProcPb.ExternalProcessor_ServiceDesc.Streams
 	t.Cleanup(func() { extProcPb.ExternalProcessor_ServiceDesc.Streams = orig })
-	if err := Install(func() Limits { return Limits{MaxBodyBytes: 10} }); err != nil {
+	var heard atomic.Value
+	if err := Install(func() Limits { return Limits{MaxBodyBytes: 10} }, func(o Outcome) { heard.Store(o) }); err != nil {
 		t.Fatal(err)
 	}
 	srv := grpc.NewServer()
@@ -256,5 +257,8 @@ func TestInstallGuardsWhatRegistersAfterIt(t *testing.T) {
 	_ = stream.Send(chunk(11, true))
 	if ir := immediate(t, stream); ir.Status.GetCode() != 413 {
 		t.Fatalf("got %d, want 413 from the installed guard", ir.Status.GetCode())
+	}
+	if got := heard.Load(); got != TooLargeOutcome {
+		t.Fatalf("observer heard %v, want %v", got, TooLargeOutcome)
 	}
 }

@@ -1,21 +1,25 @@
-"""What the gateway's policy step costs on the ext_proc path: the real picker with and
-without the step in front, in one run (issue 26, "The gateway hop").
+"""What the gateway hop costs: promptcache's own picker (the product, no hop) and the gateway
+policy step (the `llm-d-router` path), each against the upstream GIE v1.5.0 picker alone,
+in one run (issue 26, "The gateway hop"; issue 42, "Measure").
 
-The picker pod runs as rendered (`promptcache render` of examples/minimal.yaml at 4
-replicas, isolation PerKey, `gateway.picker: gie-v1.5`): the real GIE v1.5.0 Endpoint
-Picker with its rendered config and args (plain gRPC behind the step), and the rendered
-`gateway-policy` container in front of it, on the local control plane (kwok pods, stand-in
-model servers on the pod IPs that the picker scrapes every 50 ms). The arms share that one
-running picker, cell by cell:
+The pods run as rendered (`promptcache render` of examples/minimal.yaml at 4 replicas,
+isolation PerKey) on the local control plane, with stand-in model servers on the kwok pod
+IPs that the pickers scrape every 50 ms. One binary serves every arm: promptcache's picker
+build (`picker/`), which with a config naming none of its plugins and none of its flags is
+the upstream picker exactly. The arms, cell by cell:
 
-* **picker** (alone): the load generator dials the picker's own ext_proc port, with bodies
-  that already carry a `cache_salt` of the shape the step writes (so the picker does the
-  same work in every arm);
-* **step**: it dials the rendered step, with the tenant's key in the isolation header and
-  no salt; the step derives the salt, re-encodes the body and relays the stream;
-* **step-2w** (`--workers 2`, a list): the same step with that many worker processes;
-* **picker+salt** (`--no-salting-picker` leaves it out): `bench/salting_picker`, a prototype
-  picker that derives the salt itself, beside the rendered one: the design with no hop.
+* **gie** (the baseline): the resource rendered for `gateway.picker: gie-v1.5`, its picker
+  alone on its own ext_proc port, with bodies that already carry a `cache_salt` of the
+  step's shape (so it does the routing work of the other arms);
+* **promptcache** (the product): the same resource rendered for `gateway.picker:
+  promptcache`, its picker with its rendered config (the tenant-salt parser) and args (the
+  body bounds), sent the tenant's key in the isolation header and no salt; served in plain
+  gRPC as the baseline is (the load generator speaks plain gRPC);
+* **step**: the rendered `gateway-policy` container in front of the gie picker, sent the
+  key and no salt: what every request of an `llm-d-router` pool crosses;
+* **step-Nw** (`--workers N`), **promptcache-unbounded** (`--bounds-off`: the product with
+  its body bounds off, to tell their cost from the parser's) and **picker+salt**
+  (`--salting-picker`, the prototype that preceded the product) on request.
 
 An exchange is one HTTP request's whole ext_proc stream as a gateway sends it in
 FULL_DUPLEX_STREAMED mode, the only mode the pickers support and the one every
@@ -30,17 +34,17 @@ at the picker's own versions), because a Python gRPC client spends about as much
 message as the step it measures and would be the bottleneck on two cores; its CPU is
 reported per cell so a reader can check it never is.
 
-Per cell (body 1 KiB / 32 KiB / 1 MiB x mode x concurrency 1 / 64 / 256 x arm): exchanges
-per second; per core (exchanges per CPU second of the picker pod's processes: the picker,
-plus the step and its worker processes in the step arm); the pick latency p50/p99 (request
-headers sent to the picker's verdict received, what a client's first byte waits for) and
-the added latency of each arm; the step's CPU per exchange and peak RSS; plots in docs/img/
-(`gateway-hop-throughput.png`, `gateway-hop-latency.png`). Goals: at 64, throughput through
-the step >= 0.8x the picker alone, judged per core (what sizing buys) and also shown as raw
-rate on this machine; added p50 <= 1 ms for 1 KiB bodies; the step's RSS bounded (below its
-rendered memory limit) in the 1 MiB cells.
+Per cell (body 1 KiB / 32 KiB / 1 MiB x mode x concurrency 1 / 64, and 1 MiB at 256 for
+memory, x arm): exchanges per second; per core (exchanges per CPU second of the arm's
+processes: the picker, plus the step and its worker processes in a step arm); the pick
+latency p50/p99 (request headers sent to the picker's verdict received, what a client's
+first byte waits for) and the added latency of each arm; CPU per exchange; peak RSS of the
+step and of each picker; plots in docs/img/ (`gateway-hop-throughput.png`,
+`gateway-hop-latency.png`). Goals: promptcache's picker >= 0.95x the GIE picker per core at
+64 for every size and mode, added p50 <= 0.1 ms at 1, RSS under its rendered limit at
+1 MiB x 256; the step >= 0.8x, <= 1 ms (1 KiB), RSS under its limit.
 
-    python -m bench.gateway_hop            # every cell (~17 min; 1 MiB cells run longer)
+    python -m bench.gateway_hop            # every cell (~12 min on a quiet machine)
     python -m bench.gateway_hop --quick    # 1 KiB and 32 KiB, concurrency 1 and 64, 3 s
 """
 
@@ -68,7 +72,8 @@ LOADGEN_DIR = ROOT / "bench" / "gateway_hop_load"
 KEY_HEADER = "x-prompt-cache-isolation-key"
 SIZES = {"1KiB": 1024, "32KiB": 32 * 1024, "1MiB": 1024 * 1024}
 MODES = ("buffered", "streamed")
-CONCURRENCY = (1, 64, 256)
+CONCURRENCY = (1, 64)
+"""Every cell's; the 1 MiB cells also run at `--memory-concurrency` (256)."""
 FRAME_BYTES = 16 * 1024
 """HTTP/2's default SETTINGS_MAX_FRAME_SIZE: what one DATA frame, so one streamed body
 message, carries."""
@@ -224,8 +229,13 @@ class Meter:
 
 # --- cells ---------------------------------------------------------------------------------
 
-PICKER = "picker"
-"""The arm without the step: the picker's own port."""
+PICKER = "gie"
+"""The baseline: the upstream GIE v1.5.0 picker alone (promptcache's binary with the
+rendered `gie-v1.5` config, which names none of its plugins, and none of its flags: the
+upstream picker exactly), on its own port, with bodies that already carry a salt."""
+PRODUCT = "promptcache"
+"""The product: promptcache's picker as rendered for `gateway.picker: promptcache` (its
+tenant-salt parser derives the salt; its body bounds on), sent the key, no salt."""
 
 
 @dataclass(frozen=True)
@@ -250,6 +260,8 @@ class Result:
     cpu: dict[str, float]
     """CPU seconds in the measured window: picker, step (with its workers), loadgen, harness."""
     step_peak_rss: int
+    picker_peak_rss: int = 0
+    """The arm's picker process (for the step arm: the GIE picker behind it)."""
     loads: tuple[float, float] = (0.0, 0.0)
 
     @property
@@ -284,6 +296,7 @@ class Setup:
     step_memory_limit: str
     loadgen: Path
     workdir: Path
+    picker_memory_limit: str = ""
     body_files: dict[tuple[str, str, bool], Path] = field(default_factory=dict)
 
     def body_file(self, size: str, mode: str, salted: bool) -> Path:
@@ -358,6 +371,7 @@ def run_cell(setup: Setup, cell: Cell, seconds: float, warmup: float) -> Result:
         exchange_ms=report["exchange_ms"],
         cpu=cpu,
         step_peak_rss=meter.peak["step"],
+        picker_peak_rss=meter.peak["picker"],
         loads=(before, loadavg()),
     )
 
@@ -367,12 +381,16 @@ def run_cell(setup: Setup, cell: Cell, seconds: float, warmup: float) -> Result:
 
 @contextlib.contextmanager
 def picker_pod(
-    replicas: int = 4, workers: Sequence[int] = (2,), salting: Path | None = None
+    replicas: int = 4,
+    workers: Sequence[int] = (),
+    salting: Path | None = None,
+    bounds_off: bool = False,
 ) -> Iterator[tuple[Any, Setup]]:
-    """The rendered picker pod (picker + policy step) on a fresh local control plane, with
-    stand-in model servers on the kwok pods' IPs; plus, for each of `workers`, the rendered
-    step again with that many worker processes, in front of the same picker; plus, with
-    `salting`, that prototype picker beside it (the design without the hop)."""
+    """The rendered `gie-v1.5` picker pod (picker + policy step) on a fresh local control
+    plane, with stand-in model servers on the kwok pods' IPs; beside it, the same resource
+    rendered for `gateway.picker: promptcache` (its picker, config and args) watching the
+    same pool; plus, for each of `workers`, the rendered step again with that many worker
+    processes, in front of the GIE picker; plus, with `salting`, the prototype picker."""
     from harness import pytest_cluster  # noqa: PLC0415 - the harness, only when it runs
     from harness.epp.launch import Launcher, routing_patch  # noqa: PLC0415
     from harness.epp.shim import GatewayPolicyProcess  # noqa: PLC0415
@@ -399,10 +417,21 @@ def picker_pod(
                 assert pool.shim is not None, "PerKey isolation renders the policy step"
                 assert container is not None
                 env = {e["name"]: str(e["value"]) for e in container["env"] if "value" in e}
+                ours, ours_limit = _promptcache_picker(
+                    launcher, pool, patch, Path(tmp) / "promptcache-picker"
+                )
+                extra.append(ours)
                 arms = {
                     PICKER: Arm(f"127.0.0.1:{epp.ports.grpc}", epp.pid, salts=False),
+                    PRODUCT: Arm(f"127.0.0.1:{ours.ports.grpc}", ours.pid),
                     "step": Arm(pool.shim.target, epp.pid, pool.shim.pid),
                 }
+                if bounds_off:
+                    off, _ = _promptcache_picker(
+                        launcher, pool, patch, Path(tmp) / "bounds-off", BOUNDS_OFF_FLAGS
+                    )
+                    extra.append(off)
+                    arms[BOUNDS_OFF] = Arm(f"127.0.0.1:{off.ports.grpc}", off.pid)
                 for n in workers:
                     more = GatewayPolicyProcess(
                         container["args"],
@@ -425,6 +454,7 @@ def picker_pod(
                         step_memory_limit=container["resources"]["limits"]["memory"],
                         loadgen=Path(),
                         workdir=Path(tmp),
+                        picker_memory_limit=ours_limit,
                     ),
                 )
             finally:
@@ -433,6 +463,59 @@ def picker_pod(
                 launcher.close()
     finally:
         pytest_cluster.stop_cluster(cluster)
+
+
+BOUNDS_OFF = "promptcache-unbounded"
+"""`--bounds-off`: the product with its body bounds off, to tell their cost from the
+parser's."""
+BOUNDS_OFF_FLAGS = ("--max-body-bytes=0", "--body-timeout-seconds=0")
+
+
+def _promptcache_picker(
+    launcher: Any, pool: Any, patch: dict[str, Any], workdir: Path, flags: Sequence[str] = ()
+) -> Any:
+    """promptcache's picker beside the rendered GIE one, on the same pool: the resource
+    rendered for `gateway.picker: promptcache` (same names, so the same InferencePool), its
+    config (salt key file at the pool's) and args. Plain gRPC (`--secure-serving=false`),
+    the baseline's transport: the load generator speaks plain gRPC, and TLS would be a cost
+    of the gateway's choosing, not of the picker. Returns it and its rendered memory limit."""
+    from harness.epp.process import EppProcess  # noqa: PLC0415
+    from harness.epp.rendered import Rendered  # noqa: PLC0415
+    from promptcache.contract import PickerFlag, PickerTarget  # noqa: PLC0415
+
+    saved = launcher.picker
+    launcher.picker = PickerTarget.PROMPTCACHE
+    try:
+        rendered: Rendered = launcher.render(spec_patch=patch)
+    finally:
+        launcher.picker = saved
+    assert rendered.pool_name == pool.rendered.pool_name
+    assert PickerFlag.MAX_BODY_BYTES in rendered.epp_args, "the product runs with its bounds"
+    workdir.mkdir(parents=True, exist_ok=True)
+    picker = EppProcess(
+        _picker_binary(),
+        rendered.epp_config_text_with_salt_key(pool.salt_key_file),
+        workdir,
+        pool_name=rendered.pool_name,
+        pool_namespace=rendered.namespace,
+        extra_args=[*rendered.epp_args, "--secure-serving=false", *flags],
+        kubeconfig=pool.service_account_kubeconfig(),
+    ).start()
+    picker.wait_ready()
+    picker.wait_scraped({p.name: float(p.server.snapshot().waiting) for p in pool.pods})
+    return picker, str(rendered.epp_container["resources"]["limits"]["memory"])
+
+
+def _picker_binary() -> Path:
+    """promptcache's picker build: the very binary of the GIE arm (`PROMPTCACHE_GIE_EPP_BIN`
+    names another build for both)."""
+    from harness.epp.binary import find_epp_binary, missing_reason  # noqa: PLC0415
+    from promptcache.contract import PickerTarget  # noqa: PLC0415
+
+    found = find_epp_binary(PickerTarget.PROMPTCACHE)
+    if found is None:
+        raise SystemExit(missing_reason(PickerTarget.PROMPTCACHE))
+    return found
 
 
 SALTING = "picker+salt"
@@ -498,7 +581,7 @@ def table(results: Sequence[Result]) -> str:
         "body", "mode", "conc", "arm", "picker alone /s", "arm /s", "raw ratio",
         "picker alone /s/core", "arm /s/core", "per-core ratio", "pick p50 alone (ms)",
         "added p50", "pick p99 alone", "added p99", "step CPU ms/req", "picker CPU ms/req",
-        "loadgen CPU (cores)", "step peak RSS", "refused/failed",
+        "loadgen CPU (cores)", "step peak RSS", "picker peak RSS alone / arm", "refused/failed",
     ]  # fmt: skip
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for a, b in pairs(results):
@@ -514,41 +597,49 @@ def table(results: Sequence[Result]) -> str:
             f"{b.ms_per_exchange('step'):.2f}", f"{b.ms_per_exchange('picker'):.2f}",
             f"{max(a.cpu['loadgen'] / a.seconds, b.cpu['loadgen'] / b.seconds):.2f}",
             f"{b.step_peak_rss / 1024**2:.0f} MiB",
+            f"{a.picker_peak_rss / 1024**2:.0f} / {b.picker_peak_rss / 1024**2:.0f} MiB",
             str(sum(b.refused.values()) + b.errors),
         ]  # fmt: skip
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
-def goals(results: Sequence[Result], memory_limit: str) -> list[str]:
-    """The issue's three goals, judged on what this run measured."""
+def goals(results: Sequence[Result], memory_limit: str, picker_limit: str = "") -> list[str]:
+    """The goals, judged on what this run measured: for promptcache's picker (issue 42)
+    >= 0.95x per core at 64, added p50 <= 0.1 ms at 1, RSS under its rendered limit at
+    1 MiB; for the policy step (issue 26, the llm-d-router path) 0.8x, 1 ms, its limit."""
     out = []
     for a, b in pairs(results):
         c = a.cell
+        product = b.cell.arm in (PRODUCT, BOUNDS_OFF)
+        ratio_goal, p50_goal = (0.95, 0.1) if product else (0.8, 1.0)
         if not (a.exchanges and b.exchanges):
             out.append(f"no exchanges completed in {c.size} {c.mode} c={c.concurrency}")
             continue
         if c.concurrency == 64:
-            ok = b.per_core / a.per_core >= 0.8
+            ok = b.per_core / a.per_core >= ratio_goal
             out.append(
                 f"{'met   ' if ok else 'missed'} {c.size} {c.mode} c=64 {b.cell.arm}: per core "
-                f"{b.per_core / a.per_core:.2f}x the picker alone (goal >= 0.8x); raw "
-                f"{b.rate / a.rate:.2f}x on this machine"
+                f"{b.per_core / a.per_core:.2f}x the GIE picker alone (goal >= {ratio_goal}x); "
+                f"raw {b.rate / a.rate:.2f}x on this machine"
             )
-        if c.size == "1KiB" and c.concurrency in (1, 64):
+        if c.concurrency == 1 and (product or c.size == "1KiB"):
             added = b.pick_ms.get("p50", 0) - a.pick_ms.get("p50", 0)
             out.append(
-                f"{'met   ' if added <= 1.0 else 'missed'} 1KiB {c.mode} c={c.concurrency} "
-                f"{b.cell.arm}: added p50 {added:.2f} ms (goal <= 1 ms)"
+                f"{'met   ' if added <= p50_goal else 'missed'} {c.size} {c.mode} c=1 "
+                f"{b.cell.arm}: added p50 {added:.2f} ms (goal <= {p50_goal} ms)"
             )
-        if c.size == "1MiB":
-            limit = _quantity(memory_limit)
-            ok = b.step_peak_rss < limit
+        if c.size == "1MiB" and c.concurrency >= 64:
+            if product:
+                limit_text, peak, who = picker_limit, b.picker_peak_rss, "picker"
+            else:
+                limit_text, peak, who = memory_limit, b.step_peak_rss, "step"
+            ok = bool(limit_text) and peak < _quantity(limit_text)
             out.append(
                 f"{'met   ' if ok else 'missed'} 1MiB {c.mode} c={c.concurrency} {b.cell.arm}: "
-                f"step peak RSS {b.step_peak_rss / 1024**2:.0f} MiB, rendered limit "
-                f"{memory_limit} ({sum(b.refused.values())} refused with 503/413, "
-                f"{b.errors} failed)"
+                f"{who} peak RSS {peak / 1024**2:.0f} MiB (GIE alone "
+                f"{a.picker_peak_rss / 1024**2:.0f} MiB), rendered limit {limit_text} "
+                f"({sum(b.refused.values())} refused, {b.errors} failed)"
             )
     return out
 
@@ -600,7 +691,7 @@ def plot(results: Sequence[Result], out: Path, load: tuple[float, float]) -> lis
                     ax.set_ylabel(label)
         axes[0][0].legend(fontsize=8)
         fig.suptitle(
-            f"The gateway hop: GIE v1.5.0 picker alone vs through the policy step "
+            f"The gateway hop: GIE v1.5.0 picker alone vs promptcache's picker and the step "
             f"(load average {load[0]:.1f} before, {load[1]:.1f} after)"
         )
         fig.tight_layout()
@@ -619,11 +710,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default=None, help="comma-separated: 1KiB,32KiB,1MiB")
     ap.add_argument("--modes", default=None, help="comma-separated: buffered,streamed")
     ap.add_argument("--concurrency", default=None, help="comma-separated, e.g. 1,64,256")
-    ap.add_argument("--workers", default="2", help="extra step arms with N workers, e.g. 2,4")
+    ap.add_argument("--workers", default="", help="extra step arms with N workers, e.g. 2,4")
     ap.add_argument(
-        "--no-salting-picker",
+        "--memory-concurrency",
+        type=int,
+        default=256,
+        help="also run the 1 MiB cells at this concurrency (memory); 0: not",
+    )
+    ap.add_argument(
+        "--bounds-off",
         action="store_true",
-        help="leave out the prototype picker that derives the salt itself (bench/salting_picker)",
+        help=f"add the product with its body bounds off ({BOUNDS_OFF})",
+    )
+    ap.add_argument(
+        "--salting-picker",
+        action="store_true",
+        help="add the prototype that preceded promptcache's picker (bench/salting_picker)",
     )
     ap.add_argument("--json", type=Path, default=None, help="write every cell here")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "img", help="plot directory")
@@ -632,40 +734,46 @@ def main(argv: list[str] | None = None) -> int:
     quick_sizes = ["1KiB", "32KiB"] if args.quick else list(SIZES)
     sizes = args.sizes.split(",") if args.sizes else quick_sizes
     modes = args.modes.split(",") if args.modes else list(MODES)
-    quick_conc = [1, 64] if args.quick else list(CONCURRENCY)
+    quick_conc = list(CONCURRENCY)
     conc = [int(c) for c in args.concurrency.split(",")] if args.concurrency else quick_conc
     workers = [int(n) for n in args.workers.split(",") if n]
     seconds = args.seconds or (3.0 if args.quick else 8.0)
     loadgen = loadgen_binary()
-    salting = None if args.no_salting_picker else salting_picker_binary()
+    salting = salting_picker_binary() if args.salting_picker else None
     t0, load0 = time.monotonic(), loadavg()
     results: list[Result] = []
-    with picker_pod(workers=workers, salting=salting) as (_pool, setup):
+    cells = [(size, mode, c) for size in sizes for mode in modes for c in conc]
+    if args.memory_concurrency and "1MiB" in sizes and args.memory_concurrency not in conc:
+        cells += [("1MiB", mode, args.memory_concurrency) for mode in modes]
+    with picker_pod(workers=workers, salting=salting, bounds_off=args.bounds_off) as (
+        _pool,
+        setup,
+    ):
         setup.loadgen = loadgen
-        for size in sizes:
-            for mode in modes:
-                for c in conc:
-                    for arm in setup.arms:
-                        r = run_cell(setup, Cell(size, mode, c, arm), seconds, args.warmup)
-                        results.append(r)
-                        print(
-                            f"{size:>6} {mode:>8} c={c:<3} {arm:>7}: {r.rate:6.0f}/s "
-                            f"{r.per_core:6.0f}/s/core pick p50 {r.pick_ms.get('p50', 0):7.2f} "
-                            f"p99 {r.pick_ms.get('p99', 0):7.2f} ms  cores "
-                            + " ".join(f"{k}={v / r.seconds:.2f}" for k, v in r.cpu.items())
-                            + f" rss {r.step_peak_rss / 1024**2:.0f}M"
-                            + f" refused={r.refused} errors={r.errors} {r.first_error[:80]}"
-                            + f" load {r.loads[0]:.1f}->{r.loads[1]:.1f}",
-                            flush=True,
-                        )
+        for size, mode, c in cells:
+            for arm in setup.arms:
+                r = run_cell(setup, Cell(size, mode, c, arm), seconds, args.warmup)
+                results.append(r)
+                print(
+                    f"{size:>6} {mode:>8} c={c:<3} {arm:>7}: {r.rate:6.0f}/s "
+                    f"{r.per_core:6.0f}/s/core pick p50 {r.pick_ms.get('p50', 0):7.2f} "
+                    f"p99 {r.pick_ms.get('p99', 0):7.2f} ms  cores "
+                    + " ".join(f"{k}={v / r.seconds:.2f}" for k, v in r.cpu.items())
+                    + f" rss step {r.step_peak_rss / 1024**2:.0f}M"
+                    + f" picker {r.picker_peak_rss / 1024**2:.0f}M"
+                    + f" refused={r.refused} errors={r.errors} {r.first_error[:80]}"
+                    + f" load {r.loads[0]:.1f}->{r.loads[1]:.1f}",
+                    flush=True,
+                )
     load = (load0, loadavg())
     print()
     print(table(results))
     print()
-    print("\n".join(goals(results, setup.step_memory_limit)))
+    print("\n".join(goals(results, setup.step_memory_limit, setup.picker_memory_limit)))
     print(
         f"\nload average {load[0]:.2f} before, {load[1]:.2f} after; "
-        f"{time.monotonic() - t0:.0f} s; 2 CPUs; step memory limit {setup.step_memory_limit}"
+        f"{time.monotonic() - t0:.0f} s; 2 CPUs; step memory limit {setup.step_memory_limit}; "
+        f"promptcache picker memory limit {setup.picker_memory_limit}"
     )
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in results], indent=1))

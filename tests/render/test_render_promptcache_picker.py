@@ -18,6 +18,7 @@ from promptcache.contract import (
     SALT_KEY_FILE,
     TENANT_SALT_PARSER,
     FrontEnv,
+    PickerFlag,
     PickerTarget,
     TenantSaltParam,
 )
@@ -127,6 +128,56 @@ def test_the_pod_is_the_picker_alone_and_the_network_policy_matches_it(mode: str
     allowed = {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]}
     served = {p["containerPort"] for p in epp["ports"]}
     assert allowed == served
+
+
+@pytest.mark.parametrize(
+    ("front", "want_bytes", "want_seconds"),
+    [
+        ({}, "268435456", "60"),
+        ({"maxRequestBytes": 65536, "bodyTimeoutSeconds": 2.5}, "65536", "2.5"),
+    ],
+)
+def test_the_picker_bounds_bodies_with_the_fronts_limits(
+    front: dict[str, Any], want_bytes: str, want_seconds: str
+) -> None:
+    """No step reads the body first: the picker refuses with 413 / 408 what the front
+    would, before holding more of it (picker/boundary)."""
+    manifests = rendered(gateway=OURS, front=front)
+    (epp,) = epp_pod(manifests)["containers"]
+    args = epp["args"]
+    assert args[args.index(PickerFlag.MAX_BODY_BYTES) + 1] == want_bytes
+    assert args[args.index(PickerFlag.BODY_TIMEOUT_SECONDS) + 1] == want_seconds
+    env = front_env(manifests)
+    assert (env[FrontEnv.MAX_BODY_BYTES], env[FrontEnv.BODY_TIMEOUT_SECONDS]) == (
+        want_bytes,
+        want_seconds,
+    )
+    # The other pickers do not know the flags (an unknown flag stops them).
+    for picker in ("gie-v1.5", "llm-d-router"):
+        pod = epp_pod(rendered(gateway={"picker": picker}, front=front))
+        assert not {f.value for f in PickerFlag} & set(pod["containers"][0]["args"])
+
+
+@pytest.mark.parametrize(
+    ("front", "sizing", "limit_mib"),
+    [
+        ({}, {}, 512 + 8 * 256),  # one maximal body (256 MiB) at 8 bytes per byte
+        ({"maxRequestBytes": 1024**2}, {}, 2048),  # never below every picker's 2 GiB
+        ({"maxRequestBytes": 1024**2}, {"requestKiB": 2048}, 512 + 8 * 512),  # 256 typical
+    ],
+)
+def test_its_memory_limit_holds_the_bodies_it_may_read(
+    front: dict[str, Any], sizing: dict[str, Any], limit_mib: int
+) -> None:
+    (epp,) = epp_pod(rendered(gateway={**OURS, "sizing": sizing}, front=front))["containers"]
+    assert epp["resources"]["requests"]["memory"] == "512Mi"
+    assert epp["resources"]["limits"]["memory"] == f"{limit_mib}Mi"
+    env = {e["name"]: e.get("value") for e in epp["env"]}
+    assert env["GOMEMLIMIT"] == f"{limit_mib * 9 // 10}MiB"
+    for picker in ("gie-v1.5", "llm-d-router"):  # behind the step: the index's memory
+        (other, *_) = epp_pod(rendered(gateway={"picker": picker}, front=front))["containers"]
+        assert other["resources"]["limits"]["memory"] == "2Gi"
+        assert "GOMEMLIMIT" not in {e["name"] for e in other["env"]}
 
 
 def test_the_step_still_fronts_the_other_pickers() -> None:

@@ -93,6 +93,7 @@ from promptcache.contract.picker import (
     DEFAULT_PICKER,
     DEFAULT_PICKER_ENV,
     TENANT_SALT_PARSER,
+    PickerFlag,
     PickerTarget,
     TenantSaltParam,
 )
@@ -173,6 +174,7 @@ __all__ = [
     "IsolationMode",
     "OwnedEngineFlags",
     "OwnedPodParts",
+    "PickerFlag",
     "PickerTarget",
     "SessionParam",
     "SessionShimEnv",

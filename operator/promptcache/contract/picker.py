@@ -53,3 +53,18 @@ class TenantSaltParam(StrEnum):
     IDENTITY_HEADER = "identityHeader"
     IDENTITY_BEARER = "identityBearer"
     IDENTITY_REQUIRED = "identityRequired"
+
+
+class PickerFlag(StrEnum):
+    """Flags promptcache's picker adds to GIE's (`picker/boundary`; the vectors hold the Go
+    side to these names). Both default to 0 there, which leaves the bound off (GIE's own
+    behaviour); the renderer always sets them for `gateway.picker: promptcache`, from the
+    settings the cache front and the policy step take their limits from."""
+
+    MAX_BODY_BYTES = "--max-body-bytes"
+    """Largest request body (`front.maxRequestBytes`); above it the client gets the front's
+    HTTP 413 `request_too_large`, and the picker holds no more of it."""
+    BODY_TIMEOUT_SECONDS = "--body-timeout-seconds"
+    """Time a body may take after its request headers (`front.bodyTimeoutSeconds`; then the
+    front's HTTP 408 `body_timeout`), and one answer may wait for the gateway to read it
+    (then the stream ends)."""

@@ -16,6 +16,7 @@ from promptcache.contract import (
     SALT_KEY_MOUNT_DIR,
     SESSION_USER_FIELD,
     GatewayPolicyEnv,
+    PickerFlag,
     PickerTarget,
 )
 from promptcache.contract.gateway_policy import (
@@ -34,7 +35,13 @@ from promptcache.render.epp_config import (
     needs_experimental_plugins,
     picker_of,
 )
-from promptcache.render.epp_sizing import picker_millicores, step_millicores, step_workers
+from promptcache.render.epp_sizing import (
+    go_memory_limit,
+    picker_millicores,
+    promptcache_picker_memory,
+    step_millicores,
+    step_workers,
+)
 from promptcache.render.front import SALT_VOLUME, front_env, salt_secret, salt_volume
 from promptcache.render.names import Component, Names, metadata, selector_labels
 from promptcache.render.overlay import apply_pod_template
@@ -122,6 +129,15 @@ def epp_args(pcd: PromptCacheDeployment, names: Names) -> list[str]:
         endpoint_picker_config(pcd)
     ):
         args.append("--allow-experimental-plugins")
+    if picker_of(pcd) is PickerTarget.PROMPTCACHE:
+        # Without the step the picker is the first process to read a body: it bounds it
+        # with the front's own limits (picker/boundary), so it refuses with 413 / 408
+        # exactly what the front would, before holding more of it.
+        front = pcd.spec.front
+        args += [
+            PickerFlag.MAX_BODY_BYTES.value, str(front.max_request_bytes),
+            PickerFlag.BODY_TIMEOUT_SECONDS.value, format_float(front.body_timeout_seconds),
+        ]  # fmt: skip
     if gateway.replicas > 1:
         args.append("--ha-enable-leader-election")
     return args + list(gateway.extra_flags)
@@ -237,6 +253,18 @@ def gateway_policy_container(
     return container
 
 
+def _picker_resources(pcd: PromptCacheDeployment) -> dict[str, Any]:
+    """CPU from `gateway.sizing`. Memory: behind the step the prefix index's, not the rate's
+    (the step holds the bodies); promptcache's picker reads bodies itself, so its limit also
+    holds the bodies it may (`epp_sizing.promptcache_picker_memory`)."""
+    cpu = f"{picker_millicores(pcd)}m"
+    if picker_of(pcd) is PickerTarget.PROMPTCACHE:
+        request, limit = promptcache_picker_memory(pcd)
+        return {"requests": {"cpu": cpu, "memory": mebibytes(request)},
+                "limits": {"memory": mebibytes(limit)}}  # fmt: skip
+    return {"requests": {"cpu": cpu, "memory": "512Mi"}, "limits": {"memory": "2Gi"}}
+
+
 def epp_deployment(
     pcd: PromptCacheDeployment, names: Names, defaults: OperatorDefaults = BUILT_IN_DEFAULTS
 ) -> dict[str, Any]:
@@ -256,6 +284,17 @@ def epp_deployment(
         "env": [
             {"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            *(
+                # the Go collector works harder near the limit instead of being killed at it
+                [
+                    {
+                        "name": "GOMEMLIMIT",
+                        "value": go_memory_limit(promptcache_picker_memory(pcd)[1]),
+                    }
+                ]
+                if picker_of(pcd) is PickerTarget.PROMPTCACHE
+                else []
+            ),
         ],
         "ports": [
             *grpc_port,
@@ -264,11 +303,7 @@ def epp_deployment(
         ],
         "livenessProbe": {**_probe(liveness, 10), "initialDelaySeconds": 5},
         "readinessProbe": _probe(readiness, 2),
-        # CPU from `gateway.sizing`; memory is the prefix index's, not the rate's
-        "resources": {
-            "requests": {"cpu": f"{picker_millicores(pcd)}m", "memory": "512Mi"},
-            "limits": {"memory": "2Gi"},
-        },
+        "resources": _picker_resources(pcd),
         "securityContext": container_security_context(),
         "volumeMounts": [
             {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},

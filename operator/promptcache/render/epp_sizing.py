@@ -42,6 +42,22 @@ UTILIZATION: Final[float] = 0.6
 """Requests are sized to keep each container's cores at most this busy: bursts, the
 picker's own scrapes and garbage collection need the rest."""
 MIN_PICKER_MILLICORES: Final[int] = 500
+
+PICKER_IDLE_BYTES: Final[int] = 512 * 1024**2
+"""The picker's memory besides the bodies it holds: runtime, pod metrics, the prefix index
+(the memory request of every picker)."""
+PICKER_RSS_PER_BODY_BYTE: Final[int] = 8
+"""Resident bytes per byte of request body the picker holds (GIE keeps the body, its
+parse, its re-encoding and the forwarded copy; the Go heap grows to twice its live data
+before collecting): bench/gateway_hop.py, 2026-12-06, 1 MiB bodies at concurrency 256 held
+6.6 (GIE alone: 1761 MiB peak) and 7.2 (promptcache's picker: 1904 MiB) bytes per byte in
+flight above about 70 MiB idle; 8 leaves the rest of a byte for what a sample missed."""
+PICKER_SIZED_BODIES: Final[int] = 256
+"""Typical bodies (`gateway.sizing.requestKiB`) the promptcache picker's limit holds at
+once besides its index, the concurrency of the bench's memory cell."""
+GO_MEMORY_LIMIT_PERCENT: Final[int] = 90
+"""`GOMEMLIMIT` as a share of the container's limit: the Go collector works harder as the
+heap nears it, instead of the kernel killing the picker at the limit."""
 MIN_STEP_MILLICORES: Final[int] = 100
 
 
@@ -53,6 +69,23 @@ def picker_millicores(pcd: PromptCacheDeployment) -> int:
     sizing = pcd.spec.gateway.sizing
     cores = PICKER_COST.cores(sizing.requests_per_second, sizing.request_kib)
     return _millicores(cores, MIN_PICKER_MILLICORES)
+
+
+def promptcache_picker_memory(pcd: PromptCacheDeployment) -> tuple[int, int]:
+    """(request, limit) bytes of promptcache's picker, which reads bodies itself (no step in
+    front) and holds each up to `front.maxRequestBytes` for up to `front.bodyTimeoutSeconds`
+    (picker/boundary). The limit holds the idle picker plus the larger of one maximal body
+    or `PICKER_SIZED_BODIES` typical ones, at `PICKER_RSS_PER_BODY_BYTE`; never below the
+    2 GiB every picker gets."""
+    front, sizing = pcd.spec.front, pcd.spec.gateway.sizing
+    bodies = max(front.max_request_bytes, PICKER_SIZED_BODIES * sizing.request_kib * 1024)
+    limit = max(2 * 1024**3, PICKER_IDLE_BYTES + PICKER_RSS_PER_BODY_BYTE * bodies)
+    return PICKER_IDLE_BYTES, -(-limit // 1024**2) * 1024**2  # whole MiB
+
+
+def go_memory_limit(limit_bytes: int) -> str:
+    """`GOMEMLIMIT` for a container limit (Go reads the `MiB` suffix)."""
+    return f"{limit_bytes * GO_MEMORY_LIMIT_PERCENT // 100 // 1024**2}MiB"
 
 
 def step_millicores(pcd: PromptCacheDeployment) -> int:

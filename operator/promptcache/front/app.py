@@ -921,11 +921,30 @@ def create_runner(
     cache: PromptEmbedsCache,
     **runner_kwargs: Any,
 ) -> FrontRunner:
-    """The front, ready for `await runner.setup()` and a `web.TCPSite` (call in a running loop).
+    """The front, ready for `await runner.setup()` and a site (call in a running loop).
 
     runner = create_runner(settings, secret=secret, cache=cache)
     await runner.setup()
-    await web.TCPSite(runner, "0.0.0.0", 8000).start()
+    await listening_site(runner, "0.0.0.0", 8000).start()
     """
     state = create_state(settings, secret=secret, cache=cache)
     return FrontRunner(FrontServer(state, **server_options(settings)), **runner_kwargs)
+
+
+LISTEN_BACKLOG: Final = 4096
+"""Connections the kernel completes and queues for the front before it accepts them (the
+kernel caps it at `net.core.somaxconn`, 4096 by default). aiohttp's default is 128: under
+a client's reconnect storm (`bench/hostile_load.py --attacks hold` opens 256 connections at
+once, and its refused ones come back together each `Retry-After`) the queue overflowed
+whenever the loop was a moment late, the kernel dropped the next handshakes, and another
+tenant's new connection waited for TCP's retransmissions (1 s, then 3 s, then 7 s): the
+multi-second tails of the well-behaved tenants under that attack (`TcpExtListenOverflows`
+counted them). A queued connection costs the kernel a socket, no slot or byte of ours."""
+
+
+def listening_site(
+    runner: web.BaseRunner, host: str | None, port: int, *, reuse_port: bool = False
+) -> web.TCPSite:
+    """Where the front listens: a TCP site with `LISTEN_BACKLOG` (start it with
+    `await site.start()`)."""
+    return web.TCPSite(runner, host, port, backlog=LISTEN_BACKLOG, reuse_port=reuse_port or None)

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import sys
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -35,6 +36,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from promptcache.contract import FRONT_HEALTH_PATH, FRONT_READY_PATH
 from promptcache.contract.front import VLLM_PRIORITY_HEADER, VLLM_REQUEST_ID_HEADER
 from promptcache.embeds.cache import PromptEmbedsCache
+from promptcache.front import heap
 from promptcache.front.metrics import CONTENT_TYPE, FrontMetrics, merge_expositions
 from promptcache.front.offload import Prepared, prepare
 from promptcache.front.pool import UpstreamError, UpstreamPool
@@ -235,9 +237,17 @@ def _parse_and_find(
         return body, refusal
 
 
+_VERIFY_MODULE: Final = "promptcache.front.verify"
+
+
 async def _verify(state: FrontState, charge: Charge, payload: str) -> VerifiedLike:
-    # torch loads only once a request carries prompt embeds
+    # torch loads only once a request carries prompt embeds; what it made lives as long as
+    # the process: out of the collector's full passes (`front.heap`)
+    first = _VERIFY_MODULE not in sys.modules
     from promptcache.front.verify import verify_payload  # noqa: PLC0415
+
+    if first:
+        heap.freeze()
 
     transient = UPLOAD_FACTOR * len(payload)  # decoded bytes and the loaded tensor
     charge.take(transient)

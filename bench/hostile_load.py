@@ -841,6 +841,7 @@ async def start_pods(
     account: bool = False,
     tenant_share: int = 50,
     engine_blocks: int = ENGINE_BLOCKS,
+    token_ms: float = 0.0,
 ) -> Pods:
     standin_port, front_port, step_port, picker_port = (free_port() for _ in range(4))
     identity = ["--identity-header", ACCOUNT_HEADER] if account else []
@@ -848,7 +849,7 @@ async def start_pods(
     rest = run.cpus("rest")
     standin = await start(
         "-m", "harness.standin", str(standin_port), "--usage-from-engine",
-        "--num-gpu-blocks", str(engine_blocks),
+        "--num-gpu-blocks", str(engine_blocks), "--decode-s-per-token", str(token_ms / 1000),
         cpus=run.cpus("standin"),
     )  # fmt: skip
     picker = await start("-c", PICKER, str(picker_port), cpus=rest)
@@ -958,6 +959,7 @@ async def one_run(
     rounds: int = 1,
     nice: int = ATTACKER_NICENESS,
     engine_blocks: int = ENGINE_BLOCKS,
+    token_ms: float = 0.0,
 ) -> bool:
     if run.pins:
         os.sched_setaffinity(0, run.cpus("rest") or os.sched_getaffinity(0))
@@ -968,7 +970,9 @@ async def one_run(
         account = "account" in attacks.kinds
         if account:
             attacks = dataclasses.replace(attacks, holder=Holder(Attester(secret, KEY)))
-        pods = await start_pods(run, salt, fair_share, account, tenant_share, engine_blocks)
+        pods = await start_pods(
+            run, salt, fair_share, account, tenant_share, engine_blocks, token_ms
+        )
         try:
             timeout = aiohttp.ClientTimeout(total=60)
             async with aiohttp.ClientSession(timeout=timeout) as http:
@@ -992,7 +996,7 @@ async def one_run(
         f"\n== {run.name}: {rounds} x ({seconds:g} s quiet then {seconds:g} s hostile) "
         f"(attacking {', '.join(sorted(run.attacked))} with {', '.join(sorted(attacks.kinds))}"
         f"; fair share {fair_share} bytes/s; tenant share {tenant_share} %; attackers at "
-        f"nice {nice}; engine {engine_blocks} KV blocks)"
+        f"nice {nice}; engine {engine_blocks} KV blocks, {token_ms:g} ms per token)"
         f"; load average {load:.1f} before, "
         f"{os.getloadavg()[0]:.1f} after"
     )
@@ -1049,7 +1053,7 @@ async def main(args: argparse.Namespace) -> None:
     for run in runs(args.layout):
         await one_run(
             run, args.seconds, attacks, args.fair_share, args.tenant_share, args.rounds,
-            args.attacker_nice, args.engine_blocks,
+            args.attacker_nice, args.engine_blocks, args.engine_token_ms,
         )  # fmt: skip
 
 
@@ -1088,6 +1092,15 @@ def _parser() -> argparse.ArgumentParser:
         default=ENGINE_BLOCKS,
         help="the stand-in vLLM's KV cache in blocks (the attacker's held streams reserve "
         "257 each): large shows what the front and the step cost apart from the engine",
+    )
+    ap.add_argument(
+        "--engine-token-ms",
+        type=float,
+        default=0.0,
+        help="the stand-in vLLM's milliseconds per generated token (0: as fast as it can "
+        "write; then one of the attacker's streams writes its 4 096 events without yielding "
+        "its loop, and a burst of them stalls every request to it for seconds, which a "
+        "real engine producing tokens at a rate does not do)",
     )
     ap.add_argument(
         "--fair-share",

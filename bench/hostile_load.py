@@ -50,6 +50,7 @@ import io
 import json
 import os
 import socket
+import statistics
 import sys
 import tempfile
 import time
@@ -83,6 +84,12 @@ MALLORY = "mallory"
 STEP_BUDGET = 64 * 1024**2
 """The step's `--max-buffered-bytes`."""
 STEP_MAX_BODY = 8 * 1024**2
+ENGINE_BLOCKS = 4096
+"""The stand-in vLLM's KV cache in blocks of 16 tokens (its default). It reserves a
+request's prompt and `max_tokens` blocks when it admits it, first come first served, so
+the `hold` attacker's streams (4 096 tokens each, the stand-in's cap: 257 blocks) fill
+it with 16, and every request behind them waits until one is cut: `--engine-blocks`
+shows the front's and the step's share of the tail apart from the engine's."""
 RSS_MARGIN = 160 * 1024**2
 """What a process may grow beyond its budget under load, measured from its peak after a
 warm-up (interpreter, aiohttp/grpc and, for the front, torch are in that baseline; the
@@ -447,15 +454,22 @@ async def half_head(port: int, deadline: float) -> None:
             sock.close()
 
 
+STEP_ANNOUNCED_MORE = 1024
+"""What each `hold` stream's Content-Length announces beyond the piece it sends (as an
+HTTP/1.1 client's body reaches the gateway: announced, then never finished)."""
+
+
 async def step_holder(target: str, deadline: float, holder: Holder, piece: int) -> None:
-    """A stream that sends its headers and `piece` bytes of body (0: none), then nothing
-    until the step answers it (408 at the body deadline, or a refusal); then again."""
+    """A stream that announces a body a little longer than `piece`, sends its headers and
+    `piece` bytes of it (0: none), then nothing until the step answers it (408 at the body
+    deadline, or a refusal); then again."""
     gateway = Gateway(target)
     try:
         while time.monotonic() < deadline:
             call = gateway.open()
             with contextlib.suppress(grpc.aio.AioRpcError, TimeoutError):
-                await call.write(headers_msg(holder.step_headers()))
+                announced = {"content-length": str(piece + STEP_ANNOUNCED_MORE)}
+                await call.write(headers_msg({**holder.step_headers(), **announced}))
                 if piece:
                     await call.write(body_msg(b'{"messages":[' + b" " * piece, end_of_stream=False))
                 answer = await asyncio.wait_for(call.read(), max(deadline - time.monotonic(), 0.1))
@@ -613,7 +627,9 @@ class Phase:
     """Cores each process used over the phase (CPU seconds / phase seconds)."""
 
 
-async def phase(pods: Pods, run: Run, seconds: float, attacks: Attacks | None) -> Phase:
+async def phase(
+    pods: Pods, run: Run, seconds: float, attacks: Attacks | None, secret: bytes, nice: int
+) -> Phase:
     result = Phase()
     begin = time.monotonic() + 2.0  # the tenants' process imports aiohttp and grpc first
     tenants = subprocess_json(
@@ -621,8 +637,16 @@ async def phase(pods: Pods, run: Run, seconds: float, attacks: Attacks | None) -
         str(seconds),
     )  # fmt: skip
     jobs: list[Awaitable[Any]] = [health_probe(pods.front_port, begin, seconds, result.health)]
+    attackers: Awaitable[Any] | None = None
     if attacks is not None:
-        jobs.append(attack(pods, run, attacks, begin, seconds))
+        spec = {
+            "front_port": pods.front_port, "step_port": pods.step_port,
+            "attacked": sorted(run.attacked), "kinds": sorted(attacks.kinds),
+            "secret": secret.hex() if "account" in attacks.kinds else "",
+            "begin": begin, "seconds": seconds, "nice": nice,
+        }  # fmt: skip
+        attackers = subprocess_json("-c", ATTACKERS, json.dumps(spec))
+        jobs.append(attackers)
     cpu_before: dict[str, float] = {}
 
     async def sample_cpu() -> None:
@@ -635,7 +659,9 @@ async def phase(pods: Pods, run: Run, seconds: float, attacks: Attacks | None) -
         }
 
     jobs.append(sample_cpu())
-    out, *_ = await asyncio.gather(tenants, *jobs)
+    out, *others = await asyncio.gather(tenants, *jobs)
+    if attackers is not None:
+        result.cpu[ATTACKERS_CPU] = others[1]["cpu_seconds"] / seconds
     for name in ("front", "step", "engine"):
         tally = getattr(result, name)
         tally.latencies, tally.ok, tally.failed = (
@@ -648,7 +674,7 @@ STEP_PIECE = 4 << 20
 """What each of the `hold` tenant's step streams sends of its body before it stalls."""
 
 
-def hold_jobs(pods: Pods, run: Run, holder: Holder, deadline: float) -> list[Awaitable[None]]:
+def hold_jobs(pods: Targets, run: Run, holder: Holder, deadline: float) -> list[Awaitable[None]]:
     """The `hold` tenant's connections, sized to take every slot, body read and budget
     byte: what a single client could hold before shares."""
     jobs: list[Awaitable[None]] = []
@@ -666,7 +692,52 @@ def hold_jobs(pods: Pods, run: Run, holder: Holder, deadline: float) -> list[Awa
     return jobs
 
 
-async def attack(pods: Pods, run: Run, attacks: Attacks, begin: float, seconds: float) -> None:
+@dataclass(frozen=True)
+class Targets:
+    """Where the attackers aim (the attackers' process knows no more of the run)."""
+
+    front_port: int
+    step_port: int
+
+    @property
+    def front_url(self) -> str:
+        return f"http://127.0.0.1:{self.front_port}"
+
+    @property
+    def step_target(self) -> str:
+        return f"127.0.0.1:{self.step_port}"
+
+
+ATTACKERS = """
+import asyncio, json, sys
+from bench.hostile_load import attackers_main
+print(json.dumps(asyncio.run(attackers_main(json.loads(sys.argv[1])))))
+"""
+"""The attackers in a process of their own, at `ATTACKER_NICENESS`: on this machine they
+share the cores of the processes under test, where a real attacker's client runs on its
+own machine. Their CPU comes second to the processes under test and the tenants', so
+the ratio measures what the attack costs the front and the step, not what the bench's
+own load generation costs the cores (printed apart: `attackers (niced)`)."""
+ATTACKER_NICENESS = 19
+
+
+async def attackers_main(spec: dict[str, Any]) -> dict[str, float]:
+    """One hostile phase's attackers (`ATTACKERS`); returns the CPU seconds they used."""
+    os.nice(spec["nice"])
+    kinds = frozenset(spec["kinds"])
+    attacks = Attacks.build(kinds)
+    if spec["secret"]:
+        attacks = dataclasses.replace(
+            attacks, holder=Holder(Attester(bytes.fromhex(spec["secret"]), KEY))
+        )
+    run = Run("attackers", frozenset(spec["attacked"]))
+    targets = Targets(spec["front_port"], spec["step_port"])
+    await attack(targets, run, attacks, spec["begin"], spec["seconds"])
+    used = os.times()
+    return {"cpu_seconds": used.user + used.system}
+
+
+async def attack(pods: Targets, run: Run, attacks: Attacks, begin: float, seconds: float) -> None:
     await asyncio.sleep(max(begin - time.monotonic(), 0))
     deadline = time.monotonic() + seconds
     jobs: list[Awaitable[None]] = []
@@ -721,8 +792,9 @@ asyncio.run(main())
 """
 
 
-ME = "bench (attackers)"
-"""This process: the attackers (its children, the processes under test, not counted)."""
+ME = "bench"
+"""This process: it starts the others and samples them (its children not counted)."""
+ATTACKERS_CPU = "attackers (niced)"
 
 
 @dataclass
@@ -763,7 +835,13 @@ class Pods:
 
 
 async def start_pods(
-    run: Run, salt: Path, fair_share: int, account: bool = False, tenant_share: int = 50
+    run: Run,
+    salt: Path,
+    fair_share: int,
+    account: bool = False,
+    tenant_share: int = 50,
+    engine_blocks: int = ENGINE_BLOCKS,
+    token_ms: float = 0.0,
 ) -> Pods:
     standin_port, front_port, step_port, picker_port = (free_port() for _ in range(4))
     identity = ["--identity-header", ACCOUNT_HEADER] if account else []
@@ -771,6 +849,7 @@ async def start_pods(
     rest = run.cpus("rest")
     standin = await start(
         "-m", "harness.standin", str(standin_port), "--usage-from-engine",
+        "--num-gpu-blocks", str(engine_blocks), "--decode-s-per-token", str(token_ms / 1000),
         cpus=run.cpus("standin"),
     )  # fmt: skip
     picker = await start("-c", PICKER, str(picker_port), cpus=rest)
@@ -839,8 +918,48 @@ async def front_counters(http: aiohttp.ClientSession, url: str) -> list[str]:
     return []
 
 
+def pooled(phases: list[Phase]) -> Phase:
+    """The phases of several rounds as one: latencies and counts together, cores averaged."""
+    out = Phase()
+    for p in phases:
+        for name in ("health", "front", "step", "engine"):
+            mine, theirs = getattr(out, name), getattr(p, name)
+            mine.latencies += theirs.latencies
+            mine.ok += theirs.ok
+            mine.failed += theirs.failed
+        for k, v in p.cpu.items():
+            out.cpu[k] = out.cpu.get(k, 0.0) + v / len(phases)
+    return out
+
+
+def ratios(name: str, quiets: list[Phase], louds: list[Phase]) -> list[float]:
+    """Each round's hostile p99 over its quiet p99 for `name`'s tenants."""
+    return [
+        p99(getattr(h, name).latencies) / p99(getattr(q, name).latencies)
+        for q, h in zip(quiets, louds, strict=True)
+    ]
+
+
+def round_line(i: int, quiet: Phase, loud: Phase, load: float, run: Run) -> str:
+    """One round's p99 ratios and the load average as it ended: how noisy the rounds are."""
+    parts = []
+    for name in ("front", "step"):
+        if name in run.attacked:
+            q, h = p99(getattr(quiet, name).latencies), p99(getattr(loud, name).latencies)
+            parts.append(f"{name} {q * 1e3:.1f} -> {h * 1e3:.1f} ms ({h / q:.2f}x)")
+    return f"  round {i}: " + "; ".join(parts) + f"; load average {load:.1f}"
+
+
 async def one_run(
-    run: Run, seconds: float, attacks: Attacks, fair_share: int, tenant_share: int = 50
+    run: Run,
+    seconds: float,
+    attacks: Attacks,
+    fair_share: int,
+    tenant_share: int = 50,
+    rounds: int = 1,
+    nice: int = ATTACKER_NICENESS,
+    engine_blocks: int = ENGINE_BLOCKS,
+    token_ms: float = 0.0,
 ) -> bool:
     if run.pins:
         os.sched_setaffinity(0, run.cpus("rest") or os.sched_getaffinity(0))
@@ -851,27 +970,43 @@ async def one_run(
         account = "account" in attacks.kinds
         if account:
             attacks = dataclasses.replace(attacks, holder=Holder(Attester(secret, KEY)))
-        pods = await start_pods(run, salt, fair_share, account, tenant_share)
+        pods = await start_pods(
+            run, salt, fair_share, account, tenant_share, engine_blocks, token_ms
+        )
         try:
             timeout = aiohttp.ClientTimeout(total=60)
             async with aiohttp.ClientSession(timeout=timeout) as http:
                 await warm_up(http, pods)
             before = {"front": peak_rss(pods.front.pid), "step": peak_rss(pods.step.pid)}
             load = os.getloadavg()[0]
-            quiet = await phase(pods, run, seconds, None)
-            loud = await phase(pods, run, seconds, attacks)
+            quiets: list[Phase] = []
+            louds: list[Phase] = []
+            lines = []
+            for i in range(rounds):  # alternated: a busy spell of the machine hits both
+                quiets.append(await phase(pods, run, seconds, None, secret, nice))
+                louds.append(await phase(pods, run, seconds, attacks, secret, nice))
+                lines.append(round_line(i + 1, quiets[-1], louds[-1], os.getloadavg()[0], run))
+            quiet, loud = pooled(quiets), pooled(louds)
             after = {"front": peak_rss(pods.front.pid), "step": peak_rss(pods.step.pid)}
             async with aiohttp.ClientSession(timeout=timeout) as http:
                 counted = await front_counters(http, pods.front_url)
         finally:
             await pods.stop()
     print(
-        f"\n== {run.name}: {seconds:g} s quiet then {seconds:g} s hostile "
+        f"\n== {run.name}: {rounds} x ({seconds:g} s quiet then {seconds:g} s hostile) "
         f"(attacking {', '.join(sorted(run.attacked))} with {', '.join(sorted(attacks.kinds))}"
-        f"; fair share {fair_share} bytes/s; tenant share {tenant_share} %)"
+        f"; fair share {fair_share} bytes/s; tenant share {tenant_share} %; attackers at "
+        f"nice {nice}; engine {engine_blocks} KV blocks, {token_ms:g} ms per token)"
         f"; load average {load:.1f} before, "
         f"{os.getloadavg()[0]:.1f} after"
     )
+    if rounds > 1:
+        print("\n".join(lines))
+        print("  median of the rounds' ratios: " + ", ".join(
+            f"{name} {statistics.median(ratios(name, quiets, louds)):.2f}x "
+            f"(range {min(ratios(name, quiets, louds)):.2f}-{max(ratios(name, quiets, louds)):.2f})"
+            for name in ("front", "step") if name in run.attacked
+        ))  # fmt: skip
     good = True
     if "front" in run.attacked:
         health = p99(loud.health.latencies) * 1e3
@@ -916,7 +1051,10 @@ async def main(args: argparse.Namespace) -> None:
         raise SystemExit(f"--attacks: unknown {sorted(kinds - ATTACK_KINDS - MODIFIERS)} ({known})")
     attacks = Attacks.build(kinds)
     for run in runs(args.layout):
-        await one_run(run, args.seconds, attacks, args.fair_share, args.tenant_share)
+        await one_run(
+            run, args.seconds, attacks, args.fair_share, args.tenant_share, args.rounds,
+            args.attacker_nice, args.engine_blocks, args.engine_token_ms,
+        )  # fmt: skip
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -933,6 +1071,36 @@ def _parser() -> argparse.ArgumentParser:
         help="which attacks, comma-separated: bombs, readers, writers, hold (one at a time "
         "shows what each costs); add keys to send the bombs under a new isolation key each, "
         "account to spread the hold tenant over keys of one account",
+    )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="quiet and hostile phases alternated this many times (pooled, and each round "
+        "printed with the load average: how noisy the machine made the ratio)",
+    )
+    ap.add_argument(
+        "--attacker-nice",
+        type=int,
+        default=ATTACKER_NICENESS,
+        help="niceness of the attackers' process (0: they compete for the cores as "
+        "equals, as before; a real attacker's client is not on the server's cores)",
+    )
+    ap.add_argument(
+        "--engine-blocks",
+        type=int,
+        default=ENGINE_BLOCKS,
+        help="the stand-in vLLM's KV cache in blocks (the attacker's held streams reserve "
+        "257 each): large shows what the front and the step cost apart from the engine",
+    )
+    ap.add_argument(
+        "--engine-token-ms",
+        type=float,
+        default=0.0,
+        help="the stand-in vLLM's milliseconds per generated token (0: as fast as it can "
+        "write; then one of the attacker's streams writes its 4 096 events without yielding "
+        "its loop, and a burst of them stalls every request to it for seconds, which a "
+        "real engine producing tokens at a rate does not do)",
     )
     ap.add_argument(
         "--fair-share",

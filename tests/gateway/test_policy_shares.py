@@ -190,6 +190,40 @@ async def test_stalled_bodies_hold_at_most_their_share_of_the_budget_while_other
         _served(await well_behaved(gateway))
 
 
+async def test_a_client_over_its_share_is_refused_on_its_headers_before_any_body(
+    make_gateway_policy: GatewayPolicyFactory, gateway_for: GatewayFor
+) -> None:
+    """A stream whose client, while another client holds some of the budget, would pass its
+    share with the body its Content-Length announces is refused on its headers: it never
+    has to send (nor the step receive and parse) a body that would be refused. Under the
+    hostile load bench each refused retry used to carry 4 MiB. Without a Content-Length
+    (nothing announced) it is held until its body comes, as is another client's stream
+    announcing as much, and the well-behaved tenant is decided beside them."""
+    step = await _step(make_gateway_policy)
+    gateway = gateway_for(step)
+    budget, metrics = step.servicer.budget, step.servicer.metrics
+    calls = [await stalled(gateway, {KEY: "alice", ACCOUNT: "alice"}, 1024)]
+    calls += [await stalled(gateway, {KEY: "mallory"}, PIECE) for _ in range(HELD)]
+    async with cancelling(calls):
+        await eventually(lambda: budget.used == HELD * PIECE + 1024)
+        announced = {"content-length": str(PIECE)}
+        over = [await stalled(gateway, {KEY: "mallory", **announced}, 0) for _ in range(3)]
+        within = [
+            await stalled(gateway, {KEY: "mallory"}, 0),
+            await stalled(gateway, {KEY: "bob", **announced}, 0),
+        ]
+        calls += over + within
+        answers = await answered(over, 5.0)
+        assert all(
+            a is not None and status_and_code(a) == (429, "tenant_share_exceeded") for a in answers
+        ), answers
+        assert all(retry_after(a) == "1" for a in answers if a is not None)
+        assert await answered(within, 0.5) == [None, None]  # held, not refused
+        assert budget.used == HELD * PIECE + 1024
+        assert metrics.value("promptcache_gateway_policy_tenant_share_refusals_total") == 3
+        _served(await well_behaved(gateway))
+
+
 async def test_half_sent_requests_hold_nothing_another_tenant_needs(
     make_gateway_policy: GatewayPolicyFactory, gateway_for: GatewayFor
 ) -> None:

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import sys
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -35,6 +36,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from promptcache.contract import FRONT_HEALTH_PATH, FRONT_READY_PATH
 from promptcache.contract.front import VLLM_PRIORITY_HEADER, VLLM_REQUEST_ID_HEADER
 from promptcache.embeds.cache import PromptEmbedsCache
+from promptcache.front import heap
 from promptcache.front.metrics import CONTENT_TYPE, FrontMetrics, merge_expositions
 from promptcache.front.offload import Prepared, prepare
 from promptcache.front.pool import UpstreamError, UpstreamPool
@@ -235,9 +237,17 @@ def _parse_and_find(
         return body, refusal
 
 
+_VERIFY_MODULE: Final = "promptcache.front.verify"
+
+
 async def _verify(state: FrontState, charge: Charge, payload: str) -> VerifiedLike:
-    # torch loads only once a request carries prompt embeds
+    # torch loads only once a request carries prompt embeds; what it made lives as long as
+    # the process: out of the collector's full passes (`front.heap`)
+    first = _VERIFY_MODULE not in sys.modules
     from promptcache.front.verify import verify_payload  # noqa: PLC0415
+
+    if first:
+        heap.freeze()
 
     transient = UPLOAD_FACTOR * len(payload)  # decoded bytes and the loaded tensor
     charge.take(transient)
@@ -921,11 +931,30 @@ def create_runner(
     cache: PromptEmbedsCache,
     **runner_kwargs: Any,
 ) -> FrontRunner:
-    """The front, ready for `await runner.setup()` and a `web.TCPSite` (call in a running loop).
+    """The front, ready for `await runner.setup()` and a site (call in a running loop).
 
     runner = create_runner(settings, secret=secret, cache=cache)
     await runner.setup()
-    await web.TCPSite(runner, "0.0.0.0", 8000).start()
+    await listening_site(runner, "0.0.0.0", 8000).start()
     """
     state = create_state(settings, secret=secret, cache=cache)
     return FrontRunner(FrontServer(state, **server_options(settings)), **runner_kwargs)
+
+
+LISTEN_BACKLOG: Final = 4096
+"""Connections the kernel completes and queues for the front before it accepts them (the
+kernel caps it at `net.core.somaxconn`, 4096 by default). aiohttp's default is 128: under
+a client's reconnect storm (`bench/hostile_load.py --attacks hold` opens 256 connections at
+once, and its refused ones come back together each `Retry-After`) the queue overflowed
+whenever the loop was a moment late, the kernel dropped the next handshakes, and another
+tenant's new connection waited for TCP's retransmissions (1 s, then 3 s, then 7 s): the
+multi-second tails of the well-behaved tenants under that attack (`TcpExtListenOverflows`
+counted them). A queued connection costs the kernel a socket, no slot or byte of ours."""
+
+
+def listening_site(
+    runner: web.BaseRunner, host: str | None, port: int, *, reuse_port: bool = False
+) -> web.TCPSite:
+    """Where the front listens: a TCP site with `LISTEN_BACKLOG` (start it with
+    `await site.start()`)."""
+    return web.TCPSite(runner, host, port, backlog=LISTEN_BACKLOG, reuse_port=reuse_port or None)

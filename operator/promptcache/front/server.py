@@ -16,11 +16,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Final
 
-from aiohttp import web
-
 from promptcache.contract import FRONT_DRAIN_SECONDS
 from promptcache.embeds.cache import PromptEmbedsCache
-from promptcache.front.app import create_runner
+from promptcache.front import heap
+from promptcache.front.app import create_runner, listening_site
 from promptcache.front.settings import FrontSettings, SettingsError, parse_listen, read_salt_key
 from promptcache.stopping import stop_event
 
@@ -63,8 +62,9 @@ async def _run(
     )
     await runner.setup()
     host, port = parse_listen(settings.listen)
-    site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None)
+    site = listening_site(runner, host, port, reuse_port=reuse_port)
     await site.start()
+    heap.freeze(collect=True)  # what start-up made, out of the collector's full passes
     lifecycle = (
         await _hold_lifecycle(settings.lifecycle_listen)
         if settings.lifecycle_listen and not multiprocessing.parent_process()

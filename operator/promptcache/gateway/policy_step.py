@@ -213,6 +213,17 @@ def _budget(limit: int, percent: int) -> Ledger:
     return Ledger(limit, share_of(limit, percent))
 
 
+def declared_length(headers: Sequence[tuple[str, bytes]]) -> int:
+    """The body size a request's Content-Length announces (its first value), at least 1: what
+    its body will ask of the budget at least. 1 when absent or not a plain decimal (the
+    front refuses a malformed one; here it only sizes an early refusal)."""
+    for name, value in headers:
+        if name == "content-length":
+            text = value.strip()
+            return max(int(text), 1) if text.isdigit() and len(text) <= 18 else 1
+    return 1
+
+
 FORWARDED_FOR: Final[str] = "x-forwarded-for"
 """Where the gateway names the connection a request came from: its last entry is the one the
 gateway itself appended (earlier ones are what the client claimed)."""
@@ -663,7 +674,11 @@ class GatewayPolicyServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[
             forward = inspector.feed(msg)
             if inspector.holding and not was_holding:
                 inspector.share_key = step_identity(inspector.headers(), self.policy)
-                refusal = self._head_refused(inspector) or await self._fair_share(inspector)
+                refusal = (
+                    self._head_refused(inspector)
+                    or self._over_share(inspector)
+                    or await self._fair_share(inspector)
+                )
                 if refusal is not None:
                     return refusal
                 loop = asyncio.get_running_loop()
@@ -687,6 +702,26 @@ class GatewayPolicyServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[
         except FrontError as refusal:
             return refusal
         return None
+
+    def _over_share(self, inspector: _Inspector) -> FrontError | None:
+        """The share refusal (429) on a request's headers, when its client already holds more
+        than its share of the budget while others hold some, or taking the body its
+        Content-Length announces would (`tenancy.shares`, `declared_length`): that body would
+        be refused anyway, so it is never received.
+
+        Why on the headers: refused at its first body message, an over-share client had sent
+        that message whole first, and gRPC had received, copied and parsed it (a 4 MiB piece
+        per retry under `bench/hostile_load.py --attacks hold`, CPU and memory the
+        well-behaved tenants' requests waited behind). The front charges a declared body on
+        its head too (`front.app._read_body`). A body with no Content-Length (chunked) is
+        still refused at its first message, as before. A request whose headers end it holds
+        no body and is not checked."""
+        if inspector.held.request_headers.end_of_stream:
+            return None
+        budget, key = self.budget, inspector.share_key
+        if budget.check(key, declared_length(inspector.headers())) is not Verdict.OVER_SHARE:
+            return None
+        return share_refusal("budget for request bodies", budget.held(key), budget.share, "bytes")
 
     async def _fair_share(self, inspector: _Inspector) -> FrontError | None:
         """Before a held request's body is read: wait while its key owes this process

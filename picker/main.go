@@ -12,11 +12,13 @@ import (
 	"sigs.k8s.io/gateway-api-inference-extension/cmd/epp/runner"
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
 
+	"promptcache.local/picker/plugins/predicted"
 	"promptcache.local/picker/plugins/tenantsalt"
 )
 
 func main() {
 	fwkplugin.Register(tenantsalt.Type, tenantsalt.Factory)
+	fwkplugin.Register(predicted.Type, predicted.Factory)
 	if err := runner.NewRunner().Run(ctrl.SetupSignalHandler()); err != nil {
 		os.Exit(1)
 	}

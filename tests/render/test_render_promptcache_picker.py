@@ -15,6 +15,7 @@ from promptcache._version import __version__
 from promptcache.api.rules import GIE_BASED_PICKERS
 from promptcache.contract import (
     EPP_EXT_PROC_PORT,
+    PREDICTED_MATCH_PLUGIN,
     SALT_KEY_FILE,
     TENANT_SALT_PARSER,
     FrontEnv,
@@ -103,6 +104,10 @@ def test_the_parser_gets_the_fronts_isolation_settings(isolation: dict[str, Any]
     salted = isolation["mode"] != "Shared"
     assert params.get(TenantSaltParam.SALT_KEY_FILE) == (SALT_KEY_FILE if salted else None)
     assert env.get(FrontEnv.SALT_KEY_FILE) == (SALT_KEY_FILE if salted else None)
+    # the predicted-match plugin signs with the key the front verifies with, where both have it
+    predicted = [p for p in config(manifests)["plugins"] if p["type"] == PREDICTED_MATCH_PLUGIN]
+    expected = [{"type": PREDICTED_MATCH_PLUGIN, "parameters": {"saltKeyFile": SALT_KEY_FILE}}]
+    assert predicted == (expected if salted else [])
 
 
 @pytest.mark.parametrize("mode", ["Shared", "PerKey"])

@@ -75,6 +75,7 @@ from promptcache.contract.names import (
     IDENTITY_CLOCK_SKEW_SECONDS,
     MISSING_PROMPT_EMBEDS_IDS_FIELD,
     POD_TERMINATION_GRACE_SECONDS,
+    PREDICTED_MATCH_HEADER,
     PROMPT_CACHE_KEY_FIELD,
     PROMPT_CACHE_MAX_LEN_FIELD,
     PROMPT_EMBEDS_NOT_CACHED_ERROR_CODE,
@@ -91,8 +92,10 @@ from promptcache.contract.names import (
 from promptcache.contract.picker import (
     DEFAULT_PICKER,
     DEFAULT_PICKER_ENV,
+    PREDICTED_MATCH_PLUGIN,
     TENANT_SALT_PARSER,
     PickerTarget,
+    PredictedMatchParam,
     TenantSaltParam,
 )
 from promptcache.contract.pods import (
@@ -143,6 +146,8 @@ __all__ = [
     "OPTIONAL_HEADER_NAME_PATTERN",
     "OWNED_ENGINE_FLAGS",
     "POD_TERMINATION_GRACE_SECONDS",
+    "PREDICTED_MATCH_HEADER",
+    "PREDICTED_MATCH_PLUGIN",
     "PROMPT_CACHE_KEY_FIELD",
     "PROMPT_CACHE_MAX_LEN_FIELD",
     "PROMPT_EMBEDS_NOT_CACHED_ERROR_CODE",
@@ -161,6 +166,7 @@ __all__ = [
     "OwnedEngineFlags",
     "OwnedPodParts",
     "PickerTarget",
+    "PredictedMatchParam",
     "SessionShimEnv",
     "Setting",
     "SettingInputError",

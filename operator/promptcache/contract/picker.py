@@ -53,3 +53,14 @@ class TenantSaltParam(StrEnum):
     IDENTITY_HEADER = "identityHeader"
     IDENTITY_BEARER = "identityBearer"
     IDENTITY_REQUIRED = "identityRequired"
+
+
+PREDICTED_MATCH_PLUGIN: Final[str] = "promptcache-predicted-match"
+"""The `promptcache` picker's PreRequest plugin (`picker/plugins/predicted`) that tells the
+chosen pod, signed, the prefix match GIE's producer found for it (issue 39)."""
+
+
+class PredictedMatchParam(StrEnum):
+    """The predicted-match plugin's `parameters` (decoded strictly by the picker)."""
+
+    SALT_KEY_FILE = "saltKeyFile"

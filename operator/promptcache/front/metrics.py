@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from promptcache.embeds.cache import PromptEmbedsCacheStats
+from promptcache.front.hits import ScopeClass, Tally
 
 PREFIX: Final = "promptcache_front"
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
@@ -176,6 +177,37 @@ class FrontMetrics:
             "cached_tokens; counted only when vLLM reports it).",
             registry=r,
         )
+        self.predictions = Counter(
+            f"{PREFIX}_predictions",
+            "What the front made of the picker's signed predicted-match header "
+            "(x-promptcache-predicted): valid, absent, malformed, forged, expired, future, "
+            "replayed, ambiguous, or unverifiable (this front has no salt key to check it). "
+            "Only valid ones are counted as predicted.",
+            ["outcome"],
+            registry=r,
+        )
+        self.accounted_prompt_tokens = Counter(
+            f"{PREFIX}_accounted_prompt_tokens",
+            "Prompt tokens of requests that carried a valid prediction and whose usage "
+            "reported cached_tokens, by isolation scope class: the denominator of the "
+            "predicted and delivered hit ratios.",
+            ["scope"],
+            registry=r,
+        )
+        self.predicted_tokens = Counter(
+            f"{PREFIX}_predicted_tokens",
+            "Of those, the tokens the picker expected the pod to hold (its prefix match: "
+            "matched blocks x block size, at most the prompt), by scope class.",
+            ["scope"],
+            registry=r,
+        )
+        self.delivered_tokens = Counter(
+            f"{PREFIX}_delivered_tokens",
+            "Of those, the tokens vLLM served from its prefix cache (cached_tokens), by "
+            "scope class.",
+            ["scope"],
+            registry=r,
+        )
         self.in_flight = Gauge(
             f"{PREFIX}_in_flight_requests", "Requests being worked on now.", registry=r
         )
@@ -189,6 +221,14 @@ class FrontMetrics:
         self._refusal_children: dict[str, Counter] = {}
         self._decision_children: dict[tuple[str, str], Counter] = {}
         self._control_children: dict[str, Counter] = {}
+        self._hit_children = {
+            scope: (
+                self.accounted_prompt_tokens.labels(scope=scope.value),
+                self.predicted_tokens.labels(scope=scope.value),
+                self.delivered_tokens.labels(scope=scope.value),
+            )
+            for scope in ScopeClass
+        }
 
     def waited_for_share(self, seconds: float) -> None:
         """A request waited `seconds` for its key's fair share (`tenancy.fair_share`)."""
@@ -238,11 +278,23 @@ class FrontMetrics:
             )
         child.inc()
 
-    def observe_usage(self, prompt_tokens: int, cached_tokens: int | None) -> None:
-        """Count one response's usage: the cached-token share the dashboard shows."""
-        self.prompt_tokens.inc(max(0, prompt_tokens))
-        if cached_tokens is not None:
-            self.cached_prompt_tokens.inc(max(0, cached_tokens))
+    def observe_usage(
+        self, prompt_tokens: int, cached_tokens: int | None, tally: Tally | None = None
+    ) -> None:
+        """Count one response's usage: the cached-token share the dashboard shows, and,
+        for a request the picker predicted (`tally`), the predicted/delivered triple."""
+        prompt = max(0, prompt_tokens)
+        self.prompt_tokens.inc(prompt)
+        if cached_tokens is None:
+            return
+        cached = min(max(0, cached_tokens), prompt)
+        self.cached_prompt_tokens.inc(max(0, cached_tokens))
+        if tally is None or tally.prediction is None:
+            return
+        accounted, predicted, delivered = self._hit_children[tally.scope]
+        accounted.inc(prompt)
+        predicted.inc(tally.prediction.tokens(prompt))
+        delivered.inc(cached)
 
     def render(self) -> bytes:
         """The front's own exposition text."""

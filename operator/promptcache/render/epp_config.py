@@ -16,9 +16,11 @@ from typing import Any, Final
 from promptcache.api import PromptCacheDeployment
 from promptcache.contract import (
     DEFAULT_PICKER,
+    PREDICTED_MATCH_PLUGIN,
     SALT_KEY_FILE,
     SERVING_PORT,
     TENANT_SALT_PARSER,
+    PredictedMatchParam,
     TenantSaltParam,
 )
 from promptcache.contract import PickerTarget as Picker
@@ -178,7 +180,19 @@ def endpoint_picker_config(pcd: PromptCacheDeployment) -> dict[str, Any]:
     if picker_of(pcd) is Picker.PROMPTCACHE:
         plugins.append({"type": TENANT_SALT_PARSER, "parameters": tenant_salt_parameters(pcd)})
         config["parser"] = {"pluginRef": TENANT_SALT_PARSER}
+        if pcd.spec.needs_salt_key:
+            plugins.append(predicted_match_plugin())
     return config
+
+
+def predicted_match_plugin() -> dict[str, Any]:
+    """The `promptcache` picker's PreRequest plugin that signs, for the chosen pod, the
+    prefix match it predicted (issue 39: the front counts it against vLLM's cached tokens).
+    Signed with the salt key, so only where the picker mounts it (a salting mode)."""
+    return {
+        "type": PREDICTED_MATCH_PLUGIN,
+        "parameters": {str(PredictedMatchParam.SALT_KEY_FILE): SALT_KEY_FILE},
+    }
 
 
 def tenant_salt_parameters(pcd: PromptCacheDeployment) -> dict[str, Any]:

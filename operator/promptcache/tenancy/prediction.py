@@ -1,0 +1,164 @@
+"""What the picker predicted for a request, told to the chosen pod so that only it is believed.
+
+promptcache's Endpoint Picker knows, at the pick, how much of the prompt's prefix GIE's
+prefix producer believes the chosen pod holds. Its PreRequest plugin
+(`picker/plugins/predicted`) sends that to the pod in one header,
+`x-promptcache-predicted`; the cache front counts it beside what vLLM then reports as
+`cached_tokens`, so predicted and delivered hit ratios can be compared over any window
+(issue 39). The header is
+
+    v1.<unix seconds>.<nonce>.<match blocks>.<total blocks>.<block tokens>.<mac>
+
+- the figures are GIE's own (`PrefixCacheMatchInfo`): the blocks of the prompt the
+  producer hashed, how many of them its index places on the chosen pod, and the block size
+  in tokens. The predicted tokens are `match blocks * block tokens`, capped at the prompt
+  tokens vLLM reports (`Prediction.tokens`). GIE hashes characters, `block tokens * 4`
+  per block, so this is the picker's estimate in its own unit, which is exactly what is
+  to be judged against what the engine delivered; sending the blocks rather than a token
+  count keeps the header the picker's raw belief and leaves the conversion in one place.
+- `mac` is an HMAC-SHA256 under a key derived from the salt Secret that the picker and the
+  front both mount (`prediction_key`; its own label, so the key signs nothing the
+  identity attestation accepts, and back), over the time, a random nonce and the three
+  figures.
+- the front accepts it for `IDENTITY_ATTESTATION_MAX_AGE_SECONDS` (plus the clock skew)
+  and once per front process (`attestation.ReplayGuard`, its own instance).
+
+So a client that reaches a pod directly cannot skew the figures: without the salt key it
+cannot make a header that verifies (counted `forged`, never believed), and a header it
+somehow saw is good once, for a minute, in the process that already admitted it. Unlike the
+identity attestation the header is not bound to the body: what it could gain by being
+moved onto another request is one sample of a metric, not a tenant's scope, and a body
+digest at the front would cost more per request than the whole accounting (issue 39 asks
+for at most 2 % of a request's CPU). The front removes the header before vLLM whatever it
+made of it.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from promptcache.contract import (
+    IDENTITY_ATTESTATION_MAX_AGE_SECONDS,
+    IDENTITY_CLOCK_SKEW_SECONDS,
+)
+from promptcache.tenancy.attestation import NONCE_BYTES, Outcome, ReplayGuard, _b64, _unb64
+
+VERSION: Final[str] = "v1"
+_KEY_LABEL: Final[bytes] = b"promptcache/prediction-key/v1"
+_MAC_DOMAIN: Final[bytes] = b"promptcache/prediction/v1\0"
+MAX_FIGURE: Final[int] = 1 << 24
+"""Largest block count or block size a header may carry (16 Mi blocks: far beyond any
+context window); a longer number is malformed, so parsing stays bounded."""
+_FORM: Final = re.compile(
+    r"v1\.(?P<ts>[0-9]{1,12})\.(?P<nonce>[A-Za-z0-9_-]{16})"
+    r"\.(?P<match>0|[1-9][0-9]{0,7})\.(?P<total>0|[1-9][0-9]{0,7})\.(?P<block>[1-9][0-9]{0,7})"
+    r"\.(?P<mac>[A-Za-z0-9_-]{43})"
+)
+
+
+def prediction_key(secret: bytes) -> bytes:
+    """The signing key, derived from the salt key (never the salt key itself)."""
+    return hmac.digest(secret, _KEY_LABEL, "sha256")
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """GIE's prefix match for the chosen pod, as the picker signed it."""
+
+    match_blocks: int
+    total_blocks: int
+    block_tokens: int
+
+    def tokens(self, prompt_tokens: int) -> int:
+        """The prompt tokens the picker expected the pod to hold: its matched blocks in
+        tokens, never more than the prompt vLLM counted."""
+        return max(0, min(self.match_blocks * self.block_tokens, prompt_tokens))
+
+    @property
+    def figures(self) -> str:
+        """The signed part of the header: the three figures, as written."""
+        return f"{self.match_blocks}.{self.total_blocks}.{self.block_tokens}"
+
+
+def _mac(key: bytes, ts: str, nonce: bytes, prediction: Prediction) -> bytes:
+    message = _MAC_DOMAIN + ts.encode("ascii") + b"\0" + nonce + prediction.figures.encode()
+    return hmac.digest(key, message, "sha256")
+
+
+def sign(key: bytes, prediction: Prediction, *, now: int, nonce: bytes | None = None) -> str:
+    """The header value the picker sends the chosen pod (the Go port: picker/prediction)."""
+    nonce = secrets.token_bytes(NONCE_BYTES) if nonce is None else nonce
+    ts = str(now)
+    mac = _mac(key, ts, nonce, prediction)
+    return f"{VERSION}.{ts}.{_b64(nonce)}.{prediction.figures}.{_b64(mac)}"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What the front made of a request's predicted-match header."""
+
+    prediction: Prediction | None
+    outcome: Outcome
+
+
+def check(
+    key: bytes,
+    values: Sequence[str],
+    *,
+    now: int,
+    guard: ReplayGuard,
+    max_age: int = IDENTITY_ATTESTATION_MAX_AGE_SECONDS,
+    skew: int = IDENTITY_CLOCK_SKEW_SECONDS,
+) -> Verdict:
+    """The prediction the picker signed for this request, or why there is none. An empty
+    value is no prediction (the picker blanks a client's copy when it has none to send)."""
+    present = [v for v in values if v.strip(" \t")]
+    if not present:
+        return Verdict(None, Outcome.ABSENT)
+    if len(present) > 1:
+        return Verdict(None, Outcome.AMBIGUOUS)
+    form = _FORM.fullmatch(present[0].strip(" \t"))
+    if form is None:
+        return Verdict(None, Outcome.MALFORMED)
+    figures = int(form["match"]), int(form["total"]), int(form["block"])
+    if max(figures) > MAX_FIGURE or figures[0] > figures[1]:
+        return Verdict(None, Outcome.MALFORMED)
+    prediction = Prediction(*figures)
+    expected = _mac(key, form["ts"], _unb64(form["nonce"]), prediction)
+    mac = _unb64(form["mac"])
+    if not hmac.compare_digest(mac, expected):
+        return Verdict(None, Outcome.FORGED)
+    issued = int(form["ts"])
+    if issued > now + skew:
+        return Verdict(None, Outcome.FUTURE)
+    if now - issued > max_age:
+        return Verdict(None, Outcome.EXPIRED)
+    if not guard.admit(mac, issued + max_age + skew, now):
+        return Verdict(None, Outcome.REPLAYED)
+    return Verdict(prediction, Outcome.VALID)
+
+
+class PredictionReader:
+    """The front's end: the derived key, the clock and this process's replay guard."""
+
+    def __init__(
+        self,
+        secret: bytes,
+        clock: Callable[[], float] = time.time,
+        guard: ReplayGuard | None = None,
+    ) -> None:
+        self._key = prediction_key(secret)
+        self._clock = clock
+        self.guard = ReplayGuard() if guard is None else guard
+
+    def read(self, values: Sequence[str]) -> Verdict:
+        """The verdict on the header's values as received (all of them)."""
+        if not values:
+            return Verdict(None, Outcome.ABSENT)  # no clock needed
+        return check(self._key, values, now=int(self._clock()), guard=self.guard)

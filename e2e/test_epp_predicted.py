@@ -78,7 +78,10 @@ def _counters(handle: PodHandle) -> dict[str, float]:
     url = f"http://{handle.ip}:{handle.front.port}/metrics"
     with urllib.request.urlopen(url, timeout=30) as resp:
         text = resp.read().decode()
-    names = "accounted_prompt_tokens|predicted_tokens|delivered_tokens|predictions"
+    names = (
+        "accounted_prompt_tokens|predicted_tokens|delivered_tokens|predictions"
+        "|estimated_prompt_tokens|workload_tokens|capacity_tokens"
+    )
     pattern = rf"^(promptcache_front_(?:{names})_total\S*) (\S+)$"
     return {m[1]: float(m[2]) for m in re.finditer(pattern, text, re.MULTILINE)}
 
@@ -88,6 +91,7 @@ def test_the_pod_counts_what_the_picker_predicted_beside_what_the_engine_deliver
 ) -> None:
     system = unique_text(3000)  # a long shared prefix, then a unique tail per turn
     turns = []
+    ladder: list[tuple[int, int]] = []
     with pool.client() as gateway:
         for _ in range(4):
             pick = gateway.pick(chat_body(prefixed(system, 200)), headers={KEY: "a"})
@@ -96,12 +100,18 @@ def test_the_pod_counts_what_the_picker_predicted_beside_what_the_engine_deliver
             pod_headers = envoy_applies(pick.sent_headers, pick.responses)
             values = [v for k, v in pod_headers if k.lower() == PREDICTED_MATCH_HEADER]
             assert len(values) == 1, "the picker signs one prediction for the chosen pod"
-            match, total, block = (int(x) for x in values[0].split(".")[3:6])
+            # match, total, block size, then the workload and capacity estimates (blocks)
+            match, total, block, seen, held = (int(x) for x in values[0].split(".")[3:-1])
             usage = _post(handle, pick.body, pod_headers)["usage"]
             turns.append((handle, match, total, block, usage))
+            ladder.append((seen, held))
             settle_index()
     first, *later = turns
     assert first[1] == 0, "nothing was predicted for a prompt never seen"
+    assert ladder[0] == (0, 0), "nor would a perfect cache have held it"
+    # later turns: the shared prefix was seen in the pool and fits its KV cache, and the
+    # picker's match for the chosen pod is all of it (the ladder is flat here)
+    assert all(seen == held == t[1] > 0 for (seen, held), t in zip(ladder[1:], later, strict=True))
     # each later turn: the picker predicts the shared prefix on the pod that served it
     # (the same pod: the prefix draws it), and that pod's engine delivers it from cache
     for handle, match, total, _, usage in later:
@@ -119,6 +129,12 @@ def test_the_pod_counts_what_the_picker_predicted_beside_what_the_engine_deliver
     assert got['promptcache_front_delivered_tokens_total{scope="keyed"}'] == delivered
     assert predicted > 0
     assert delivered > 0
+    workload = sum(
+        min(s * t[3], t[4]["prompt_tokens"]) for (s, _), t in zip(ladder, turns, strict=True)
+    )
+    assert got['promptcache_front_estimated_prompt_tokens_total{scope="keyed"}'] == prompt
+    assert got['promptcache_front_workload_tokens_total{scope="keyed"}'] == workload
+    assert got['promptcache_front_capacity_tokens_total{scope="keyed"}'] == workload
 
 
 def test_a_prediction_sent_straight_to_a_pod_is_ignored(pool: PoolOnCluster) -> None:

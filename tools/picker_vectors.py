@@ -42,6 +42,7 @@ from promptcache.tenancy import attestation, identity, prediction, salt
 from promptcache.tenancy.canonical import header_multidict, parse_body
 from promptcache.tenancy.errors import FrontError
 from promptcache.tenancy.policy import MAX_ISOLATION_KEY_CHARS
+from promptcache.tenancy.prediction import Prediction
 from promptcache.tenancy.routes import ROUTES, RouteClass
 from promptcache.tenancy.settings import MIN_SALT_KEY_BYTES, PolicySettings
 
@@ -491,7 +492,14 @@ def route_table() -> str:
     return "\n".join(lines) + "\n"
 
 
-PREDICTIONS: list[tuple[int, int, int]] = [(0, 0, 16), (0, 12, 16), (7, 12, 16), (12, 12, 64)]
+PREDICTIONS: list[Prediction] = [
+    Prediction(0, 0, 16),
+    Prediction(0, 12, 16),
+    Prediction(7, 12, 16),
+    Prediction(12, 12, 64),
+    Prediction(7, 12, 16, 12, 9),
+    Prediction(0, 3, 16, 0, 0),
+]
 
 
 def prediction_vectors() -> dict[str, Any]:
@@ -512,12 +520,14 @@ def prediction_vectors() -> dict[str, Any]:
         "max_figure": prediction.MAX_FIGURE,
         "sign": [
             {
-                "match_blocks": m,
-                "total_blocks": t,
-                "block_tokens": b,
-                "value": prediction.sign(key, prediction.Prediction(m, t, b), now=NOW, nonce=NONCE),
+                "match_blocks": p.match_blocks,
+                "total_blocks": p.total_blocks,
+                "block_tokens": p.block_tokens,
+                "seen_blocks": p.seen_blocks,
+                "held_blocks": p.held_blocks,
+                "value": prediction.sign(key, p, now=NOW, nonce=NONCE),
             }
-            for m, t, b in PREDICTIONS
+            for p in PREDICTIONS
         ],
     }
 

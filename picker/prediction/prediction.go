@@ -34,19 +34,32 @@ var (
 
 // Prediction is GIE's PrefixCacheMatchInfo for the chosen pod: the blocks of the prompt the
 // producer hashed, how many of them its index places on that pod, the block size in tokens.
+//
+// Estimated says whether SeenBlocks and HeldBlocks (package ladder's workload and capacity
+// figures, of the same blocks) go with it.
 type Prediction struct {
 	MatchBlocks, TotalBlocks, BlockTokens int
+	Estimated                             bool
+	SeenBlocks, HeldBlocks                int
 }
 
 // Valid says whether the prediction can be sent: a positive block size, and figures the
-// front reads (match at most total, none beyond MaxFigure, none negative).
+// front reads (each block count at most total, none beyond MaxFigure, none negative).
 func (p Prediction) Valid() bool {
-	return p.BlockTokens > 0 && p.BlockTokens <= MaxFigure && p.MatchBlocks >= 0 &&
-		p.MatchBlocks <= p.TotalBlocks && p.TotalBlocks <= MaxFigure
+	within := func(n int) bool { return 0 <= n && n <= p.TotalBlocks }
+	ok := p.BlockTokens > 0 && p.BlockTokens <= MaxFigure && p.TotalBlocks <= MaxFigure && within(p.MatchBlocks)
+	if p.Estimated {
+		ok = ok && within(p.SeenBlocks) && within(p.HeldBlocks)
+	}
+	return ok
 }
 
 func (p Prediction) figures() string {
-	return strconv.Itoa(p.MatchBlocks) + "." + strconv.Itoa(p.TotalBlocks) + "." + strconv.Itoa(p.BlockTokens)
+	out := strconv.Itoa(p.MatchBlocks) + "." + strconv.Itoa(p.TotalBlocks) + "." + strconv.Itoa(p.BlockTokens)
+	if p.Estimated {
+		out += "." + strconv.Itoa(p.SeenBlocks) + "." + strconv.Itoa(p.HeldBlocks)
+	}
+	return out
 }
 
 // Key is prediction.py's prediction_key: derived from the salt key, never it.

@@ -33,6 +33,8 @@ type vectors struct {
 		MatchBlocks int    `json:"match_blocks"`
 		TotalBlocks int    `json:"total_blocks"`
 		BlockTokens int    `json:"block_tokens"`
+		SeenBlocks  *int   `json:"seen_blocks"`
+		HeldBlocks  *int   `json:"held_blocks"`
 		Value       string `json:"value"`
 	} `json:"sign"`
 }
@@ -67,7 +69,10 @@ func TestSignIsPythons(t *testing.T) {
 		t.Fatal("no vectors")
 	}
 	for _, c := range v.Sign {
-		p := Prediction{c.MatchBlocks, c.TotalBlocks, c.BlockTokens}
+		p := Prediction{MatchBlocks: c.MatchBlocks, TotalBlocks: c.TotalBlocks, BlockTokens: c.BlockTokens}
+		if c.SeenBlocks != nil && c.HeldBlocks != nil {
+			p.Estimated, p.SeenBlocks, p.HeldBlocks = true, *c.SeenBlocks, *c.HeldBlocks
+		}
 		if got := Sign(key, p, v.Now, v.Nonce); got != c.Value {
 			t.Errorf("%+v: got %s, Python %s", p, got, c.Value)
 		}
@@ -76,7 +81,7 @@ func TestSignIsPythons(t *testing.T) {
 
 func TestFreshNonces(t *testing.T) {
 	key := Key([]byte("0123456789abcdef"))
-	p := Prediction{1, 2, 16}
+	p := Prediction{MatchBlocks: 1, TotalBlocks: 2, BlockTokens: 16}
 	if Sign(key, p, 1, nil) == Sign(key, p, 1, nil) {
 		t.Fatal("two signatures with drawn nonces must differ")
 	}
@@ -87,11 +92,13 @@ func TestValid(t *testing.T) {
 		p    Prediction
 		want bool
 	}{
-		{Prediction{0, 0, 16}, true},
-		{Prediction{3, 2, 16}, false},
-		{Prediction{1, 2, 0}, false},
-		{Prediction{-1, 2, 16}, false},
-		{Prediction{0, MaxFigure + 1, 16}, false},
+		{Prediction{MatchBlocks: 0, TotalBlocks: 0, BlockTokens: 16}, true},
+		{Prediction{MatchBlocks: 3, TotalBlocks: 2, BlockTokens: 16}, false},
+		{Prediction{MatchBlocks: 1, TotalBlocks: 2, BlockTokens: 0}, false},
+		{Prediction{MatchBlocks: -1, TotalBlocks: 2, BlockTokens: 16}, false},
+		{Prediction{MatchBlocks: 0, TotalBlocks: MaxFigure + 1, BlockTokens: 16}, false},
+		{Prediction{MatchBlocks: 1, TotalBlocks: 2, BlockTokens: 16, Estimated: true, SeenBlocks: 2, HeldBlocks: 1}, true},
+		{Prediction{MatchBlocks: 1, TotalBlocks: 2, BlockTokens: 16, Estimated: true, SeenBlocks: 3, HeldBlocks: 1}, false},
 	} {
 		if got := c.p.Valid(); got != c.want {
 			t.Errorf("%+v: Valid %v", c.p, got)

@@ -27,8 +27,16 @@ def _chat(**extra: object) -> dict[str, object]:
     return {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}
 
 
-def _signed(match: int, total: int, block: int = 16, *, key: bytes = KEY) -> str:
-    return sign(key, Prediction(match, total, block), now=int(time.time()))
+def _signed(
+    match: int,
+    total: int,
+    block: int = 16,
+    *,
+    key: bytes = KEY,
+    seen: int | None = None,
+    held: int | None = None,
+) -> str:
+    return sign(key, Prediction(match, total, block, seen, held), now=int(time.time()))
 
 
 async def _post(
@@ -44,14 +52,9 @@ async def _post(
 async def _metrics(http: aiohttp.ClientSession, url: str) -> dict[str, float]:
     async with http.get(url + "/metrics") as resp:
         text = await resp.text()
-    out = {}
-    for line in text.splitlines():
-        m = re.fullmatch(
-            r"(promptcache_front_(?:accounted|predicted|delivered|predictions)\S*) (\S+)", line
-        )
-        if m and not m[1].endswith("_created") and "_created{" not in m[1]:
-            out[m[1]] = float(m[2])
-    return out
+    names = "accounted|predicted|delivered|predictions|estimated|workload|capacity"
+    pattern = rf"^(promptcache_front_(?:{names})_\S*_total\S*|promptcache_front_predictions_total\S*) (\S+)$"
+    return {m[1]: float(m[2]) for m in re.finditer(pattern, text, re.MULTILINE)}
 
 
 async def test_signed_prediction_is_counted_with_what_vllm_delivered(
@@ -124,3 +127,23 @@ async def test_without_a_salt_key_nothing_is_believed(
     got = await _metrics(http, front.url)
     assert got['promptcache_front_predictions_total{outcome="unverifiable"}'] == 1
     assert not any(k.startswith("promptcache_front_accounted") and v for k, v in got.items())
+
+
+async def test_workload_and_capacity_are_counted_with_their_own_denominator(
+    standin: Standin, make_front: MakeFront, http: aiohttp.ClientSession
+) -> None:
+    """The picker's workload and capacity estimates (blocks a perfect cache, and a cache of
+    the pool's size, would have held) are counted, in tokens, over the prompts that carried
+    them; a prediction without them adds to the predicted sample only."""
+    upstream, _ = standin
+    front = await make_front(isolation_mode=IsolationMode.PER_KEY)
+    keyed = {"x-prompt-cache-isolation-key": "tenant-a"}
+    upstream.prompt_tokens, upstream.cached_tokens = 100, 32
+    headers = {**keyed, PREDICTED_MATCH_HEADER: _signed(3, 6, seen=6, held=4)}
+    await _post(http, front.url, _chat(), headers)
+    await _post(http, front.url, _chat(), {**keyed, PREDICTED_MATCH_HEADER: _signed(3, 6)})
+    got = await _metrics(http, front.url)
+    assert got['promptcache_front_accounted_prompt_tokens_total{scope="keyed"}'] == 200
+    assert got['promptcache_front_estimated_prompt_tokens_total{scope="keyed"}'] == 100
+    assert got['promptcache_front_workload_tokens_total{scope="keyed"}'] == 96  # 6 x 16
+    assert got['promptcache_front_capacity_tokens_total{scope="keyed"}'] == 64

@@ -23,6 +23,7 @@ from promptcache.contract import (
     TenantSaltParam,
 )
 from promptcache.render.epp import GATEWAY_POLICY_CONTAINER
+from promptcache.render.epp_config import PREFIX_PRODUCER
 
 OURS = {"picker": "promptcache"}
 
@@ -106,7 +107,8 @@ def test_the_parser_gets_the_fronts_isolation_settings(isolation: dict[str, Any]
     assert env.get(FrontEnv.SALT_KEY_FILE) == (SALT_KEY_FILE if salted else None)
     # the predicted-match plugin signs with the key the front verifies with, where both have it
     predicted = [p for p in config(manifests)["plugins"] if p["type"] == PREDICTED_MATCH_PLUGIN]
-    expected = [{"type": PREDICTED_MATCH_PLUGIN, "parameters": {"saltKeyFile": SALT_KEY_FILE}}]
+    parameters = {"saltKeyFile": SALT_KEY_FILE, "producerName": PREFIX_PRODUCER}
+    expected = [{"type": PREDICTED_MATCH_PLUGIN, "parameters": parameters}]
     assert predicted == (expected if salted else [])
 
 

@@ -61,3 +61,18 @@ def test_reader_admits_each_header_once() -> None:
     value = sign(KEY, Prediction(1, 2, 16), now=NOW)
     assert reader.read([value]).outcome is Outcome.VALID
     assert reader.read([value]).outcome is Outcome.REPLAYED
+
+
+def test_workload_and_capacity_figures_are_signed_too() -> None:
+    p = Prediction(3, 8, 16, 8, 5)
+    value = sign(KEY, p, now=NOW)
+    assert value.split(".")[3:8] == ["3", "8", "16", "8", "5"]
+    verdict = check(KEY, [value], now=NOW, guard=ReplayGuard())
+    assert verdict.prediction == p
+    assert p.workload_tokens(100) == 100  # 8 x 16 = 128, at most the prompt
+    assert p.capacity_tokens(100) == 80
+    assert _check([value.replace(".8.5.", ".8.8.")]) is Outcome.FORGED
+    assert _check([sign(KEY, Prediction(3, 8, 16, 9, 5), now=NOW)]) is Outcome.MALFORMED
+    without = Prediction(3, 8, 16)
+    assert not without.estimated
+    assert without.workload_tokens(100) == 0

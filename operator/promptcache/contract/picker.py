@@ -64,3 +64,9 @@ class PredictedMatchParam(StrEnum):
     """The predicted-match plugin's `parameters` (decoded strictly by the picker)."""
 
     SALT_KEY_FILE = "saltKeyFile"
+    PRODUCER_NAME = "producerName"
+    """The prefix producer whose block hashes the workload and capacity rungs are measured
+    on (the first tier's); empty: the one there is."""
+    WINDOW_SECONDS = "windowSeconds"
+    WINDOW_BLOCKS = "windowBlocks"
+    LRU_BLOCKS = "lruBlocks"

@@ -208,6 +208,28 @@ class FrontMetrics:
             ["scope"],
             registry=r,
         )
+        self.estimated_prompt_tokens = Counter(
+            f"{PREFIX}_estimated_prompt_tokens",
+            "Of the accounted prompt tokens, those whose prediction carried the picker's "
+            "workload and capacity estimates, by scope class: their denominator.",
+            ["scope"],
+            registry=r,
+        )
+        self.workload_tokens = Counter(
+            f"{PREFIX}_workload_tokens",
+            "Of those, the tokens a perfect, infinitely large cache would have served (the "
+            "prefix was seen in the pool, in its scope, within the picker's window), by "
+            "scope class.",
+            ["scope"],
+            registry=r,
+        )
+        self.capacity_tokens = Counter(
+            f"{PREFIX}_capacity_tokens",
+            "Of those, the tokens a cache of the pool's KV size would have served (the "
+            "picker's LRU simulation), by scope class.",
+            ["scope"],
+            registry=r,
+        )
         self.in_flight = Gauge(
             f"{PREFIX}_in_flight_requests", "Requests being worked on now.", registry=r
         )
@@ -226,6 +248,14 @@ class FrontMetrics:
                 self.accounted_prompt_tokens.labels(scope=scope.value),
                 self.predicted_tokens.labels(scope=scope.value),
                 self.delivered_tokens.labels(scope=scope.value),
+            )
+            for scope in ScopeClass
+        }
+        self._estimate_children = {
+            scope: (
+                self.estimated_prompt_tokens.labels(scope=scope.value),
+                self.workload_tokens.labels(scope=scope.value),
+                self.capacity_tokens.labels(scope=scope.value),
             )
             for scope in ScopeClass
         }
@@ -291,10 +321,16 @@ class FrontMetrics:
         self.cached_prompt_tokens.inc(max(0, cached_tokens))
         if tally is None or tally.prediction is None:
             return
+        p = tally.prediction
         accounted, predicted, delivered = self._hit_children[tally.scope]
         accounted.inc(prompt)
-        predicted.inc(tally.prediction.tokens(prompt))
+        predicted.inc(p.tokens(prompt))
         delivered.inc(cached)
+        if p.estimated:
+            estimated, workload, capacity = self._estimate_children[tally.scope]
+            estimated.inc(prompt)
+            workload.inc(p.workload_tokens(prompt))
+            capacity.inc(p.capacity_tokens(prompt))
 
     def render(self) -> bytes:
         """The front's own exposition text."""

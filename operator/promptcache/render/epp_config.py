@@ -181,17 +181,22 @@ def endpoint_picker_config(pcd: PromptCacheDeployment) -> dict[str, Any]:
         plugins.append({"type": TENANT_SALT_PARSER, "parameters": tenant_salt_parameters(pcd)})
         config["parser"] = {"pluginRef": TENANT_SALT_PARSER}
         if pcd.spec.needs_salt_key:
-            plugins.append(predicted_match_plugin())
+            plugins.append(predicted_match_plugin(PREFIX_PRODUCER))
     return config
 
 
-def predicted_match_plugin() -> dict[str, Any]:
-    """The `promptcache` picker's PreRequest plugin that signs, for the chosen pod, the
-    prefix match it predicted (issue 39: the front counts it against vLLM's cached tokens).
-    Signed with the salt key, so only where the picker mounts it (a salting mode)."""
+def predicted_match_plugin(producer: str) -> dict[str, Any]:
+    """The `promptcache` picker's plugin that signs, for the chosen pod, the prefix match
+    it predicted, with the pool's workload and capacity estimates on `producer`'s blocks
+    (issue 39: the front counts them against vLLM's cached tokens). Signed with the salt
+    key, so only where the picker mounts it (a salting mode). The producer is the unnamed
+    one (named by its type), which the main prefix scorer reads."""
     return {
         "type": PREDICTED_MATCH_PLUGIN,
-        "parameters": {str(PredictedMatchParam.SALT_KEY_FILE): SALT_KEY_FILE},
+        "parameters": {
+            str(PredictedMatchParam.SALT_KEY_FILE): SALT_KEY_FILE,
+            str(PredictedMatchParam.PRODUCER_NAME): producer,
+        },
     }
 
 

@@ -7,7 +7,7 @@ prefix producer believes the chosen pod holds. Its PreRequest plugin
 `cached_tokens`, so predicted and delivered hit ratios can be compared over any window
 (issue 39). The header is
 
-    v1.<unix seconds>.<nonce>.<match blocks>.<total blocks>.<block tokens>.<mac>
+    v1.<unix seconds>.<nonce>.<match blocks>.<total blocks>.<block tokens>[.<seen>.<held>].<mac>
 
 - the figures are GIE's own (`PrefixCacheMatchInfo`): the blocks of the prompt the
   producer hashed, how many of them its index places on the chosen pod, and the block size
@@ -16,6 +16,10 @@ prefix producer believes the chosen pod holds. Its PreRequest plugin
   per block, so this is the picker's estimate in its own unit, which is exactly what is
   to be judged against what the engine delivered; sending the blocks rather than a token
   count keeps the header the picker's raw belief and leaves the conversion in one place.
+- `seen` and `held`, when the picker could estimate them (`picker/ladder`): of the same
+  blocks, how many a perfect, infinitely large cache would have held (the prefix was seen
+  in the pool, in this scope, within the window: the workload rung) and how many a cache
+  of the pool's real KV size would have held (an LRU simulation: the capacity rung).
 - `mac` is an HMAC-SHA256 under a key derived from the salt Secret that the picker and the
   front both mount (`prediction_key`; its own label, so the key signs nothing the
   identity attestation accepts, and back), over the time, a random nonce and the three
@@ -58,6 +62,7 @@ context window); a longer number is malformed, so parsing stays bounded."""
 _FORM: Final = re.compile(
     r"v1\.(?P<ts>[0-9]{1,12})\.(?P<nonce>[A-Za-z0-9_-]{16})"
     r"\.(?P<match>0|[1-9][0-9]{0,7})\.(?P<total>0|[1-9][0-9]{0,7})\.(?P<block>[1-9][0-9]{0,7})"
+    r"(?:\.(?P<seen>0|[1-9][0-9]{0,7})\.(?P<held>0|[1-9][0-9]{0,7}))?"
     r"\.(?P<mac>[A-Za-z0-9_-]{43})"
 )
 
@@ -74,16 +79,39 @@ class Prediction:
     match_blocks: int
     total_blocks: int
     block_tokens: int
+    seen_blocks: int | None = None
+    """Blocks a perfect, infinitely large cache would have held (None: not estimated)."""
+    held_blocks: int | None = None
+    """Blocks a cache of the pool's KV size would have held (set with `seen_blocks`)."""
+
+    def _tokens(self, blocks: int, prompt_tokens: int) -> int:
+        return max(0, min(blocks * self.block_tokens, prompt_tokens))
 
     def tokens(self, prompt_tokens: int) -> int:
         """The prompt tokens the picker expected the pod to hold: its matched blocks in
         tokens, never more than the prompt vLLM counted."""
-        return max(0, min(self.match_blocks * self.block_tokens, prompt_tokens))
+        return self._tokens(self.match_blocks, prompt_tokens)
+
+    def workload_tokens(self, prompt_tokens: int) -> int:
+        """The tokens a perfect cache would have served (0 when not estimated)."""
+        return self._tokens(self.seen_blocks or 0, prompt_tokens)
+
+    def capacity_tokens(self, prompt_tokens: int) -> int:
+        """The tokens a cache of the pool's KV size would have served (0 when not estimated)."""
+        return self._tokens(self.held_blocks or 0, prompt_tokens)
+
+    @property
+    def estimated(self) -> bool:
+        """Whether the workload and capacity figures came with it."""
+        return self.seen_blocks is not None and self.held_blocks is not None
 
     @property
     def figures(self) -> str:
-        """The signed part of the header: the three figures, as written."""
-        return f"{self.match_blocks}.{self.total_blocks}.{self.block_tokens}"
+        """The signed part of the header: the figures, as written."""
+        out = f"{self.match_blocks}.{self.total_blocks}.{self.block_tokens}"
+        if self.estimated:
+            out += f".{self.seen_blocks}.{self.held_blocks}"
+        return out
 
 
 def _mac(key: bytes, ts: str, nonce: bytes, prediction: Prediction) -> bytes:
@@ -126,10 +154,13 @@ def check(
     form = _FORM.fullmatch(present[0].strip(" \t"))
     if form is None:
         return Verdict(None, Outcome.MALFORMED)
-    figures = int(form["match"]), int(form["total"]), int(form["block"])
-    if max(figures) > MAX_FIGURE or figures[0] > figures[1]:
+    match, total, block = int(form["match"]), int(form["total"]), int(form["block"])
+    seen = None if form["seen"] is None else int(form["seen"])
+    held = None if form["held"] is None else int(form["held"])
+    within = all(f <= total for f in (match, seen or 0, held or 0))
+    if max(total, block) > MAX_FIGURE or not within:
         return Verdict(None, Outcome.MALFORMED)
-    prediction = Prediction(*figures)
+    prediction = Prediction(match, total, block, seen, held)
     expected = _mac(key, form["ts"], _unb64(form["nonce"]), prediction)
     mac = _unb64(form["mac"])
     if not hmac.compare_digest(mac, expected):

@@ -3,6 +3,7 @@ package predicted
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -13,24 +14,79 @@ import (
 
 	k8stypes "k8s.io/apimachinery/pkg/types"
 	fwkdl "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/datalayer"
+	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/requestcontrol"
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
 	attrprefix "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/datalayer/attribute/prefix"
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/requestcontrol/dataproducer/approximateprefix"
 
 	"promptcache.local/picker/prediction"
 )
 
-var _ requestcontrol.PreRequest = (*Plugin)(nil) // GIE registers it at this extension point
+// Through GIE's own prefix producer (its block hashes, in its plugin state): the first
+// request's prefix was never seen; the same prompt again was seen and fits the pool's KV
+// (2 pods x 8 blocks); a third prompt long enough to fill the pool pushes it out of the
+// simulated cache but not out of the workload window; another tenant's salt shares nothing.
+func TestWorkloadAndCapacityOnTheProducersBlocks(t *testing.T) {
+	ctx := context.Background()
+	handle := fwkplugin.NewEppHandle(ctx, func() []k8stypes.NamespacedName { return nil })
+	producer, err := approximateprefix.ApproxPrefixCacheFactory("tier-producer",
+		json.RawMessage(`{"blockSizeTokens":4,"maxPrefixBlocksToMatch":64,"lruCapacityPerServer":100}`), handle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	handle.AddPlugin("tier-producer", producer)
+	p := plugin(t, handle)
+	prep := producer.(requestcontrol.PrepareDataPlugin)
+	n := 0
+	pick := func(prompt, salt string) []string {
+		n++
+		req := &scheduling.LLMRequest{
+			RequestId:   fmt.Sprintf("r%d", n),
+			TargetModel: "m",
+			Headers:     map[string]string{},
+			Body:        &scheduling.LLMRequestBody{Completions: &scheduling.CompletionsRequest{Prompt: scheduling.Prompt{Raw: prompt}, CacheSalt: salt}},
+		}
+		pods := []scheduling.Endpoint{endpoint("a", nil), endpoint("b", nil)}
+		if err := prep.PrepareRequestData(ctx, req, pods); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.PrepareRequestData(ctx, req, pods); err != nil {
+			t.Fatal(err)
+		}
+		p.PreRequest(ctx, req, result(pods[0]))
+		return strings.Split(req.Headers[prediction.Header], ".")[3:8]
+	}
+	first := strings.Repeat("0123456789abcdef", 4) // 4 blocks of 16 characters
+	if got := pick(first, ""); strings.Join(got, ".") != "0.4.4.0.0" {
+		t.Fatalf("first sight: %v", got)
+	}
+	if got := pick(first, ""); strings.Join(got[3:], ".") != "4.4" {
+		t.Fatalf("seen, and held by the pool's 16 blocks: %v", got)
+	}
+	if got := pick(first, "pck1-other"); strings.Join(got[3:], ".") != "0.0" {
+		t.Fatalf("another scope shares nothing: %v", got)
+	}
+	pick(strings.Repeat("z", 16*16), "") // 16 blocks: the whole pool
+	if got := pick(first, ""); strings.Join(got[3:], ".") != "4.0" {
+		t.Fatalf("still in the window, no longer in a pool-sized cache: %v", got)
+	}
+}
+
+var (
+	_ requestcontrol.PreRequest        = (*Plugin)(nil) // GIE registers it at both extension points
+	_ requestcontrol.PrepareDataPlugin = (*Plugin)(nil)
+)
 
 const secret = "  test-salt-key-0123456789abcdef\n"
 
-func plugin(t *testing.T) *Plugin {
+func plugin(t *testing.T, handle fwkplugin.Handle) *Plugin {
 	t.Helper()
 	keyFile := filepath.Join(t.TempDir(), "salt-key")
 	if err := os.WriteFile(keyFile, []byte(secret), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p, err := Factory("predicted", json.RawMessage(`{"saltKeyFile":"`+keyFile+`"}`), nil)
+	p, err := Factory("predicted", json.RawMessage(`{"saltKeyFile":"`+keyFile+`"}`), handle)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +97,7 @@ func plugin(t *testing.T) *Plugin {
 
 func endpoint(name string, info *attrprefix.PrefixCacheMatchInfo) scheduling.Endpoint {
 	meta := &fwkdl.EndpointMetadata{NamespacedName: k8stypes.NamespacedName{Namespace: "ns", Name: name}}
-	ep := scheduling.NewEndpoint(meta, &fwkdl.Metrics{}, nil)
+	ep := scheduling.NewEndpoint(meta, &fwkdl.Metrics{CacheNumBlocks: 8}, nil)
 	if info != nil {
 		ep.Put(attrprefix.PrefixCacheMatchInfoKey, info)
 	}
@@ -78,7 +134,7 @@ func TestParametersAreDecodedStrictly(t *testing.T) {
 // The chosen pod's match (the first target of the primary profile) is signed into the
 // request's headers, which GIE sets on the forwarded request; the other pods' are not.
 func TestSignsTheChosenPodsMatch(t *testing.T) {
-	p := plugin(t)
+	p := plugin(t, nil)
 	req := &scheduling.LLMRequest{Headers: map[string]string{}}
 	chosen := endpoint("a", attrprefix.NewPrefixCacheMatchInfo(7, 12, 16))
 	other := endpoint("b", attrprefix.NewPrefixCacheMatchInfo(12, 12, 16))
@@ -93,7 +149,7 @@ func TestSignsTheChosenPodsMatch(t *testing.T) {
 // A client's own header never passes: overwritten with the picker's, or blanked when the
 // picker has no prediction (no producer in the config, or nothing hashed).
 func TestClientCopyNeverPasses(t *testing.T) {
-	p := plugin(t)
+	p := plugin(t, nil)
 	forged := "v1.1800000000.AAECAwQFBgcICQoL.12.12.16.xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"
 	req := &scheduling.LLMRequest{Headers: map[string]string{prediction.Header: forged}}
 	p.PreRequest(context.Background(), req, result(endpoint("a", nil)))

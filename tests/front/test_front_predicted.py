@@ -13,7 +13,8 @@ import time
 import aiohttp
 
 from harness.standin import StandinUpstream
-from promptcache.contract import PREDICTED_MATCH_HEADER, IsolationMode
+from promptcache.contract import PREDICTED_MATCH_HEADER, SCOPE_CLASSES, IsolationMode
+from promptcache.front.hits import ScopeClass
 from promptcache.tenancy.prediction import Prediction, prediction_key, sign
 
 from .conftest import SECRET, MakeFront
@@ -147,3 +148,7 @@ async def test_workload_and_capacity_are_counted_with_their_own_denominator(
     assert got['promptcache_front_estimated_prompt_tokens_total{scope="keyed"}'] == 100
     assert got['promptcache_front_workload_tokens_total{scope="keyed"}'] == 96  # 6 x 16
     assert got['promptcache_front_capacity_tokens_total{scope="keyed"}'] == 64
+
+
+def test_the_scope_classes_are_the_contracts() -> None:
+    assert tuple(ScopeClass) == SCOPE_CLASSES

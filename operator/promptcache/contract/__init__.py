@@ -13,6 +13,7 @@ same grammar and bounds. None of them defines its own copy.
 - `picker`: which Endpoint Picker a rendered gateway targets, and the operator's default.
 - `engine`: the `vllm serve` flags the operator writes or relies on, and the pattern of every
   spelling vLLM's parser reads as one of them (what `engine.extraArgs` may not carry).
+- `ladder`: the counters of the hit-ratio ladder (front writes, operator and rules read).
 - `pods`: the parts of each rendered pod a `podTemplate` overlay may not touch.
 
 This package imports nothing of this project but itself and nothing heavy (no
@@ -53,6 +54,7 @@ from promptcache.contract.grammar import (
     is_body_field,
     is_header_name,
 )
+from promptcache.contract.ladder import SCOPE_CLASSES, LadderCounter
 from promptcache.contract.names import (
     API_GROUP,
     AUTHORIZATION_HEADER,
@@ -154,6 +156,7 @@ __all__ = [
     "SALT_KEY_FILE",
     "SALT_KEY_MOUNT_DIR",
     "SALT_KEY_SECRET_KEY",
+    "SCOPE_CLASSES",
     "SERVING_PORT",
     "SESSION_USER_FIELD",
     "SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR",
@@ -163,6 +166,7 @@ __all__ = [
     "GatewayPolicyEnv",
     "GrammarError",
     "IsolationMode",
+    "LadderCounter",
     "OwnedEngineFlags",
     "OwnedPodParts",
     "PickerTarget",

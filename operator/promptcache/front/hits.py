@@ -28,7 +28,8 @@ from promptcache.tenancy.prediction import Prediction
 
 
 class ScopeClass(StrEnum):
-    """The kind of isolation scope a request was served in (a bounded metric label)."""
+    """The kind of isolation scope a request was served in (a bounded metric label; the
+    contract's `SCOPE_CLASSES`, which a test holds equal)."""
 
     SHARED = "shared"
     """Mode Shared, or PerKey without a key: the one unsalted scope."""

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from promptcache.contract import LadderCounter
 from promptcache.embeds.cache import PromptEmbedsCacheStats
 from promptcache.front.hits import ScopeClass, Tally
 
@@ -187,7 +188,7 @@ class FrontMetrics:
             registry=r,
         )
         self.accounted_prompt_tokens = Counter(
-            f"{PREFIX}_accounted_prompt_tokens",
+            LadderCounter.ACCOUNTED,
             "Prompt tokens of requests that carried a valid prediction and whose usage "
             "reported cached_tokens, by isolation scope class: the denominator of the "
             "predicted and delivered hit ratios.",
@@ -195,28 +196,28 @@ class FrontMetrics:
             registry=r,
         )
         self.predicted_tokens = Counter(
-            f"{PREFIX}_predicted_tokens",
+            LadderCounter.PREDICTED,
             "Of those, the tokens the picker expected the pod to hold (its prefix match: "
             "matched blocks x block size, at most the prompt), by scope class.",
             ["scope"],
             registry=r,
         )
         self.delivered_tokens = Counter(
-            f"{PREFIX}_delivered_tokens",
+            LadderCounter.DELIVERED,
             "Of those, the tokens vLLM served from its prefix cache (cached_tokens), by "
             "scope class.",
             ["scope"],
             registry=r,
         )
         self.estimated_prompt_tokens = Counter(
-            f"{PREFIX}_estimated_prompt_tokens",
+            LadderCounter.ESTIMATED,
             "Of the accounted prompt tokens, those whose prediction carried the picker's "
             "workload and capacity estimates, by scope class: their denominator.",
             ["scope"],
             registry=r,
         )
         self.workload_tokens = Counter(
-            f"{PREFIX}_workload_tokens",
+            LadderCounter.WORKLOAD,
             "Of those, the tokens a perfect, infinitely large cache would have served (the "
             "prefix was seen in the pool, in its scope, within the picker's window), by "
             "scope class.",
@@ -224,7 +225,7 @@ class FrontMetrics:
             registry=r,
         )
         self.capacity_tokens = Counter(
-            f"{PREFIX}_capacity_tokens",
+            LadderCounter.CAPACITY,
             "Of those, the tokens a cache of the pool's KV size would have served (the "
             "picker's LRU simulation), by scope class.",
             ["scope"],

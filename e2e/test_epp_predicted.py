@@ -110,10 +110,10 @@ def test_the_pod_counts_what_the_picker_predicted_beside_what_the_engine_deliver
     assert first[1] == 0, "nothing was predicted for a prompt never seen"
     assert ladder[0] == (0, 0), "nor would a perfect cache have held it"
     # later turns: the shared prefix was seen in the pool and fits its KV cache, and the
-    # picker's match for the chosen pod is all of it (the ladder is flat here)
-    assert all(seen == held == t[1] > 0 for (seen, held), t in zip(ladder[1:], later, strict=True))
-    # each later turn: the picker predicts the shared prefix on the pod that served it
-    # (the same pod: the prefix draws it), and that pod's engine delivers it from cache
+    # picker's match for the chosen pod is all of it (the ladder is flat here); the
+    # estimates track every 4th block (`strideBlocks`), so they find it to within 3 blocks
+    for (seen, held), t in zip(ladder[1:], later, strict=True):
+        assert t[1] - 4 < seen == held <= t[1], (seen, held, t[1])
     for handle, match, total, _, usage in later:
         assert handle is first[0]
         assert 0 < match <= total

@@ -69,8 +69,8 @@ func Key(secret []byte) []byte {
 	return mac.Sum(nil)
 }
 
-// Sign is prediction.py's sign: the header value for p, signed at now; nonce nil draws a
-// fresh one.
+// Sign is prediction.py's sign: the header value for p, signed at now (the MAC is over the
+// header's text before it); nonce nil draws a fresh one.
 func Sign(key []byte, p Prediction, now int64, nonce []byte) string {
 	if nonce == nil {
 		nonce = make([]byte, NonceBytes)
@@ -78,14 +78,10 @@ func Sign(key []byte, p Prediction, now int64, nonce []byte) string {
 			panic(err) // crypto/rand never fails on Linux
 		}
 	}
-	ts := strconv.FormatInt(now, 10)
-	figures := p.figures()
+	enc := base64.RawURLEncoding
+	signed := "v1." + strconv.FormatInt(now, 10) + "." + enc.EncodeToString(nonce) + "." + p.figures()
 	mac := hmac.New(sha256.New, key)
 	mac.Write(macDomain)
-	mac.Write([]byte(ts))
-	mac.Write([]byte{0})
-	mac.Write(nonce)
-	mac.Write([]byte(figures))
-	enc := base64.RawURLEncoding
-	return "v1." + ts + "." + enc.EncodeToString(nonce) + "." + figures + "." + enc.EncodeToString(mac.Sum(nil))
+	mac.Write([]byte(signed))
+	return signed + "." + enc.EncodeToString(mac.Sum(nil))
 }

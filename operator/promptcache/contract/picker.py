@@ -70,3 +70,5 @@ class PredictedMatchParam(StrEnum):
     WINDOW_SECONDS = "windowSeconds"
     WINDOW_BLOCKS = "windowBlocks"
     LRU_BLOCKS = "lruBlocks"
+    STRIDE_BLOCKS = "strideBlocks"
+    """Every n-th block is tracked: the prefix found to within n-1 blocks, at 1/n the cost."""

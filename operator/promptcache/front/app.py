@@ -602,10 +602,10 @@ def _tally(state: FrontState, headers: CIMultiDictProxy[str], plan: Plan) -> Tal
     prediction = None
     if state.predictions is not None:
         verdict = state.predictions.read(values)
-        state.metrics.predictions.labels(outcome=verdict.outcome.value).inc()
+        state.metrics.predicted(verdict.outcome.value)
         prediction = verdict.prediction
     elif any(v.strip(" \t") for v in values):
-        state.metrics.predictions.labels(outcome="unverifiable").inc()
+        state.metrics.predicted("unverifiable")
     scope = scope_class(plan.isolation)
     return None if scope is None else Tally(scope, prediction)
 

@@ -53,6 +53,50 @@ class _CacheCollector(Collector):
         )
 
 
+_LADDER: Final = tuple(LadderCounter)
+_ACCOUNTED, _PREDICTED, _DELIVERED, _ESTIMATED, _WORKLOAD, _CAPACITY = (
+    _LADDER.index(c)
+    for c in (
+        LadderCounter.ACCOUNTED,
+        LadderCounter.PREDICTED,
+        LadderCounter.DELIVERED,
+        LadderCounter.ESTIMATED,
+        LadderCounter.WORKLOAD,
+        LadderCounter.CAPACITY,
+    )
+)
+_LADDER_HELP: Final[dict[LadderCounter, str]] = {
+    LadderCounter.ACCOUNTED: "Prompt tokens of requests that carried a valid prediction of "
+    "promptcache's picker and whose usage reported cached_tokens, by isolation scope class: "
+    "the denominator of the predicted and delivered hit ratios.",
+    LadderCounter.PREDICTED: "Of those, the tokens the picker expected the pod to hold (its "
+    "prefix match: matched blocks x block size, at most the prompt), by scope class.",
+    LadderCounter.DELIVERED: "Of those, the tokens vLLM served from its prefix cache "
+    "(cached_tokens), by scope class.",
+    LadderCounter.ESTIMATED: "Of the accounted prompt tokens, those whose prediction carried "
+    "the picker's workload and capacity estimates, by scope class: their denominator.",
+    LadderCounter.WORKLOAD: "Of those, the tokens a perfect, infinitely large cache would "
+    "have served (the prefix was seen in the pool, in its scope, within the picker's "
+    "window), by scope class.",
+    LadderCounter.CAPACITY: "Of those, the tokens a cache of the pool's KV size would have "
+    "served (the picker's LRU simulation), by scope class.",
+}
+
+
+class _LadderCollector(Collector):
+    """The ladder's counters (docs/monitoring.md, the ladder), from the front's totals."""
+
+    def __init__(self, totals: dict[ScopeClass, list[float]]) -> None:
+        self._totals = totals
+
+    def collect(self) -> Iterator[Metric]:
+        for i, counter in enumerate(_LADDER):
+            family = CounterMetricFamily(counter.value, _LADDER_HELP[counter], labels=["scope"])
+            for scope, values in self._totals.items():
+                family.add_metric([scope.value], values[i])
+            yield family
+
+
 class FrontMetrics:
     """One registry per app, so tests can run several fronts in one process."""
 
@@ -187,50 +231,6 @@ class FrontMetrics:
             ["outcome"],
             registry=r,
         )
-        self.accounted_prompt_tokens = Counter(
-            LadderCounter.ACCOUNTED,
-            "Prompt tokens of requests that carried a valid prediction and whose usage "
-            "reported cached_tokens, by isolation scope class: the denominator of the "
-            "predicted and delivered hit ratios.",
-            ["scope"],
-            registry=r,
-        )
-        self.predicted_tokens = Counter(
-            LadderCounter.PREDICTED,
-            "Of those, the tokens the picker expected the pod to hold (its prefix match: "
-            "matched blocks x block size, at most the prompt), by scope class.",
-            ["scope"],
-            registry=r,
-        )
-        self.delivered_tokens = Counter(
-            LadderCounter.DELIVERED,
-            "Of those, the tokens vLLM served from its prefix cache (cached_tokens), by "
-            "scope class.",
-            ["scope"],
-            registry=r,
-        )
-        self.estimated_prompt_tokens = Counter(
-            LadderCounter.ESTIMATED,
-            "Of the accounted prompt tokens, those whose prediction carried the picker's "
-            "workload and capacity estimates, by scope class: their denominator.",
-            ["scope"],
-            registry=r,
-        )
-        self.workload_tokens = Counter(
-            LadderCounter.WORKLOAD,
-            "Of those, the tokens a perfect, infinitely large cache would have served (the "
-            "prefix was seen in the pool, in its scope, within the picker's window), by "
-            "scope class.",
-            ["scope"],
-            registry=r,
-        )
-        self.capacity_tokens = Counter(
-            LadderCounter.CAPACITY,
-            "Of those, the tokens a cache of the pool's KV size would have served (the "
-            "picker's LRU simulation), by scope class.",
-            ["scope"],
-            registry=r,
-        )
         self.in_flight = Gauge(
             f"{PREFIX}_in_flight_requests", "Requests being worked on now.", registry=r
         )
@@ -244,22 +244,12 @@ class FrontMetrics:
         self._refusal_children: dict[str, Counter] = {}
         self._decision_children: dict[tuple[str, str], Counter] = {}
         self._control_children: dict[str, Counter] = {}
-        self._hit_children = {
-            scope: (
-                self.accounted_prompt_tokens.labels(scope=scope.value),
-                self.predicted_tokens.labels(scope=scope.value),
-                self.delivered_tokens.labels(scope=scope.value),
-            )
-            for scope in ScopeClass
-        }
-        self._estimate_children = {
-            scope: (
-                self.estimated_prompt_tokens.labels(scope=scope.value),
-                self.workload_tokens.labels(scope=scope.value),
-                self.capacity_tokens.labels(scope=scope.value),
-            )
-            for scope in ScopeClass
-        }
+        self.ladder = {scope: [0.0] * len(LadderCounter) for scope in ScopeClass}
+        """Per scope class, the ladder's counters (`LadderCounter` order): plain floats the
+        event loop adds to, read at scrape time (an increment of a client counter, with its
+        lock, cost more than the whole accounting)."""
+        r.register(_LadderCollector(self.ladder))
+        self._prediction_children: dict[str, Counter] = {}
 
     def waited_for_share(self, seconds: float) -> None:
         """A request waited `seconds` for its key's fair share (`tenancy.fair_share`)."""
@@ -323,15 +313,21 @@ class FrontMetrics:
         if tally is None or tally.prediction is None:
             return
         p = tally.prediction
-        accounted, predicted, delivered = self._hit_children[tally.scope]
-        accounted.inc(prompt)
-        predicted.inc(p.tokens(prompt))
-        delivered.inc(cached)
+        totals = self.ladder[tally.scope]
+        totals[_ACCOUNTED] += prompt
+        totals[_PREDICTED] += p.tokens(prompt)
+        totals[_DELIVERED] += cached
         if p.estimated:
-            estimated, workload, capacity = self._estimate_children[tally.scope]
-            estimated.inc(prompt)
-            workload.inc(p.workload_tokens(prompt))
-            capacity.inc(p.capacity_tokens(prompt))
+            totals[_ESTIMATED] += prompt
+            totals[_WORKLOAD] += p.workload_tokens(prompt)
+            totals[_CAPACITY] += p.capacity_tokens(prompt)
+
+    def predicted(self, outcome: str) -> None:
+        """Count what the front made of one request's predicted-match header."""
+        child = self._prediction_children.get(outcome)
+        if child is None:
+            child = self._prediction_children[outcome] = self.predictions.labels(outcome=outcome)
+        child.inc()
 
     def render(self) -> bytes:
         """The front's own exposition text."""

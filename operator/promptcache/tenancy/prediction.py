@@ -22,8 +22,9 @@ prefix producer believes the chosen pod holds. Its PreRequest plugin
   of the pool's real KV size would have held (an LRU simulation: the capacity rung).
 - `mac` is an HMAC-SHA256 under a key derived from the salt Secret that the picker and the
   front both mount (`prediction_key`; its own label, so the key signs nothing the
-  identity attestation accepts, and back), over the time, a random nonce and the three
-  figures.
+  identity attestation accepts, and back), over the header's text before it (version,
+  time, random nonce, figures, as written): the front checks it without decoding
+  anything but the match of one pattern.
 - the front accepts it for `IDENTITY_ATTESTATION_MAX_AGE_SECONDS` (plus the clock skew)
   and once per front process (`attestation.ReplayGuard`, its own instance).
 
@@ -51,7 +52,7 @@ from promptcache.contract import (
     IDENTITY_ATTESTATION_MAX_AGE_SECONDS,
     IDENTITY_CLOCK_SKEW_SECONDS,
 )
-from promptcache.tenancy.attestation import NONCE_BYTES, Outcome, ReplayGuard, _b64, _unb64
+from promptcache.tenancy.attestation import NONCE_BYTES, Outcome, ReplayGuard, _b64
 
 VERSION: Final[str] = "v1"
 _KEY_LABEL: Final[bytes] = b"promptcache/prediction-key/v1"
@@ -114,17 +115,16 @@ class Prediction:
         return out
 
 
-def _mac(key: bytes, ts: str, nonce: bytes, prediction: Prediction) -> bytes:
-    message = _MAC_DOMAIN + ts.encode("ascii") + b"\0" + nonce + prediction.figures.encode()
-    return hmac.digest(key, message, "sha256")
+def _mac(key: bytes, signed: str) -> str:
+    """The MAC of the header's text before it, as it is written (base64url, no padding)."""
+    return _b64(hmac.digest(key, _MAC_DOMAIN + signed.encode("ascii"), "sha256"))
 
 
 def sign(key: bytes, prediction: Prediction, *, now: int, nonce: bytes | None = None) -> str:
     """The header value the picker sends the chosen pod (the Go port: picker/prediction)."""
     nonce = secrets.token_bytes(NONCE_BYTES) if nonce is None else nonce
-    ts = str(now)
-    mac = _mac(key, ts, nonce, prediction)
-    return f"{VERSION}.{ts}.{_b64(nonce)}.{prediction.figures}.{_b64(mac)}"
+    signed = f"{VERSION}.{now}.{_b64(nonce)}.{prediction.figures}"
+    return f"{signed}.{_mac(key, signed)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,28 +151,27 @@ def check(
         return Verdict(None, Outcome.ABSENT)
     if len(present) > 1:
         return Verdict(None, Outcome.AMBIGUOUS)
-    form = _FORM.fullmatch(present[0].strip(" \t"))
+    value = present[0].strip(" \t")
+    form = _FORM.fullmatch(value)
     if form is None:
         return Verdict(None, Outcome.MALFORMED)
+    signed, mac = value[: form.start("mac") - 1], form["mac"]
+    if not hmac.compare_digest(mac, _mac(key, signed)):
+        return Verdict(None, Outcome.FORGED)
     match, total, block = int(form["match"]), int(form["total"]), int(form["block"])
     seen = None if form["seen"] is None else int(form["seen"])
     held = None if form["held"] is None else int(form["held"])
     within = all(f <= total for f in (match, seen or 0, held or 0))
     if max(total, block) > MAX_FIGURE or not within:
         return Verdict(None, Outcome.MALFORMED)
-    prediction = Prediction(match, total, block, seen, held)
-    expected = _mac(key, form["ts"], _unb64(form["nonce"]), prediction)
-    mac = _unb64(form["mac"])
-    if not hmac.compare_digest(mac, expected):
-        return Verdict(None, Outcome.FORGED)
     issued = int(form["ts"])
     if issued > now + skew:
         return Verdict(None, Outcome.FUTURE)
     if now - issued > max_age:
         return Verdict(None, Outcome.EXPIRED)
-    if not guard.admit(mac, issued + max_age + skew, now):
+    if not guard.admit(mac.encode("ascii"), issued + max_age + skew, now):
         return Verdict(None, Outcome.REPLAYED)
-    return Verdict(prediction, Outcome.VALID)
+    return Verdict(Prediction(match, total, block, seen, held), Outcome.VALID)
 
 
 class PredictionReader:

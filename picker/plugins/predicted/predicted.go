@@ -35,6 +35,7 @@ const (
 	DefaultWindowSeconds = 300
 	DefaultWindowBlocks  = 1 << 18
 	DefaultLRUBlocks     = 1 << 18
+	DefaultStrideBlocks  = 4
 )
 
 // estimateKey is the endpoint attribute the PrepareData step leaves for PreRequest: the
@@ -48,6 +49,7 @@ type Parameters struct {
 	WindowSeconds int    `json:"windowSeconds"`
 	WindowBlocks  int    `json:"windowBlocks"`
 	LRUBlocks     int    `json:"lruBlocks"`
+	StrideBlocks  int    `json:"strideBlocks"`
 }
 
 // Plugin signs the chosen pod's predicted prefix match, with the pool's workload and
@@ -61,6 +63,7 @@ type Plugin struct {
 	state    atomic.Pointer[fwkplugin.PluginState]
 	window   *ladder.Window
 	lru      *ladder.LRU
+	stride   int
 }
 
 // TypedName is the plugin's type and configured name.
@@ -85,6 +88,9 @@ func New(name string, secret []byte, params Parameters, handle fwkplugin.Handle)
 	if params.LRUBlocks <= 0 {
 		params.LRUBlocks = DefaultLRUBlocks
 	}
+	if params.StrideBlocks <= 0 {
+		params.StrideBlocks = DefaultStrideBlocks
+	}
 	return &Plugin{
 		name:     fwkplugin.TypedName{Type: Type, Name: name},
 		key:      prediction.Key(secret),
@@ -93,6 +99,7 @@ func New(name string, secret []byte, params Parameters, handle fwkplugin.Handle)
 		producer: params.ProducerName,
 		window:   ladder.NewWindow(time.Duration(params.WindowSeconds)*time.Second, params.WindowBlocks),
 		lru:      ladder.NewLRU(params.LRUBlocks),
+		stride:   params.StrideBlocks,
 	}
 }
 
@@ -109,8 +116,8 @@ func Factory(name string, raw json.RawMessage, handle fwkplugin.Handle) (fwkplug
 	if params.SaltKeyFile == "" {
 		return nil, fmt.Errorf("%s %q: saltKeyFile is required (the salt Secret the cache front mounts: the front believes a prediction signed with it only)", Type, name)
 	}
-	if params.WindowSeconds < 0 || params.WindowBlocks < 0 || params.LRUBlocks < 0 {
-		return nil, fmt.Errorf("%s %q: windowSeconds, windowBlocks and lruBlocks cannot be negative", Type, name)
+	if params.WindowSeconds < 0 || params.WindowBlocks < 0 || params.LRUBlocks < 0 || params.StrideBlocks < 0 {
+		return nil, fmt.Errorf("%s %q: windowSeconds, windowBlocks, lruBlocks and strideBlocks cannot be negative", Type, name)
 	}
 	key, err := os.ReadFile(params.SaltKeyFile)
 	if err != nil {
@@ -199,11 +206,19 @@ func (p *Plugin) PrepareRequestData(_ context.Context, request *scheduling.LLMRe
 	if capacity == 0 {
 		return nil // the pods' KV size is not known yet
 	}
-	hashes := make([]uint64, len(ctxState.PrefixHashes))
-	for i, h := range ctxState.PrefixHashes {
-		hashes[i] = uint64(h)
+	// Every stride-th block only: its hash names the whole prefix up to it, so the prefix
+	// held is found to within stride-1 blocks (never more than held), at 1/stride of the
+	// work and the memory; the cache simulated holds capacity/stride of them.
+	k := p.stride
+	hashes := make([]uint64, 0, len(ctxState.PrefixHashes)/k)
+	for i := k - 1; i < len(ctxState.PrefixHashes); i += k {
+		hashes = append(hashes, uint64(ctxState.PrefixHashes[i]))
 	}
-	e := &estimate{seen: p.window.Observe(hashes, p.now()), held: p.lru.Observe(hashes, capacity), total: len(hashes)}
+	e := &estimate{
+		seen:  k * p.window.Observe(hashes, p.now()),
+		held:  k * p.lru.Observe(hashes, capacity/k),
+		total: len(ctxState.PrefixHashes),
+	}
 	for _, pod := range pods {
 		pod.Put(estimateKey, e)
 	}

@@ -71,6 +71,13 @@ func TestWorkloadAndCapacityOnTheProducersBlocks(t *testing.T) {
 	if got := pick(first, ""); strings.Join(got[3:], ".") != "4.0" {
 		t.Fatalf("still in the window, no longer in a pool-sized cache: %v", got)
 	}
+	// every second block only: the prefix held to within one block, never more
+	p.stride = 2
+	seven := strings.Repeat("abcdefghijklmnop", 7)
+	pick(seven, "")
+	if got := pick(seven, ""); strings.Join(got[1:], ".") != "7.4.6.6" {
+		t.Fatalf("7 blocks, stride 2: 6 seen and held, got %v", got)
+	}
 }
 
 var (
@@ -80,13 +87,17 @@ var (
 
 const secret = "  test-salt-key-0123456789abcdef\n"
 
-func plugin(t *testing.T, handle fwkplugin.Handle) *Plugin {
+func plugin(t testing.TB, handle fwkplugin.Handle, strides ...int) *Plugin {
 	t.Helper()
+	stride := "1"
+	if len(strides) > 0 {
+		stride = fmt.Sprint(strides[0])
+	}
 	keyFile := filepath.Join(t.TempDir(), "salt-key")
 	if err := os.WriteFile(keyFile, []byte(secret), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p, err := Factory("predicted", json.RawMessage(`{"saltKeyFile":"`+keyFile+`"}`), handle)
+	p, err := Factory("predicted", json.RawMessage(`{"saltKeyFile":"`+keyFile+`","strideBlocks":`+stride+`}`), handle)
 	if err != nil {
 		t.Fatal(err)
 	}

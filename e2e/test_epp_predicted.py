@@ -40,14 +40,18 @@ OURS = PickerTarget.PROMPTCACHE
 KEY = DEFAULT_ISOLATION_HEADER
 
 
-@pytest.fixture
-def pool(cluster: Any, namespace: str, tmp_path: Path) -> Iterator[PoolOnCluster]:
+@pytest.fixture(params=["PerKey", "Shared"])
+def pool(
+    cluster: Any, namespace: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[PoolOnCluster]:
+    """A pool isolated by key, and one in mode Shared (which salts nothing, but gets the
+    salt key so that the picker signs and the fronts check)."""
     if find_epp_binary(OURS) is None:
         pytest.fail(missing_reason(OURS))
     launcher = Launcher(cluster, namespace, tmp_path, OURS)
     try:
         patch = routing_patch(replicas=2, with_front=True)
-        patch["isolation"] = {"mode": "PerKey"}
+        patch["isolation"] = {"mode": request.param}
         pool = launcher(spec_patch=patch)
         types = [p["type"] for p in pool.rendered.epp_config["plugins"]]
         assert PREDICTED_MATCH_PLUGIN in types
@@ -89,6 +93,9 @@ def _counters(handle: PodHandle) -> dict[str, float]:
 def test_the_pod_counts_what_the_picker_predicted_beside_what_the_engine_delivered(
     pool: PoolOnCluster,
 ) -> None:
+    salt = pool.rendered.tenant_salt_plugin
+    assert salt is not None
+    scope = "shared" if salt["parameters"]["isolationMode"] == "Shared" else "keyed"
     system = unique_text(3000)  # a long shared prefix, then a unique tail per turn
     turns = []
     ladder: list[tuple[int, int]] = []
@@ -120,21 +127,25 @@ def test_the_pod_counts_what_the_picker_predicted_beside_what_the_engine_deliver
         assert usage["prompt_tokens_details"]["cached_tokens"] > 0
     handle = first[0]
     got = _counters(handle)
+
+    def counted(name: str) -> float:
+        return got[f'promptcache_front_{name}_total{{scope="{scope}"}}']
+
     prompt = sum(t[4]["prompt_tokens"] for t in turns)
     predicted = sum(min(m * b, u["prompt_tokens"]) for _, m, _, b, u in turns)
     delivered = sum(t[4]["prompt_tokens_details"]["cached_tokens"] for t in turns)
     assert got['promptcache_front_predictions_total{outcome="valid"}'] == 4
-    assert got['promptcache_front_accounted_prompt_tokens_total{scope="keyed"}'] == prompt
-    assert got['promptcache_front_predicted_tokens_total{scope="keyed"}'] == predicted
-    assert got['promptcache_front_delivered_tokens_total{scope="keyed"}'] == delivered
+    assert counted("accounted_prompt_tokens") == prompt
+    assert counted("predicted_tokens") == predicted
+    assert counted("delivered_tokens") == delivered
     assert predicted > 0
     assert delivered > 0
     workload = sum(
         min(s * t[3], t[4]["prompt_tokens"]) for (s, _), t in zip(ladder, turns, strict=True)
     )
-    assert got['promptcache_front_estimated_prompt_tokens_total{scope="keyed"}'] == prompt
-    assert got['promptcache_front_workload_tokens_total{scope="keyed"}'] == workload
-    assert got['promptcache_front_capacity_tokens_total{scope="keyed"}'] == workload
+    assert counted("estimated_prompt_tokens") == prompt
+    assert counted("workload_tokens") == workload
+    assert counted("capacity_tokens") == workload
 
 
 def test_a_prediction_sent_straight_to_a_pod_is_ignored(pool: PoolOnCluster) -> None:

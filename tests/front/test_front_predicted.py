@@ -11,10 +11,14 @@ import re
 import time
 
 import aiohttp
+from aiohttp import web
 
 from harness.standin import StandinUpstream
 from promptcache.contract import PREDICTED_MATCH_HEADER, SCOPE_CLASSES, IsolationMode
+from promptcache.embeds.cache import PromptEmbedsCache
+from promptcache.front.app import create_runner
 from promptcache.front.hits import ScopeClass
+from promptcache.front.settings import FrontSettings
 from promptcache.tenancy.prediction import Prediction, prediction_key, sign
 
 from .conftest import SECRET, MakeFront
@@ -152,3 +156,27 @@ async def test_workload_and_capacity_are_counted_with_their_own_denominator(
 
 def test_the_scope_classes_are_the_contracts() -> None:
     assert tuple(ScopeClass) == SCOPE_CLASSES
+
+
+async def test_in_mode_shared_a_mounted_key_checks_predictions(
+    standin: Standin, http: aiohttp.ClientSession
+) -> None:
+    """Mode Shared salts nothing, but with promptcache's picker the renderer mounts the salt
+    key in the pods all the same: the front checks the picker's predictions with it."""
+    upstream, url = standin
+    settings = FrontSettings(upstream=url, isolation_mode=IsolationMode.SHARED)
+    runner = create_runner(settings, secret=SECRET, cache=PromptEmbedsCache(0))
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        front = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        upstream.prompt_tokens, upstream.cached_tokens = 100, 48
+        await _post(http, front, _chat(), {PREDICTED_MATCH_HEADER: _signed(3, 6, seen=6, held=6)})
+        assert "cache_salt" not in upstream.requests[-1].json()  # Shared: nothing salted
+        got = await _metrics(http, front)
+        assert got['promptcache_front_predicted_tokens_total{scope="shared"}'] == 48
+        assert got['promptcache_front_delivered_tokens_total{scope="shared"}'] == 48
+        assert got['promptcache_front_workload_tokens_total{scope="shared"}'] == 96
+    finally:
+        await runner.cleanup()

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
+from promptcache.contract import IsolationMode
 from promptcache.tenancy.attestation import Outcome, ReplayGuard
 from promptcache.tenancy.prediction import (
     MAX_FIGURE,
@@ -10,6 +15,12 @@ from promptcache.tenancy.prediction import (
     check,
     prediction_key,
     sign,
+)
+from promptcache.tenancy.settings import (
+    PolicySettings,
+    SettingsError,
+    read_mounted_salt_key,
+    read_salt_key,
 )
 
 SECRET = b"0123456789abcdef0123456789abcdef"
@@ -76,3 +87,15 @@ def test_workload_and_capacity_figures_are_signed_too() -> None:
     without = Prediction(3, 8, 16)
     assert not without.estimated
     assert without.workload_tokens(100) == 0
+
+
+def test_mode_shared_reads_the_key_only_where_it_is_mounted(tmp_path: Path) -> None:
+    key = tmp_path / "salt-key"
+    shared = PolicySettings(isolation_mode=IsolationMode.SHARED, salt_key_file=str(key))
+    assert read_mounted_salt_key(shared) is None  # nothing mounted: nothing believed
+    key.write_bytes(b"  0123456789abcdef0123\n")
+    assert read_mounted_salt_key(shared) == b"0123456789abcdef0123"
+    assert read_salt_key(shared) is None  # the salt itself still needs none in Shared
+    key.write_bytes(b"short")
+    with pytest.raises(SettingsError, match="at least 16"):
+        read_mounted_salt_key(shared)

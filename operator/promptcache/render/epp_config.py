@@ -180,7 +180,7 @@ def endpoint_picker_config(pcd: PromptCacheDeployment) -> dict[str, Any]:
     if picker_of(pcd) is Picker.PROMPTCACHE:
         plugins.append({"type": TENANT_SALT_PARSER, "parameters": tenant_salt_parameters(pcd)})
         config["parser"] = {"pluginRef": TENANT_SALT_PARSER}
-        if pcd.spec.needs_salt_key:
+        if pcd.spec.front.enabled:  # the front checks what it signs
             plugins.append(predicted_match_plugin(PREFIX_PRODUCER))
     return config
 
@@ -189,8 +189,9 @@ def predicted_match_plugin(producer: str) -> dict[str, Any]:
     """The `promptcache` picker's plugin that signs, for the chosen pod, the prefix match
     it predicted, with the pool's workload and capacity estimates on `producer`'s blocks
     (issue 39: the front counts them against vLLM's cached tokens). Signed with the salt
-    key, so only where the picker mounts it (a salting mode). The producer is the unnamed
-    one (named by its type), which the main prefix scorer reads."""
+    key, which the picker and the fronts then mount in every isolation mode
+    (`render.front.signs_predictions`). The producer is the unnamed one (named by its
+    type), which the main prefix scorer reads."""
     return {
         "type": PREDICTED_MATCH_PLUGIN,
         "parameters": {

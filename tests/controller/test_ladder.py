@@ -3,18 +3,24 @@ largest loss named with what to change, and CacheDelivering."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
+from harness.resources import BASE
+from promptcache.api import parse_resource
 from promptcache.api.status import ConditionType, Reason
 from promptcache.contract import LadderCounter
 from promptcache.controller.ladder import MIN_PROMPT_TOKENS, Loss, delivering, rungs, status
 from promptcache.controller.observation import Observation
+from promptcache.controller.salt import generated_salt_secret
 from promptcache.controller.scrape import LADDER, parse_metrics
 from promptcache.controller.status import compute_status
 from promptcache.controller.window import HitWindow
 from promptcache.embeds.cache import PromptEmbedsCache
 from promptcache.front.hits import ScopeClass, Tally
 from promptcache.front.metrics import FrontMetrics
+from promptcache.render import names_of, render, resolved
 from promptcache.tenancy.prediction import Prediction
 
 
@@ -115,3 +121,31 @@ def test_the_operator_reads_what_the_front_writes() -> None:
     assert r.prompt_tokens == 2560
     assert (r.workload, r.capacity, r.routing, r.delivered) == (1.0, 0.875, 0.75, 0.5)
     assert r.largest()[0] is Loss.DELIVERY
+
+
+@pytest.mark.parametrize(
+    ("picker", "mode", "generated"),
+    [
+        ("promptcache", "Shared", True),  # nothing salted, but the picker signs predictions
+        ("promptcache", "PerKey", True),
+        ("gie-v1.5", "Shared", False),
+        ("gie-v1.5", "PerKey", True),
+    ],
+)
+def test_the_operator_generates_the_salt_secret_where_the_pods_mount_it(
+    picker: str, mode: str, generated: bool
+) -> None:
+    doc = copy.deepcopy(BASE)
+    doc["spec"].update(gateway={"picker": picker}, isolation={"mode": mode})
+    pcd = resolved(parse_resource(doc))
+    names = names_of(pcd)
+    secret = generated_salt_secret(pcd, names)
+    assert (secret is not None) is generated
+    volumes = [
+        v["secret"]["secretName"]
+        for m in render(pcd)
+        if m["kind"] == "Deployment"
+        for v in m["spec"]["template"]["spec"].get("volumes", [])
+        if "secret" in v
+    ]
+    assert set(volumes) == ({secret[0]} if secret else set())

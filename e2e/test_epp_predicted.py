@@ -132,7 +132,7 @@ def test_the_pod_counts_what_the_picker_predicted_beside_what_the_engine_deliver
         return got[f'promptcache_front_{name}_total{{scope="{scope}"}}']
 
     prompt = sum(t[4]["prompt_tokens"] for t in turns)
-    predicted = sum(min(m * b, u["prompt_tokens"]) for _, m, _, b, u in turns)
+    predicted = sum(Prediction(m, t, b).tokens(u["prompt_tokens"]) for _, m, t, b, u in turns)
     delivered = sum(t[4]["prompt_tokens_details"]["cached_tokens"] for t in turns)
     assert got['promptcache_front_predictions_total{outcome="valid"}'] == 4
     assert counted("accounted_prompt_tokens") == prompt
@@ -141,7 +141,8 @@ def test_the_pod_counts_what_the_picker_predicted_beside_what_the_engine_deliver
     assert predicted > 0
     assert delivered > 0
     workload = sum(
-        min(s * t[3], t[4]["prompt_tokens"]) for (s, _), t in zip(ladder, turns, strict=True)
+        Prediction(t[2], t[2], t[3], s, s).workload_tokens(t[4]["prompt_tokens"])
+        for (s, _), t in zip(ladder, turns, strict=True)
     )
     assert counted("estimated_prompt_tokens") == prompt
     assert counted("workload_tokens") == workload

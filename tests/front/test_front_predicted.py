@@ -82,11 +82,11 @@ async def test_signed_prediction_is_counted_with_what_vllm_delivered(
     await _post(http, front.url, _chat(), {PREDICTED_MATCH_HEADER: _signed(1, 3)})
     got = await _metrics(http, front.url)
     assert got['promptcache_front_accounted_prompt_tokens_total{scope="keyed"}'] == 140
-    # 3 x 16 = 48 of 100, then 4 x 16 = 64 capped at the prompt's 40
-    assert got['promptcache_front_predicted_tokens_total{scope="keyed"}'] == 48 + 40
+    # 3 of 6 blocks of 100 tokens, then 4 of 4 blocks of 40: shares of what vLLM counted
+    assert got['promptcache_front_predicted_tokens_total{scope="keyed"}'] == 50 + 40
     assert got['promptcache_front_delivered_tokens_total{scope="keyed"}'] == 64
     assert got['promptcache_front_accounted_prompt_tokens_total{scope="shared"}'] == 50
-    assert got['promptcache_front_predicted_tokens_total{scope="shared"}'] == 16
+    assert got['promptcache_front_predicted_tokens_total{scope="shared"}'] == 17  # 1 of 3
     assert got['promptcache_front_delivered_tokens_total{scope="shared"}'] == 0
     assert got['promptcache_front_predictions_total{outcome="valid"}'] == 3
 
@@ -117,7 +117,7 @@ async def test_a_client_cannot_skew_the_figures(
         assert got[f'promptcache_front_predictions_total{{outcome="{outcome}"}}'] == 1, outcome
     # only the one valid request is in the paired sample
     assert got['promptcache_front_accounted_prompt_tokens_total{scope="shared"}'] == 100
-    assert got['promptcache_front_predicted_tokens_total{scope="shared"}'] == 16
+    assert got['promptcache_front_predicted_tokens_total{scope="shared"}'] == 17  # 1 of 6
 
 
 async def test_without_a_salt_key_nothing_is_believed(
@@ -150,8 +150,8 @@ async def test_workload_and_capacity_are_counted_with_their_own_denominator(
     got = await _metrics(http, front.url)
     assert got['promptcache_front_accounted_prompt_tokens_total{scope="keyed"}'] == 200
     assert got['promptcache_front_estimated_prompt_tokens_total{scope="keyed"}'] == 100
-    assert got['promptcache_front_workload_tokens_total{scope="keyed"}'] == 96  # 6 x 16
-    assert got['promptcache_front_capacity_tokens_total{scope="keyed"}'] == 64
+    assert got['promptcache_front_workload_tokens_total{scope="keyed"}'] == 100  # 6 of 6
+    assert got['promptcache_front_capacity_tokens_total{scope="keyed"}'] == 67  # 4 of 6
 
 
 def test_the_scope_classes_are_the_contracts() -> None:
@@ -175,8 +175,8 @@ async def test_in_mode_shared_a_mounted_key_checks_predictions(
         await _post(http, front, _chat(), {PREDICTED_MATCH_HEADER: _signed(3, 6, seen=6, held=6)})
         assert "cache_salt" not in upstream.requests[-1].json()  # Shared: nothing salted
         got = await _metrics(http, front)
-        assert got['promptcache_front_predicted_tokens_total{scope="shared"}'] == 48
+        assert got['promptcache_front_predicted_tokens_total{scope="shared"}'] == 50  # 3 of 6
         assert got['promptcache_front_delivered_tokens_total{scope="shared"}'] == 48
-        assert got['promptcache_front_workload_tokens_total{scope="shared"}'] == 96
+        assert got['promptcache_front_workload_tokens_total{scope="shared"}'] == 100
     finally:
         await runner.cleanup()

@@ -70,7 +70,7 @@ _LADDER_HELP: Final[dict[LadderCounter, str]] = {
     "promptcache's picker and whose usage reported cached_tokens, by isolation scope class: "
     "the denominator of the predicted and delivered hit ratios.",
     LadderCounter.PREDICTED: "Of those, the tokens the picker expected the pod to hold (its "
-    "prefix match: matched blocks x block size, at most the prompt), by scope class.",
+    "prefix match: its share of the prompt's blocks, of the prompt tokens), by scope class.",
     LadderCounter.DELIVERED: "Of those, the tokens vLLM served from its prefix cache "
     "(cached_tokens), by scope class.",
     LadderCounter.ESTIMATED: "Of the accounted prompt tokens, those whose prediction carried "

@@ -11,11 +11,12 @@ prefix producer believes the chosen pod holds. Its PreRequest plugin
 
 - the figures are GIE's own (`PrefixCacheMatchInfo`): the blocks of the prompt the
   producer hashed, how many of them its index places on the chosen pod, and the block size
-  in tokens. The predicted tokens are `match blocks * block tokens`, capped at the prompt
-  tokens vLLM reports (`Prediction.tokens`). GIE hashes characters, `block tokens * 4`
-  per block, so this is the picker's estimate in its own unit, which is exactly what is
-  to be judged against what the engine delivered; sending the blocks rather than a token
-  count keeps the header the picker's raw belief and leaves the conversion in one place.
+  in tokens. The predicted tokens are the matched share of the blocks times the prompt
+  tokens vLLM reports (`Prediction.tokens`), not `match blocks * block tokens`: GIE cuts
+  blocks of `block tokens * 4` characters, and a real tokenizer can be several times off
+  that (measured on the real engine: hex text, 4x), which would make the prediction look
+  far below what the engine delivered. Sending the blocks rather than a token count keeps
+  the header the picker's raw belief and leaves the conversion in one place.
 - `seen` and `held`, when the picker could estimate them (`picker/ladder`): of the same
   blocks, how many a perfect, infinitely large cache would have held (the prefix was seen
   in the pool, in this scope, within the window: the workload rung) and how many a cache
@@ -86,11 +87,22 @@ class Prediction:
     """Blocks a cache of the pool's KV size would have held (set with `seen_blocks`)."""
 
     def _tokens(self, blocks: int, prompt_tokens: int) -> int:
-        return max(0, min(blocks * self.block_tokens, prompt_tokens))
+        """`blocks` of the prompt's hashed blocks as a share of the tokens vLLM counted.
+
+        Not `blocks x block_tokens`: GIE cuts its blocks at 4 characters a token, and real
+        tokenizers differ by several times (hex text is about one character a token on the
+        test model: a block of 128 characters is about 128 tokens, not 32), so that product
+        would be in GIE's unit and not comparable with `cached_tokens`. The share of the
+        blocks is unit-free; it is exact but for the partial last block, the chat template's
+        own tokens, and a prompt longer than the producer's `maxPrefixBlocksToMatch` (its
+        blocks then cover only the start of it, and the share overstates)."""
+        if self.total_blocks <= 0 or prompt_tokens <= 0:
+            return 0
+        return max(0, min(prompt_tokens, round(prompt_tokens * blocks / self.total_blocks)))
 
     def tokens(self, prompt_tokens: int) -> int:
-        """The prompt tokens the picker expected the pod to hold: its matched blocks in
-        tokens, never more than the prompt vLLM counted."""
+        """The prompt tokens the picker expected the pod to hold: the share of the prompt's
+        blocks it matched on that pod, in the tokens vLLM counted."""
         return self._tokens(self.match_blocks, prompt_tokens)
 
     def workload_tokens(self, prompt_tokens: int) -> int:

@@ -2,7 +2,8 @@
 
 The real Prometheus (pinned, `e2e/cluster build --only prometheus`) scrapes the real
 cache fronts (each in front of a vLLM stand-in, on its pod's IP) and the real Endpoint
-Picker, with the target labels the rendered PodMonitors give them (the PodMonitor's
+Picker (promptcache's, with isolation by key, so the hit-ratio ladder has data), with the
+target labels the rendered PodMonitors give them (the PodMonitor's
 relabelings applied to the pods' labels, as the Prometheus Operator would). Traffic goes
 through the picker to the picked front: shared prefixes, prompt embeds by reference in
 a cache small enough to evict, and refused requests. Then every query of every panel of
@@ -27,6 +28,7 @@ from harness.epp.extproc import chat_body
 from harness.epp.launch import Launcher, routing_patch
 from harness.epp.pool import PoolOnCluster
 from harness.epp.scenarios import prefixed, unique_text
+from harness.extproc_gateway import envoy_applies
 from harness.monitoring import (
     DASHBOARD,
     Prometheus,
@@ -36,15 +38,19 @@ from harness.monitoring import (
     target_labels,
 )
 from harness.pytest_cluster import Cluster
+from promptcache.contract import DEFAULT_ISOLATION_HEADER, PickerTarget
 
 pytestmark = [pytest.mark.cluster, pytest.mark.prometheus]
 
 
 @pytest.fixture
 def pool(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[PoolOnCluster]:
-    launcher = Launcher(cluster, namespace, tmp_path)
+    # promptcache's picker, isolation by key: the picker signs its prediction for the pod,
+    # so the ladder's counters (and their panel and rules) have data too
+    launcher = Launcher(cluster, namespace, tmp_path, PickerTarget.PROMPTCACHE)
     try:
         spec = routing_patch(replicas=2, with_front=True)
+        spec["isolation"] = {"mode": "PerKey"}
         # Prompt embeds on, in a cache of ~100 KiB per process: a few dozen payloads evict.
         spec["promptEmbeds"] = {"enabled": True, "cacheGiB": 0.0001}
         spec["monitoring"] = {"enabled": True}
@@ -70,9 +76,16 @@ async def traffic(pool: PoolOnCluster, seconds: float) -> dict[str, int]:
             i = 0
             while time.monotonic() < deadline:
                 body = chat_body(prefixed(shared, 200))
-                endpoint = picker.pick(body).endpoint
+                pick = picker.pick(body, headers={DEFAULT_ISOLATION_HEADER: "tenant"})
+                endpoint = pick.endpoint
                 assert endpoint in clients, f"picked {endpoint!r}"
-                async with http.post(f"http://{endpoint}/v1/chat/completions", json=body) as r:
+                sent = {  # what Envoy forwards: the picker's headers (its prediction) included
+                    k: v
+                    for k, v in envoy_applies(pick.sent_headers, pick.responses)
+                    if not k.startswith(":") and k.lower() not in ("host", "content-length")
+                }
+                url = f"http://{endpoint}/v1/chat/completions"
+                async with http.post(url, data=pick.body, headers=sent) as r:
                     counts["ok"] += r.status == 200
                 # Reuse a few payloads often (hits), cycle through the rest (inserts, evictions).
                 payload = payloads[i % 4] if i % 2 else payloads[4 + i % 36]

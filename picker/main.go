@@ -19,6 +19,7 @@ import (
 	fwkplugin "sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/plugin"
 
 	"promptcache.local/picker/boundary"
+	"promptcache.local/picker/plugins/predicted"
 	"promptcache.local/picker/plugins/sessionaffinity"
 	"promptcache.local/picker/plugins/tenantsalt"
 )
@@ -26,6 +27,7 @@ import (
 func main() {
 	fwkplugin.Register(tenantsalt.Type, tenantsalt.Factory)
 	fwkplugin.Register(sessionaffinity.Type, sessionaffinity.Factory)
+	fwkplugin.Register(predicted.Type, predicted.Factory)
 	// GIE's runner parses pflag.CommandLine, so flags defined on it here are parsed (and
 	// refused when invalid) with GIE's own; the guard reads them at the first stream.
 	flags := boundary.AddFlags(pflag.CommandLine)

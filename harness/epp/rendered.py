@@ -19,7 +19,13 @@ from typing import Any
 
 import yaml
 
-from promptcache.contract import TENANT_SALT_PARSER, PickerTarget, TenantSaltParam
+from promptcache.contract import (
+    PREDICTED_MATCH_PLUGIN,
+    TENANT_SALT_PARSER,
+    PickerTarget,
+    PredictedMatchParam,
+    TenantSaltParam,
+)
 from promptcache.render.epp_config import CONFIG_API_VERSIONS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -161,8 +167,9 @@ class Rendered:
         return None
 
     def epp_config_text_with_salt_key(self, salt_key_file: Path) -> str:
-        """The config as rendered, with the tenant-salt parser reading `salt_key_file` (the
-        harness's copy of the pool's salt Secret) instead of the pod's mount path."""
+        """The config as rendered, with the tenant-salt parser and the predicted-match plugin
+        reading `salt_key_file` (the harness's copy of the pool's salt Secret) instead of
+        the pod's mount path."""
         if self.tenant_salt_plugin is None:
             return self.epp_config_text
         config = copy.deepcopy(self.epp_config)
@@ -170,6 +177,8 @@ class Rendered:
             params = plugin.get("parameters") or {}
             if plugin.get("type") == TENANT_SALT_PARSER and TenantSaltParam.SALT_KEY_FILE in params:
                 params[TenantSaltParam.SALT_KEY_FILE] = str(salt_key_file)
+            if plugin.get("type") == PREDICTED_MATCH_PLUGIN:
+                params[PredictedMatchParam.SALT_KEY_FILE] = str(salt_key_file)
         return yaml.safe_dump(config, sort_keys=False)
 
     @property

@@ -15,7 +15,9 @@ from promptcache._version import __version__
 from promptcache.api.rules import GIE_BASED_PICKERS
 from promptcache.contract import (
     EPP_EXT_PROC_PORT,
+    PREDICTED_MATCH_PLUGIN,
     SALT_KEY_FILE,
+    SALT_KEY_MOUNT_DIR,
     TENANT_SALT_PARSER,
     FrontEnv,
     PickerFlag,
@@ -23,6 +25,7 @@ from promptcache.contract import (
     TenantSaltParam,
 )
 from promptcache.render.epp import GATEWAY_POLICY_CONTAINER
+from promptcache.render.epp_config import PREFIX_PRODUCER
 
 OURS = {"picker": "promptcache"}
 
@@ -103,7 +106,29 @@ def test_the_parser_gets_the_fronts_isolation_settings(isolation: dict[str, Any]
         assert [params[p] for p in identity] == ["", False, False]
     salted = isolation["mode"] != "Shared"
     assert params.get(TenantSaltParam.SALT_KEY_FILE) == (SALT_KEY_FILE if salted else None)
-    assert env.get(FrontEnv.SALT_KEY_FILE) == (SALT_KEY_FILE if salted else None)
+    # in every mode (Shared too) the front gets the salt key, to check what the picker's
+    # predicted-match plugin signs with it (issue 39)
+    assert env.get(FrontEnv.SALT_KEY_FILE) == SALT_KEY_FILE
+    predicted = [p for p in config(manifests)["plugins"] if p["type"] == PREDICTED_MATCH_PLUGIN]
+    parameters = {"saltKeyFile": SALT_KEY_FILE, "producerName": PREFIX_PRODUCER}
+    assert predicted == [{"type": PREDICTED_MATCH_PLUGIN, "parameters": parameters}]
+    epp = epp_pod(manifests)
+    mounts = [m["mountPath"] for c in epp["containers"] for m in c.get("volumeMounts", [])]
+    assert SALT_KEY_MOUNT_DIR in mounts
+    secrets = [
+        v["secret"]["secretName"] for v in epp.get("volumes", []) if "secret" in v
+    ]  # the Secret the operator generates for the resource, as for a salting mode
+    assert len(secrets) == 1
+
+
+def test_without_the_front_nothing_is_signed() -> None:
+    manifests = rendered(
+        gateway=OURS,
+        isolation={"mode": "Shared"},
+        front={"enabled": False, "usageHeaders": {"enabled": False}},
+    )
+    types = [p["type"] for p in config(manifests)["plugins"]]
+    assert PREDICTED_MATCH_PLUGIN not in types
 
 
 @pytest.mark.parametrize("mode", ["Shared", "PerKey"])
@@ -117,9 +142,9 @@ def test_the_pod_is_the_picker_alone_and_the_network_policy_matches_it(mode: str
     assert args[args.index("--grpc-port") + 1] == str(EPP_EXT_PROC_PORT)
     assert "--secure-serving=false" not in args  # alone on the Service's port: TLS
     mounts = {m["mountPath"] for m in epp["volumeMounts"]}
-    salted = mode != "Shared"
-    assert (SALT_KEY_FILE.rsplit("/", 1)[0] in mounts) is salted
-    assert any("secret" in v for v in pod["volumes"]) is salted
+    # the salt key in every mode: it derives salts, and signs predictions (Shared too)
+    assert SALT_KEY_FILE.rsplit("/", 1)[0] in mounts
+    assert any("secret" in v for v in pod["volumes"])
     (policy,) = [
         m
         for m in manifests

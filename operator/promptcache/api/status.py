@@ -23,6 +23,9 @@ class ConditionType:
     """Present only while monitoring is enabled (spec.monitoring.enabled or the default)."""
     DEPRECATED_FIELDS: Final[str] = "DeprecatedFields"
     """Present (True) only while the spec sets a field under a deprecated name."""
+    CACHE_DELIVERING: Final[str] = "CacheDelivering"
+    """Present only while the ladder has a sample (`status.cache`): False when the engines
+    deliver far less of the prompt from cache than the picker predicted."""
 
 
 class Reason:
@@ -62,6 +65,9 @@ class Reason:
     PROMETHEUS_OPERATOR_NOT_INSTALLED: Final[str] = "PrometheusOperatorNotInstalled"
     # DeprecatedFields.
     DEPRECATED_FIELD_SET: Final[str] = "DeprecatedFieldSet"
+    # CacheDelivering (controller/ladder.py).
+    AS_PREDICTED: Final[str] = "AsPredicted"
+    DELIVERED_BELOW_PREDICTED: Final[str] = "DeliveredBelowPredicted"
 
 
 class AdapterReason:
@@ -138,6 +144,34 @@ class PrefixCacheStatus(ApiModel):
     scraped_pods: int = 0
 
 
+Ratio = Annotated[float, Field(ge=0, le=1)]
+LossName = Literal["None", "Workload", "Capacity", "Routing", "Delivery"]
+"""The rung a loss is charged to (`CacheLadderStatus.largestLoss`)."""
+
+
+class CacheLadderStatus(ApiModel):
+    """Why the hit ratio is what it is: four rungs, each a share of the prompt tokens of the
+    last `windowSeconds` (from the cache fronts' counters, issue 39), each at most the one
+    before it in a working pool; the largest step down is the loss, named in `message`."""
+
+    workload: Ratio | None = None
+    """What a perfect, infinitely large cache could have served: the prefix was seen before
+    in the window, in the pool, in the same isolation scope (the picker's window)."""
+    capacity: Ratio | None = None
+    """What a cache of the pods' real KV size could have served (the picker's LRU
+    simulation of the pool)."""
+    routing: Ratio | None = None
+    """What the picker predicted the chosen pod holds (its prefix index)."""
+    delivered: Ratio | None = None
+    """What the engines served from their prefix cache (vLLM's `cached_tokens`)."""
+    prompt_tokens: int = 0
+    """The prompt tokens the rungs are shares of (requests the picker predicted)."""
+    window_seconds: int | None = None
+    largest_loss: LossName = "None"
+    message: Annotated[str, Field(max_length=2048)] = ""
+    """One sentence: the rungs, the largest loss and what to change."""
+
+
 class AdapterStatus(ApiModel):
     """Where one `model.adapters[]` entry is served, and why not where it is not."""
 
@@ -169,6 +203,9 @@ class PromptCacheDeploymentStatus(ApiModel):
     """Label selector of the model-server pods, for the scale subresource."""
     prompt_embeds: PromptEmbedsStatus = Field(default_factory=PromptEmbedsStatus)
     prefix_cache: PrefixCacheStatus = Field(default_factory=PrefixCacheStatus)
+    cache: CacheLadderStatus | None = None
+    """The hit-ratio ladder over the recent window, once the fronts have counted requests
+    the picker predicted (promptcache's picker, a salting isolation mode)."""
     gateway: GatewayStatus | None = None
     """Present once a parent Gateway reports an address."""
     adapters: Annotated[list[AdapterStatus], Field(max_length=MAX_ADAPTERS)] | None = None

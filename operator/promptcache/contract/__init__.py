@@ -14,6 +14,7 @@ same grammar and bounds. None of them defines its own copy.
 - `engine`: the `vllm serve` flags the operator writes or relies on, and the pattern of every
   spelling vLLM's parser reads as one of them (what `engine.extraArgs` may not carry).
 - `session`: what names a request's session, and the `promptcache` picker's session plugin.
+- `ladder`: the counters of the hit-ratio ladder (front writes, operator and rules read).
 - `pods`: the parts of each rendered pod a `podTemplate` overlay may not touch.
 
 This package imports nothing of this project but itself and nothing heavy (no
@@ -54,6 +55,7 @@ from promptcache.contract.grammar import (
     is_body_field,
     is_header_name,
 )
+from promptcache.contract.ladder import SCOPE_CLASSES, LadderCounter
 from promptcache.contract.names import (
     API_GROUP,
     AUTHORIZATION_HEADER,
@@ -76,6 +78,7 @@ from promptcache.contract.names import (
     IDENTITY_CLOCK_SKEW_SECONDS,
     MISSING_PROMPT_EMBEDS_IDS_FIELD,
     POD_TERMINATION_GRACE_SECONDS,
+    PREDICTED_MATCH_HEADER,
     PROMPT_CACHE_KEY_FIELD,
     PROMPT_CACHE_MAX_LEN_FIELD,
     PROMPT_EMBEDS_NOT_CACHED_ERROR_CODE,
@@ -92,9 +95,11 @@ from promptcache.contract.names import (
 from promptcache.contract.picker import (
     DEFAULT_PICKER,
     DEFAULT_PICKER_ENV,
+    PREDICTED_MATCH_PLUGIN,
     TENANT_SALT_PARSER,
     PickerFlag,
     PickerTarget,
+    PredictedMatchParam,
     TenantSaltParam,
 )
 from promptcache.contract.pods import (
@@ -156,12 +161,15 @@ __all__ = [
     "OPTIONAL_HEADER_NAME_PATTERN",
     "OWNED_ENGINE_FLAGS",
     "POD_TERMINATION_GRACE_SECONDS",
+    "PREDICTED_MATCH_HEADER",
+    "PREDICTED_MATCH_PLUGIN",
     "PROMPT_CACHE_KEY_FIELD",
     "PROMPT_CACHE_MAX_LEN_FIELD",
     "PROMPT_EMBEDS_NOT_CACHED_ERROR_CODE",
     "SALT_KEY_FILE",
     "SALT_KEY_MOUNT_DIR",
     "SALT_KEY_SECRET_KEY",
+    "SCOPE_CLASSES",
     "SERVING_PORT",
     "SESSION_AFFINITY_PLUGIN",
     "SESSION_USER_FIELD",
@@ -172,10 +180,12 @@ __all__ = [
     "GatewayPolicyEnv",
     "GrammarError",
     "IsolationMode",
+    "LadderCounter",
     "OwnedEngineFlags",
     "OwnedPodParts",
     "PickerFlag",
     "PickerTarget",
+    "PredictedMatchParam",
     "SessionParam",
     "SessionShimEnv",
     "SessionSource",

@@ -46,6 +46,13 @@ has arrived, so only the picker's decision and the gateway's forwarding lie betw
 IDENTITY_CLOCK_SKEW_SECONDS: Final[int] = 30
 """How far in the future an attestation's time may lie (the pods' clocks differ a little)."""
 
+# --- predicted against delivered (issue 39, docs/endpoint-picker.md) ------------------
+PREDICTED_MATCH_HEADER: Final[str] = "x-promptcache-predicted"
+"""Set by promptcache's picker only (it overwrites a client's copy): the prefix match it
+expected the chosen pod to hold, signed like the identity attestation
+(`tenancy.prediction`). The cache front counts it when the signature holds, and never
+forwards it to vLLM."""
+
 
 class IsolationMode(StrEnum):
     """How the cache front turns an isolation key into vLLM's `cache_salt`."""

@@ -68,3 +68,22 @@ class PickerFlag(StrEnum):
     """Time a body may take after its request headers (`front.bodyTimeoutSeconds`; then the
     front's HTTP 408 `body_timeout`), and one answer may wait for the gateway to read it
     (then the stream ends)."""
+
+
+PREDICTED_MATCH_PLUGIN: Final[str] = "promptcache-predicted-match"
+"""The `promptcache` picker's PreRequest plugin (`picker/plugins/predicted`) that tells the
+chosen pod, signed, the prefix match GIE's producer found for it (issue 39)."""
+
+
+class PredictedMatchParam(StrEnum):
+    """The predicted-match plugin's `parameters` (decoded strictly by the picker)."""
+
+    SALT_KEY_FILE = "saltKeyFile"
+    PRODUCER_NAME = "producerName"
+    """The prefix producer whose block hashes the workload and capacity rungs are measured
+    on (the first tier's); empty: the one there is."""
+    WINDOW_SECONDS = "windowSeconds"
+    WINDOW_BLOCKS = "windowBlocks"
+    LRU_BLOCKS = "lruBlocks"
+    STRIDE_BLOCKS = "strideBlocks"
+    """Every n-th block is tracked: the prefix found to within n-1 blocks, at 1/n the cost."""

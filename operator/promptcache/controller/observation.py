@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from promptcache.api import PromptEmbedsCeiling
-from promptcache.api.status import AdapterStatus, PrefixCacheStatus
+from promptcache.api.status import AdapterStatus, CacheLadderStatus, PrefixCacheStatus
 
 if TYPE_CHECKING:
     from promptcache.controller.diagnose import Diagnosis
@@ -62,3 +62,7 @@ class Observation:
     """Per `model.adapters[]`: where it is served and why not (empty without adapters)."""
     deprecated_fields: list[str] = field(default_factory=list)
     """Fields the spec sets under a deprecated name; empty removes DeprecatedFields."""
+    cache: CacheLadderStatus | None = None
+    """The hit-ratio ladder (`controller.ladder`); None: no verdict yet."""
+    cache_delivering: Desired | None = None
+    """CacheDelivering while there is a ladder; None removes the condition."""

@@ -25,9 +25,11 @@ from promptcache.controller.adapters import (
 from promptcache.controller.cache import Caches
 from promptcache.controller.diagnose import diagnose
 from promptcache.controller.kube import by_kind
+from promptcache.controller.ladder import Rungs, rungs
 from promptcache.controller.metrics import OperatorMetrics
 from promptcache.controller.scope import Scope
 from promptcache.controller.scrape import (
+    LADDER,
     PodMetrics,
     ScrapedPrefixCache,
     aggregate,
@@ -63,12 +65,15 @@ class PodObserver:
         self.settings = settings
         self.scrape_gate = asyncio.Semaphore(SCRAPES_AT_ONCE)
         self.windows: dict[str, HitWindow] = {}
+        self.ladders: dict[str, HitWindow] = {}
+        """Per resource: the fronts' ladder counters inside the window (`controller.ladder`)."""
         self.scraped: dict[str, tuple[float, dict[str, PodMetrics]]] = {}
         """Per resource: when its pods were last scraped and what they said, by IP."""
         self.served = ServedModelsCache()
 
     def forget(self, uid: str) -> None:
         self.windows.pop(uid, None)
+        self.ladders.pop(uid, None)
         self.scraped.pop(uid, None)
         self.served.forget(uid)
 
@@ -106,10 +111,19 @@ class PodObserver:
         self.metrics.scrapes.labels("ok").inc(len(results))
         self.metrics.scrapes.labels("failed").inc(len(ips) - len(results))
         self.scraped[scope.uid] = (started, results)
-        recent = window.add(
-            time.monotonic(), {ip: (m.hits, m.queries) for ip, m in results.items()}
-        )
+        now = time.monotonic()
+        recent = window.add(now, {ip: (m.hits, m.queries) for ip, m in results.items()})
+        ladder = self.ladders.setdefault(scope.uid, HitWindow())
+        ladder.record(now, {ip: m.ladder for ip, m in results.items()})
         return aggregate(list(results.values())), recent
+
+    def ladder(self, scope: Scope) -> Rungs | None:
+        """The hit-ratio ladder over the recent window (None: too few predicted requests)."""
+        window = self.ladders.get(scope.uid)
+        if window is None:
+            return None
+        increases, span = window.increases(len(LADDER))
+        return rungs(increases, span)
 
     async def observe_adapters(self, scope: Scope, pods: list[dict[str, Any]]) -> None:
         """Per adapter: the ready pods that serve it (each engine start's `/v1/models`, read

@@ -57,6 +57,8 @@ from promptcache.controller.conditions import Desired, now_rfc3339, transitions
 from promptcache.controller.errors import ApiError, NotFoundError
 from promptcache.controller.gateway_status import gateway_view, route_parents
 from promptcache.controller.kube import Kube, by_kind, kind_of
+from promptcache.controller.ladder import delivering
+from promptcache.controller.ladder import status as ladder_status
 from promptcache.controller.metrics import OperatorMetrics
 from promptcache.controller.observation import Observation, Problem
 from promptcache.controller.options import DEFAULT_SCRAPE_PORT, DEFAULT_SCRAPE_TIMEOUT_SECONDS
@@ -375,6 +377,9 @@ class Reconciler:
                     "recent_window_seconds": round(recent.span_s),
                 }
             )
+        ladder = self.pods.ladder(scope)
+        if ladder is not None:
+            obs.cache, obs.cache_delivering = ladder_status(ladder), delivering(ladder)
         meta = scope.raw["metadata"]
         self._identity[scope.uid] = (meta["namespace"], meta["name"])
         ready = int(((obs.model_server or {}).get("status") or {}).get("readyReplicas") or 0)

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from promptcache.contract import LadderCounter
 from promptcache.controller.adapters import served_models
 from promptcache.controller.options import DEFAULT_SCRAPE_PORT
 
@@ -33,12 +34,18 @@ MAX_MODELS_BYTES = 1024 * 1024
 """32 adapters and a base model list in a few KiB; more is not vLLM's answer."""
 
 
+LADDER: tuple[LadderCounter, ...] = tuple(LadderCounter)
+"""The ladder's counters, in the order `PodMetrics.ladder` holds them (`controller.ladder`)."""
+
+
 @dataclass(frozen=True)
 class PodMetrics:
     block_size: int | None
     num_gpu_blocks: int | None
     hits: float
     queries: float
+    ladder: tuple[float, ...] = (0.0,) * len(LADDER)
+    """The cache front's ladder counters (`LADDER` order), summed over scope classes."""
 
 
 def _int_label(labels: Mapping[str, str], name: str) -> int | None:
@@ -49,11 +56,17 @@ def _int_label(labels: Mapping[str, str], name: str) -> int | None:
         return None
 
 
-_WANTED = (CACHE_CONFIG, HITS.removesuffix("_total"), QUERIES.removesuffix("_total"))
+_WANTED = (
+    CACHE_CONFIG,
+    HITS.removesuffix("_total"),
+    QUERIES.removesuffix("_total"),
+    *(c.value for c in LADDER),
+)
+_LADDER_INDEX = {c.sample: i for i, c in enumerate(LADDER)}
 
 
 def relevant_lines(text: str) -> str:
-    """Only the samples of the three metrics the status reads. A vLLM page has hundreds of
+    """Only the samples of the metrics the status reads. A vLLM page has hundreds of
     lines (histogram buckets above all); parsing all of them for three values was most of
     a scrape's cost, and scraping grows with the fleet."""
     return "".join(line + "\n" for line in text.splitlines() if line.startswith(_WANTED))
@@ -63,6 +76,7 @@ def parse_metrics(text: str) -> PodMetrics:
     """Pick the prefix-cache facts out of Prometheus text exposition (sums over labels)."""
     block_size = num_blocks = None
     hits = queries = 0.0
+    ladder = [0.0] * len(LADDER)
     for family in text_string_to_metric_families(relevant_lines(text)):
         for sample in family.samples:
             if sample.name == CACHE_CONFIG:
@@ -72,7 +86,9 @@ def parse_metrics(text: str) -> PodMetrics:
                 hits += float(sample.value)
             elif sample.name == QUERIES:
                 queries += float(sample.value)
-    return PodMetrics(block_size, num_blocks, hits, queries)
+            elif (at := _LADDER_INDEX.get(sample.name)) is not None:
+                ladder[at] += float(sample.value)
+    return PodMetrics(block_size, num_blocks, hits, queries, tuple(ladder))
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,10 @@ def compute_status(
         wanted.append(deprecated)
     elif obs.blocked is None:
         conditions = [c for c in conditions if c.get("type") != ConditionType.DEPRECATED_FIELDS]
+    if obs.cache_delivering is not None:
+        wanted.append(obs.cache_delivering)
+    elif obs.blocked is None:
+        conditions = [c for c in conditions if c.get("type") != ConditionType.CACHE_DELIVERING]
     for desired in wanted:
         conditions, _ = set_condition(conditions, desired, generation=obs.generation, now=now)
     st = dict((obs.model_server or {}).get("status") or {})
@@ -106,6 +110,7 @@ def compute_status(
             per_pod=format_bytes(ceiling.per_pod_bytes) if ceiling else "0",
         ),
         prefix_cache=obs.prefix_cache,
+        cache=obs.cache,
         gateway=GatewayStatus(addresses=list(obs.gateway_addresses))
         if obs.gateway_addresses
         else None,

@@ -31,8 +31,9 @@ WINDOW_S: Final[float] = 300.0
 @dataclass(frozen=True)
 class Snapshot:
     at: float
-    counters: Mapping[str, tuple[float, float]]
-    """Pod key -> (hits, queries)."""
+    counters: Mapping[str, tuple[float, ...]]
+    """Pod key -> its counters: (hits, queries) for the hit ratio; the ladder's six for
+    `controller.ladder`."""
 
 
 @dataclass(frozen=True)
@@ -55,26 +56,37 @@ class HitWindow:
     window_s: float = WINDOW_S
     _snapshots: deque[Snapshot] = field(default_factory=deque)
 
-    def add(self, at: float, counters: Mapping[str, tuple[float, float]]) -> WindowedRatio:
+    def add(self, at: float, counters: Mapping[str, tuple[float, ...]]) -> WindowedRatio:
         """Record a scrape taken at `at` (monotonic seconds) and return the windowed ratio."""
+        self.record(at, counters)
+        return self.ratio()
+
+    def record(self, at: float, counters: Mapping[str, tuple[float, ...]]) -> None:
+        """Record a scrape taken at `at` (monotonic seconds)."""
         self._snapshots.append(Snapshot(at, dict(counters)))
         # Keep the newest snapshot at or before the window's start as the baseline.
         while len(self._snapshots) > 1 and self._snapshots[1].at <= at - self.window_s:
             self._snapshots.popleft()
-        return self.ratio()
+
+    def increases(self, width: int) -> tuple[list[float], float]:
+        """Each of the first `width` counters' increase over the window, summed over pods,
+        and the span covered (zeros and 0.0 before two scrapes)."""
+        sums = [0.0] * width
+        if len(self._snapshots) < 2:
+            return sums, 0.0
+        old, new = self._snapshots[0], self._snapshots[-1]
+        for pod, values in new.counters.items():
+            # The pod's own oldest scrape in the window is its baseline.
+            # (A pod first seen in the newest scrape is its own baseline: it adds nothing yet.)
+            before = next(s.counters[pod] for s in self._snapshots if pod in s.counters)
+            for i in range(width):
+                sums[i] += _increase(values[i], before[i])
+        return sums, new.at - old.at
 
     def ratio(self) -> WindowedRatio:
         if len(self._snapshots) < 2:
             return WindowedRatio(None, 0.0, 0.0)
-        old, new = self._snapshots[0], self._snapshots[-1]
-        hits = queries = 0.0
-        for pod, (h, q) in new.counters.items():
-            # The pod's own oldest scrape in the window is its baseline.
-            # (A pod first seen in the newest scrape is its own baseline: it adds nothing yet.)
-            before = next(s.counters[pod] for s in self._snapshots if pod in s.counters)
-            hits += _increase(h, before[0])
-            queries += _increase(q, before[1])
-        span = new.at - old.at
+        (hits, queries), span = self.increases(2)
         if queries <= 0:
             return WindowedRatio(None, span, 0.0)
         return WindowedRatio(round(min(1.0, max(0.0, hits / queries)), 4), span, queries)

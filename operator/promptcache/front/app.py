@@ -33,10 +33,11 @@ from aiohttp.http_exceptions import (
 from aiohttp.web_protocol import RequestPayloadError
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from promptcache.contract import FRONT_HEALTH_PATH, FRONT_READY_PATH
+from promptcache.contract import FRONT_HEALTH_PATH, FRONT_READY_PATH, PREDICTED_MATCH_HEADER
 from promptcache.contract.front import VLLM_PRIORITY_HEADER, VLLM_REQUEST_ID_HEADER
 from promptcache.embeds.cache import PromptEmbedsCache
 from promptcache.front import heap
+from promptcache.front.hits import Tally, scope_class
 from promptcache.front.metrics import CONTENT_TYPE, FrontMetrics, merge_expositions
 from promptcache.front.offload import Prepared, prepare
 from promptcache.front.pool import UpstreamError, UpstreamPool
@@ -74,6 +75,7 @@ from promptcache.tenancy.errors import FrontError
 from promptcache.tenancy.fair_share import FairShare, share_exceeded
 from promptcache.tenancy.identity import Account, identity_enabled
 from promptcache.tenancy.policy import Isolation, Plan, apply_policy
+from promptcache.tenancy.prediction import PredictionReader
 from promptcache.tenancy.routes import (
     METRICS_PATH,
     Route,
@@ -379,6 +381,7 @@ async def _admitted(
     headers: CIMultiDict[str],
     strip_usage: bool,
     charge: Charge,
+    tally: Tally | None = None,
 ) -> web.StreamResponse:
     """Forward under the concurrency cap (bodies are read before a slot is taken); the
     answer is sent inside the slot, under the write deadline."""
@@ -397,7 +400,7 @@ async def _admitted(
     try:
         return await forward(
             request, state, route, target, data=data, headers=headers, strip_usage=strip_usage,
-            charge=charge,
+            charge=charge, tally=tally,
         )  # fmt: skip
     except asyncio.CancelledError:
         state.metrics.client_disconnects.inc()
@@ -594,10 +597,27 @@ async def _forward_json(
     if plan.session_header_value is not None:
         headers[settings.session_header] = plan.session_header_value
     strip = plan.strip_usage_chunk
+    tally = _tally(state, request.headers, plan)
     return await _admitted(
         request, state, route, target, data=data, headers=headers, strip_usage=strip,
-        charge=charge,
+        charge=charge, tally=tally,
     )  # fmt: skip
+
+
+def _tally(state: FrontState, headers: CIMultiDictProxy[str], plan: Plan) -> Tally | None:
+    """The request's scope class and the picker's prediction, verified (`front.hits`): only
+    a header signed with the salt key counts; whatever else arrives is counted by its
+    verdict and dropped (`forward_headers` never passes it to vLLM)."""
+    values = headers.getall(PREDICTED_MATCH_HEADER, ())
+    prediction = None
+    if state.predictions is not None:
+        verdict = state.predictions.read(values)
+        state.metrics.predicted(verdict.outcome.value)
+        prediction = verdict.prediction
+    elif any(v.strip(" \t") for v in values):
+        state.metrics.predicted("unverifiable")
+    scope = scope_class(plan.isolation)
+    return None if scope is None else Tally(scope, prediction)
 
 
 async def _salted_here(
@@ -919,6 +939,8 @@ def create_state(
     )
     if identity_enabled(settings) and secret:
         state.attester = Attester(secret, settings.isolation_header, guard=ReplayGuard())
+    if secret:
+        state.predictions = PredictionReader(secret)
     # read at scrape time: no gauge update (and its lock) on every request
     state.metrics.in_flight.set_function(lambda: state.in_flight)
     return state

@@ -15,7 +15,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from promptcache.contract import LadderCounter
 from promptcache.embeds.cache import PromptEmbedsCacheStats
+from promptcache.front.hits import ScopeClass, Tally
 
 PREFIX: Final = "promptcache_front"
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
@@ -49,6 +51,50 @@ class _CacheCollector(Collector):
             "Payloads never cached because they were larger than the whole cache.",
             s.oversize_rejections,
         )
+
+
+_LADDER: Final = tuple(LadderCounter)
+_ACCOUNTED, _PREDICTED, _DELIVERED, _ESTIMATED, _WORKLOAD, _CAPACITY = (
+    _LADDER.index(c)
+    for c in (
+        LadderCounter.ACCOUNTED,
+        LadderCounter.PREDICTED,
+        LadderCounter.DELIVERED,
+        LadderCounter.ESTIMATED,
+        LadderCounter.WORKLOAD,
+        LadderCounter.CAPACITY,
+    )
+)
+_LADDER_HELP: Final[dict[LadderCounter, str]] = {
+    LadderCounter.ACCOUNTED: "Prompt tokens of requests that carried a valid prediction of "
+    "promptcache's picker and whose usage reported cached_tokens, by isolation scope class: "
+    "the denominator of the predicted and delivered hit ratios.",
+    LadderCounter.PREDICTED: "Of those, the tokens the picker expected the pod to hold (its "
+    "prefix match: its share of the prompt's blocks, of the prompt tokens), by scope class.",
+    LadderCounter.DELIVERED: "Of those, the tokens vLLM served from its prefix cache "
+    "(cached_tokens), by scope class.",
+    LadderCounter.ESTIMATED: "Of the accounted prompt tokens, those whose prediction carried "
+    "the picker's workload and capacity estimates, by scope class: their denominator.",
+    LadderCounter.WORKLOAD: "Of those, the tokens a perfect, infinitely large cache would "
+    "have served (the prefix was seen in the pool, in its scope, within the picker's "
+    "window), by scope class.",
+    LadderCounter.CAPACITY: "Of those, the tokens a cache of the pool's KV size would have "
+    "served (the picker's LRU simulation), by scope class.",
+}
+
+
+class _LadderCollector(Collector):
+    """The ladder's counters (docs/monitoring.md, the ladder), from the front's totals."""
+
+    def __init__(self, totals: dict[ScopeClass, list[float]]) -> None:
+        self._totals = totals
+
+    def collect(self) -> Iterator[Metric]:
+        for i, counter in enumerate(_LADDER):
+            family = CounterMetricFamily(counter.value, _LADDER_HELP[counter], labels=["scope"])
+            for scope, values in self._totals.items():
+                family.add_metric([scope.value], values[i])
+            yield family
 
 
 class FrontMetrics:
@@ -176,6 +222,15 @@ class FrontMetrics:
             "cached_tokens; counted only when vLLM reports it).",
             registry=r,
         )
+        self.predictions = Counter(
+            f"{PREFIX}_predictions",
+            "What the front made of the picker's signed predicted-match header "
+            "(x-promptcache-predicted): valid, absent, malformed, forged, expired, future, "
+            "replayed, ambiguous, or unverifiable (this front has no salt key to check it). "
+            "Only valid ones are counted as predicted.",
+            ["outcome"],
+            registry=r,
+        )
         self.in_flight = Gauge(
             f"{PREFIX}_in_flight_requests", "Requests being worked on now.", registry=r
         )
@@ -189,6 +244,12 @@ class FrontMetrics:
         self._refusal_children: dict[str, Counter] = {}
         self._decision_children: dict[tuple[str, str], Counter] = {}
         self._control_children: dict[str, Counter] = {}
+        self.ladder = {scope: [0.0] * len(LadderCounter) for scope in ScopeClass}
+        """Per scope class, the ladder's counters (`LadderCounter` order): plain floats the
+        event loop adds to, read at scrape time (an increment of a client counter, with its
+        lock, cost more than the whole accounting)."""
+        r.register(_LadderCollector(self.ladder))
+        self._prediction_children: dict[str, Counter] = {}
 
     def waited_for_share(self, seconds: float) -> None:
         """A request waited `seconds` for its key's fair share (`tenancy.fair_share`)."""
@@ -238,11 +299,35 @@ class FrontMetrics:
             )
         child.inc()
 
-    def observe_usage(self, prompt_tokens: int, cached_tokens: int | None) -> None:
-        """Count one response's usage: the cached-token share the dashboard shows."""
-        self.prompt_tokens.inc(max(0, prompt_tokens))
-        if cached_tokens is not None:
-            self.cached_prompt_tokens.inc(max(0, cached_tokens))
+    def observe_usage(
+        self, prompt_tokens: int, cached_tokens: int | None, tally: Tally | None = None
+    ) -> None:
+        """Count one response's usage: the cached-token share the dashboard shows, and,
+        for a request the picker predicted (`tally`), the predicted/delivered triple."""
+        prompt = max(0, prompt_tokens)
+        self.prompt_tokens.inc(prompt)
+        if cached_tokens is None:
+            return
+        cached = min(max(0, cached_tokens), prompt)
+        self.cached_prompt_tokens.inc(max(0, cached_tokens))
+        if tally is None or tally.prediction is None:
+            return
+        p = tally.prediction
+        totals = self.ladder[tally.scope]
+        totals[_ACCOUNTED] += prompt
+        totals[_PREDICTED] += p.tokens(prompt)
+        totals[_DELIVERED] += cached
+        if p.estimated:
+            totals[_ESTIMATED] += prompt
+            totals[_WORKLOAD] += p.workload_tokens(prompt)
+            totals[_CAPACITY] += p.capacity_tokens(prompt)
+
+    def predicted(self, outcome: str) -> None:
+        """Count what the front made of one request's predicted-match header."""
+        child = self._prediction_children.get(outcome)
+        if child is None:
+            child = self._prediction_children[outcome] = self.predictions.labels(outcome=outcome)
+        child.inc()
 
     def render(self) -> bytes:
         """The front's own exposition text."""

@@ -20,7 +20,12 @@ from promptcache.contract import FRONT_DRAIN_SECONDS
 from promptcache.embeds.cache import PromptEmbedsCache
 from promptcache.front import heap
 from promptcache.front.app import create_runner, listening_site
-from promptcache.front.settings import FrontSettings, SettingsError, parse_listen, read_salt_key
+from promptcache.front.settings import (
+    FrontSettings,
+    SettingsError,
+    parse_listen,
+    read_mounted_salt_key,
+)
 from promptcache.stopping import stop_event
 
 log = logging.getLogger("promptcache.front")
@@ -130,7 +135,7 @@ def serve(settings: FrontSettings) -> int:
     """Run until SIGTERM/SIGINT; return the process exit code."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
-        secret = read_salt_key(settings)
+        secret = read_mounted_salt_key(settings)
     except SettingsError as exc:
         print(f"promptcache front: {exc}", file=sys.stderr)
         return 2

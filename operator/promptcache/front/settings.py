@@ -65,10 +65,18 @@ from promptcache.tenancy.settings import (
     MIN_SALT_KEY_BYTES,
     SettingsError,
     check_policy_settings,
+    read_mounted_salt_key,
     read_salt_key,
 )
 
-__all__ = ["MIN_SALT_KEY_BYTES", "FrontSettings", "SettingsError", "parse_listen", "read_salt_key"]
+__all__ = [
+    "MIN_SALT_KEY_BYTES",
+    "FrontSettings",
+    "SettingsError",
+    "parse_listen",
+    "read_mounted_salt_key",
+    "read_salt_key",
+]
 
 
 def parse_listen(raw: str) -> tuple[str, int]:

@@ -26,6 +26,7 @@ from promptcache.tenancy.attestation import Attester
 from promptcache.tenancy.canonical import json_charge
 from promptcache.tenancy.errors import FrontError
 from promptcache.tenancy.fair_share import FairShare
+from promptcache.tenancy.prediction import PredictionReader
 from promptcache.tenancy.shares import Ledger, Verdict, share_of, share_refusal
 
 __all__ = ["PROCESS_KEY", "Charge", "FrontState", "json_charge"]
@@ -62,6 +63,9 @@ class FrontState:
     pool: UpstreamPool | None = None
     attester: Attester | None = None
     """Isolation by account: checks the policy step's signed account (None: off)."""
+    predictions: PredictionReader | None = None
+    """Checks promptcache's picker's signed prediction (None: no salt key to check it with,
+    so none is believed)."""
     slots: Ledger = field(init=False)
     """Each client identity's share of `max_in_flight` (`tenancy.shares`)."""
     reads: Ledger = field(init=False)

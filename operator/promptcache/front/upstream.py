@@ -21,8 +21,9 @@ from typing import Final
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from promptcache.contract import IDENTITY_ATTESTATION_HEADER
+from promptcache.contract import IDENTITY_ATTESTATION_HEADER, PREDICTED_MATCH_HEADER
 from promptcache.contract.front import VLLM_PRIORITY_HEADER, VLLM_REQUEST_ID_HEADER
+from promptcache.front.hits import Tally
 from promptcache.front.pool import (
     HIGH_WATER,
     UpstreamAnswer,
@@ -81,8 +82,8 @@ def forward_headers(
     headers: CIMultiDictProxy[str], settings: FrontSettings, json_body: bool, request_id: str
 ) -> CIMultiDict[str]:
     """The client's headers for vLLM, minus hop-by-hop ones, the isolation key, the
-    identity header and the step's attestation, and the controls vLLM reads that a tenant
-    must not set.
+    identity header and the step's attestation, the picker's prediction, and the controls
+    vLLM reads that a tenant must not set.
 
     `X-Request-Id` becomes vLLM's request id (its engine id, logs, the answer's `id`; ids
     are also what vLLM aborts by), so the client's is replaced by `request_id`, fresh per
@@ -94,6 +95,7 @@ def forward_headers(
         settings.isolation_header.lower(),
         VLLM_REQUEST_ID_HEADER,
         IDENTITY_ATTESTATION_HEADER,  # the account is the salt's business, not vLLM's
+        PREDICTED_MATCH_HEADER,  # the picker's prediction is counted here, never forwarded
         settings.identity_header.lower(),
     }
     if not settings.allow_client_priority:
@@ -139,7 +141,10 @@ async def forward(
     headers: CIMultiDict[str],
     strip_usage: bool,
     charge: Charge,
+    tally: Tally | None = None,
 ) -> web.StreamResponse:
+    """Send the request to vLLM and relay its answer; `tally` is what the request's usage
+    is counted with (`front.hits`)."""
     assert state.pool is not None
     # exactly the target that was checked, byte for byte
     try:
@@ -150,7 +155,7 @@ async def forward(
         request_id = headers.get("X-Request-Id", "")
         return await _relay(
             request, state, route, answer, strip_usage=strip_usage, request_id=request_id,
-            charge=charge,
+            charge=charge, tally=tally,
         )  # fmt: skip
     except UpstreamError as exc:
         raise _upstream_refusal(state, route, exc) from None
@@ -194,6 +199,7 @@ async def _relay(
     strip_usage: bool,
     request_id: str,
     charge: Charge,
+    tally: Tally | None,
 ) -> web.StreamResponse:
     settings = state.settings
     headers = _response_headers(answer)
@@ -218,7 +224,7 @@ async def _relay(
             chunks = relay(chunks, sse)
         await _pump(request, state, response, chunks, charge=charge, sse=sse, events=True)
         if sse is not None and sse.usage is not None:
-            state.metrics.observe_usage(sse.usage.prompt_tokens, sse.usage.cached_tokens)
+            state.metrics.observe_usage(sse.usage.prompt_tokens, sse.usage.cached_tokens, tally)
         return response
     length_text = answer.header("content-length")
     length = int(length_text) if length_text is not None else None
@@ -234,7 +240,7 @@ async def _relay(
             if 200 <= answer.status < 300:
                 usage = await _usage_of(state, charge, body)
                 if usage is not None:
-                    state.metrics.observe_usage(usage.prompt_tokens, usage.cached_tokens)
+                    state.metrics.observe_usage(usage.prompt_tokens, usage.cached_tokens, tally)
                     headers.update(
                         usage_headers(
                             usage,

@@ -42,7 +42,13 @@ from promptcache.render.epp_sizing import (
     step_millicores,
     step_workers,
 )
-from promptcache.render.front import SALT_VOLUME, front_env, salt_secret, salt_volume
+from promptcache.render.front import (
+    SALT_VOLUME,
+    front_env,
+    salt_secret,
+    salt_volume,
+    signs_predictions,
+)
 from promptcache.render.names import Component, Names, metadata, selector_labels
 from promptcache.render.overlay import apply_pod_template
 from promptcache.render.quantities import mebibytes
@@ -95,9 +101,10 @@ def uses_gateway_policy(pcd: PromptCacheDeployment) -> bool:
 
 
 def salts_in_picker(pcd: PromptCacheDeployment) -> bool:
-    """Whether the picker container itself reads the salt key (promptcache's picker, in a
-    mode that derives salts): it then mounts the front's salt Secret."""
-    return picker_of(pcd) is PickerTarget.PROMPTCACHE and pcd.spec.needs_salt_key
+    """Whether the picker container itself reads the salt key (promptcache's picker, with
+    the front on: to derive salts, and to sign its predictions in any mode): it then
+    mounts the front's salt Secret."""
+    return picker_of(pcd) is PickerTarget.PROMPTCACHE and signs_predictions(pcd)
 
 
 uses_policy_step = uses_gateway_policy

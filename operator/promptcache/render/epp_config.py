@@ -17,10 +17,12 @@ from promptcache.api import PromptCacheDeployment
 from promptcache.contract import (
     DEFAULT_MAX_SESSIONS,
     DEFAULT_PICKER,
+    PREDICTED_MATCH_PLUGIN,
     SALT_KEY_FILE,
     SERVING_PORT,
     SESSION_AFFINITY_PLUGIN,
     TENANT_SALT_PARSER,
+    PredictedMatchParam,
     SessionParam,
     TenantSaltParam,
     session_sources,
@@ -189,7 +191,25 @@ def endpoint_picker_config(pcd: PromptCacheDeployment) -> dict[str, Any]:
     if picker_of(pcd) is Picker.PROMPTCACHE:
         plugins.append({"type": TENANT_SALT_PARSER, "parameters": tenant_salt_parameters(pcd)})
         config["parser"] = {"pluginRef": TENANT_SALT_PARSER}
+        if pcd.spec.front.enabled:  # the front checks what it signs
+            plugins.append(predicted_match_plugin(PREFIX_PRODUCER))
     return config
+
+
+def predicted_match_plugin(producer: str) -> dict[str, Any]:
+    """The `promptcache` picker's plugin that signs, for the chosen pod, the prefix match
+    it predicted, with the pool's workload and capacity estimates on `producer`'s blocks
+    (issue 39: the front counts them against vLLM's cached tokens). Signed with the salt
+    key, which the picker and the fronts then mount in every isolation mode
+    (`render.front.signs_predictions`). The producer is the unnamed one (named by its
+    type), which the main prefix scorer reads."""
+    return {
+        "type": PREDICTED_MATCH_PLUGIN,
+        "parameters": {
+            str(PredictedMatchParam.SALT_KEY_FILE): SALT_KEY_FILE,
+            str(PredictedMatchParam.PRODUCER_NAME): producer,
+        },
+    }
 
 
 def tenant_salt_parameters(pcd: PromptCacheDeployment) -> dict[str, Any]:

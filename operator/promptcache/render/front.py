@@ -10,6 +10,7 @@ from typing import Any
 
 from promptcache.api import BUILT_IN_DEFAULTS, OperatorDefaults, PromptCacheDeployment, ceiling_of
 from promptcache.contract import (
+    DEFAULT_PICKER,
     FRONT_HEALTH_PATH,
     FRONT_LAME_DUCK_SECONDS,
     FRONT_LIFECYCLE_PORT,
@@ -20,6 +21,7 @@ from promptcache.contract import (
     SERVING_PORT,
     SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR,
     FrontEnv,
+    PickerTarget,
     format_bool,
     format_cache_gib,
     format_float,
@@ -74,10 +76,19 @@ def max_concurrency(pcd: PromptCacheDeployment) -> int:
     return spec.engine.max_num_seqs or DEFAULT_MAX_IN_FLIGHT
 
 
+def signs_predictions(pcd: PromptCacheDeployment) -> bool:
+    """Whether promptcache's picker signs its predictions for the fronts (issue 39): its
+    own picker with the front on. In mode Shared this alone is why the pods get the salt
+    Secret: the picker signs with it, the front checks with it, nothing is salted."""
+    picker = pcd.spec.gateway.picker or DEFAULT_PICKER
+    return pcd.spec.front.enabled and picker == PickerTarget.PROMPTCACHE
+
+
 def salt_secret(pcd: PromptCacheDeployment, names: Names) -> tuple[str, str] | None:
-    """(Secret name, key) the front reads its HMAC key from, or None when no salts are derived."""
+    """(Secret name, key) the front reads its HMAC key from, or None when it needs none (no
+    salts are derived and no prediction is signed)."""
     isolation = pcd.spec.isolation
-    if not pcd.spec.needs_salt_key:
+    if not (pcd.spec.needs_salt_key or signs_predictions(pcd)):
         return None
     if isolation.salt_secret_ref is not None:
         return isolation.salt_secret_ref.name, isolation.salt_secret_ref.key

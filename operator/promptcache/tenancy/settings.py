@@ -160,6 +160,20 @@ def read_salt_key(settings: SaltKeySource) -> bytes | None:
     """
     if not needs_salt_key(settings.isolation_mode):
         return None
+    return _read_key(settings)
+
+
+def read_mounted_salt_key(settings: SaltKeySource) -> bytes | None:
+    """The salt key in any mode: a salting mode's, or, in mode Shared, the one the renderer
+    mounts only so that the front can check promptcache's picker's signed predictions
+    (`tenancy.prediction`); None in Shared when nothing is mounted (no prediction is then
+    believed). A key that is mounted but unusable stops the process, in every mode."""
+    if needs_salt_key(settings.isolation_mode) or Path(settings.salt_key_file).is_file():
+        return _read_key(settings)
+    return None
+
+
+def _read_key(settings: SaltKeySource) -> bytes:
     path = Path(settings.salt_key_file)
     mode = settings.isolation_mode.value
     try:

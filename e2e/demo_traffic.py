@@ -10,10 +10,10 @@ env, Secrets and probes the API server holds) and writes Ready from the rendered
 Each engine's KV cache is small (`KV_CACHE_BYTES`) so that the workload does not fit in
 one pod: where a request lands decides what is cached.
 
-The real Endpoint Picker runs with the rendered config and args as the rendered
-ServiceAccount, behind the rendered gateway policy step (it puts the tenant's salt into
-the body the picker hashes), and picks a pod for every request over ext_proc, asked on
-the port the gateway would dial.
+The real Endpoint Picker, the default (promptcache's own build, which derives the
+tenant's salt itself and hashes it with the prompt), runs with the rendered config and
+args as the rendered ServiceAccount, alone on its port with its rendered TLS, and picks a
+pod for every request over ext_proc, asked on the port the gateway would dial.
 
 The same multi-tenant, multi-turn chat workload runs twice: once with load-only routing
 (queue + KV-cache scorers), once with the generated prefix-aware config, each with
@@ -90,9 +90,9 @@ RATE_RPS = 4.0
 def demo_resource(model: Path) -> dict[str, Any]:
     """The resource the demo applies: the real-engine tests' resource for the local tiny
     model (its folder is this machine's, so it is made here), two replicas, pods that
-    really run, and the picker this machine builds (GIE v1.5; the default, llm-d-router,
-    is not buildable from the module proxy here)."""
-    resource = engine_resource(model, name=NAME, gateway={"picker": "gie-v1.5"})
+    really run, and the default picker (promptcache's own build, which `e2e/cluster build`
+    builds: it derives the tenant's salt itself, no policy step in front)."""
+    resource = engine_resource(model, name=NAME)
     resource["metadata"]["namespace"] = NAMESPACE
     resource["spec"]["model"]["replicas"] = REPLICAS
     resource["spec"]["model"]["podTemplate"] = PROCESS_POD_TEMPLATE
@@ -231,6 +231,17 @@ def _warm_up(targets: list[Target]) -> None:
             resp.read()
 
 
+def _load_only(rendered_config: str) -> str:
+    """The load-only baseline for the rendered picker: `LOAD_ONLY`'s scorers, with the
+    rendered request parser (promptcache's tenant salt) kept, so only routing differs."""
+    rendered, baseline = yaml.safe_load(rendered_config), yaml.safe_load(LOAD_ONLY)
+    if "parser" in rendered:
+        (ref,) = [rendered["parser"]["pluginRef"]]
+        baseline["plugins"] += [p for p in rendered["plugins"] if p.get("name", p["type"]) == ref]
+        baseline["parser"] = rendered["parser"]
+    return str(yaml.safe_dump(baseline, sort_keys=False))
+
+
 def _gateway_path(shim: GatewayPolicyProcess | None, epp: EppProcess) -> str:
     picker = f"picker {'TLS' if epp.secure else 'plain gRPC'} on 127.0.0.1:{epp.ports.grpc}"
     if shim is None:
@@ -311,10 +322,11 @@ def show_cache_working(kubeconfig: Path, workdir: Path, say: Callable[[str], Non
         for run, label, config in plan:
             client = None
             if picker:
-                text = config if config is not None else for_gie(rendered.epp_config_text)[0]
+                salted = rendered.epp_config_text_with_salt_key(pool.salt_key_file)
+                text = _load_only(salted) if config is not None else for_gie(salted)[0]
                 # The picker with its rendered args and, when the pod renders one, the
-                # gateway policy step in front (the tenant's salt goes into the body the
-                # picker hashes); the client dials what a gateway would dial.
+                # gateway policy step in front (promptcache's picker, the default, has none:
+                # it salts itself); the client dials what a gateway would dial.
                 epp = pool.start_epp(config_text=text, wait_scraped=False)
                 epp.wait_scraped({p.name: 0.0 for p in pods}, timeout_s=60)
                 client = pool.client()

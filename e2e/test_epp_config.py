@@ -1,4 +1,4 @@
-"""The generated EndpointPickerConfig uses only parameters llm-d-router v0.10.0 accepts.
+"""The generated EndpointPickerConfig uses only parameters its picker accepts.
 
 The EPP decodes plugin parameters strictly and refuses to start on an unknown
 key; harness/epp/accepted_parameters.json lists, per plugin type, the keys its Go
@@ -16,8 +16,13 @@ import pytest
 
 from harness.epp import accepted_parameters
 from harness.epp.rendered import Rendered, example_files, load_example, render_resource
+from promptcache.contract import TENANT_SALT_PARSER, TenantSaltParam
 
 ACCEPTED: dict[str, list[str]] = accepted_parameters()
+OURS_ACCEPTED = {**ACCEPTED, TENANT_SALT_PARSER: [p.value for p in TenantSaltParam]}
+"""promptcache's picker also takes its tenant-salt parser (decoded strictly in Go:
+picker/plugins/tenantsalt; test_epp.py starts it on these configs)."""
+GIE_BASED = ("gie-v1.5", "promptcache")
 
 VARIANTS = {
     "as-is": {},
@@ -52,29 +57,35 @@ def rendered_configs() -> list[Any]:
     out = []
     for example in example_files():
         for variant, patch in VARIANTS.items():
-            out.append(pytest.param(example, patch, id=f"{example.stem}-{variant}"))
+            router = {**patch, "gateway": {"picker": "llm-d-router"}}
+            out.append(pytest.param(example, router, id=f"{example.stem}-{variant}"))
             if variant in ("as-is", "small-blocks", "adapters", "affinity", "estimate-tokens"):
-                gie = {**GIE_OFF, "gateway": {"picker": "gie-v1.5"}}
-                for key, value in patch.items():
-                    gie[key] = {**gie.get(key, {}), **value}
-                out.append(pytest.param(example, gie, id=f"{example.stem}-{variant}-gie"))
+                for picker, suffix in (("gie-v1.5", "gie"), ("promptcache", "promptcache")):
+                    gie = {**GIE_OFF, "gateway": {"picker": picker}}
+                    for key, value in patch.items():
+                        gie[key] = {**gie.get(key, {}), **value}
+                    out.append(pytest.param(example, gie, id=f"{example.stem}-{variant}-{suffix}"))
     return out
 
 
 @pytest.mark.parametrize(("example", "patch"), rendered_configs())
 def test_every_emitted_parameter_is_accepted(example: Path, patch: dict[str, Any]) -> None:
     config = Rendered(render_resource(load_example(example, spec_patch=patch))).epp_config
-    gie = patch.get("gateway", {}).get("picker") == "gie-v1.5"
+    picker = patch["gateway"]["picker"]
+    gie = picker in GIE_BASED
     assert config["apiVersion"] == (
         "inference.networking.x-k8s.io/v1alpha1" if gie else "llm-d.ai/v1alpha1"
     )
     assert config["kind"] == "EndpointPickerConfig"
-    assert set(config) <= {"apiVersion", "kind", "featureGates", "plugins", "schedulingProfiles"}
+    parser = {"parser"} if picker == "promptcache" else set()
+    allowed = {"apiVersion", "kind", "featureGates", "plugins", "schedulingProfiles", *parser}
+    assert set(config) <= allowed
+    accepted = OURS_ACCEPTED if parser else ACCEPTED
     names = [p.get("name", p["type"]) for p in config["plugins"]]
     assert len(names) == len(set(names)), f"duplicate plugin names {names}"
     for plugin in config["plugins"]:
-        assert plugin["type"] in ACCEPTED, f"{plugin['type']} was not verified against the source"
-        unknown = key_paths(plugin.get("parameters") or {}) - set(ACCEPTED[plugin["type"]])
+        assert plugin["type"] in accepted, f"{plugin['type']} was not verified against the source"
+        unknown = key_paths(plugin.get("parameters") or {}) - set(accepted[plugin["type"]])
         assert not unknown, f"{plugin['type']} would be refused for {sorted(unknown)}"
     for ref in config["schedulingProfiles"][0]["plugins"]:
         assert set(ref) <= {"pluginRef", "weight"}
@@ -87,7 +98,7 @@ def test_config_says_what_the_epp_really_does(example: Path, patch: dict[str, An
     session_id strategy. GIE: block sizes as given, and no flag it would refuse."""
     rendered = Rendered(render_resource(load_example(example, spec_patch=patch)))
     config = rendered.epp_config
-    gie = patch.get("gateway", {}).get("picker") == "gie-v1.5"
+    gie = patch["gateway"]["picker"] in GIE_BASED
     if gie:
         assert "--allow-experimental-plugins" not in rendered.epp_args
         assert "raised to 64" not in rendered.epp_config_text

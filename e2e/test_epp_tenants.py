@@ -89,13 +89,14 @@ def tenant_pool(
 def refusal_of(pool: PoolOnCluster, body: dict[str, Any], headers: dict[str, str]) -> Any:
     """What the client gets for a request the front refuses: the policy step answers it at
     the gateway; promptcache's picker routes it with a one-off salt (it attracts no one's
-    prefix) and the front in the picked pod answers. (status, JSON body)."""
+    prefix), forwarding the client's bytes as sent, and the front in the picked pod
+    answers. (status, JSON body)."""
     with pool.client() as gateway:
         pick = gateway.pick(body, headers=headers)
     if pool.shim is not None:
         assert pick.endpoint is None
         return pick.immediate_status, json.loads(pick.immediate_body)
-    assert json.loads(pick.body)["cache_salt"].startswith("pcn1-")
+    assert pick.body == json.dumps(body).encode()
     pod_headers = envoy_applies(pick.sent_headers, pick.responses)
     return post_raw(pod_at(pool, pick.endpoint), pick.body, pod_headers)
 

@@ -268,7 +268,9 @@ def test_prefix_cache_settings_come_from_the_pods_metrics(
 
         st = wait_for(scraped, f"prefixCache scraped\n{op.log_tail()}", timeout=TIMEOUT_S)
         # No traffic yet: the lifetime ratio, and no recent one (no query in the window).
-        assert st == {"scrapedPods": 2, "blockSize": 16, "effectiveBlockSizeTokens": 64,
+        # The default picker (promptcache's, GIE's underneath) uses the pods' 16-token
+        # blocks as they are (llm-d-router would raise them to 64).
+        assert st == {"scrapedPods": 2, "blockSize": 16, "effectiveBlockSizeTokens": 16,
                       "numGpuBlocks": 2047, "indexCapacityPerPod": 2047,
                       "hitRatio": 0.375}  # fmt: skip
         for handler in handlers:
@@ -448,7 +450,9 @@ def test_the_picker_network_policy_follows_the_policy_step(
     turns it off, the operator deletes it."""
     ns, op = env["ns"], env["op"]
     name = "fenced"
-    apply_yaml(cluster.kubectl, resource(name, ns))  # PerKey: the step fronts the picker
+    # PerKey: the step fronts llm-d-router (promptcache's picker, the default, has none:
+    # e2e/test_operator_upgrade.py checks its policy)
+    apply_yaml(cluster.kubectl, resource(name, ns, gateway={"picker": "llm-d-router"}))
     wait_ready(cluster, ns, name, op)
 
     def policy() -> Any:
@@ -486,7 +490,8 @@ def test_the_deprecated_policy_step_image_field_still_works_and_says_so(
     ns, op = env["ns"], env["op"]
     name = "oldname"
     old = "registry.example/promptcache-operator:0.0.1"
-    apply_yaml(cluster.kubectl, resource(name, ns, gateway={"sessionShimImage": old}))
+    step = {"picker": "llm-d-router", "sessionShimImage": old}  # a picker the step fronts
+    apply_yaml(cluster.kubectl, resource(name, ns, gateway=step))
     obj = wait_ready(cluster, ns, name, op)
 
     def step_image() -> str | None:

@@ -38,8 +38,16 @@ RESTRICTED = {
 
 # Shapes beyond the examples: name -> spec overrides of a tiny resource.
 SHAPES: dict[str, dict[str, Any]] = {
-    "picker-with-session-shim": {"sessionAffinity": {"enabled": True, "useUserField": True}},
-    "picker-alone": {"sessionAffinity": {"enabled": True, "useUserField": False}},
+    "picker-with-session-shim": {
+        "sessionAffinity": {"enabled": True, "useUserField": True},
+        "gateway": {"picker": "llm-d-router"},
+    },
+    "picker-alone": {
+        "sessionAffinity": {"enabled": True, "useUserField": False},
+        "isolation": {"mode": "Shared"},
+        "gateway": {"picker": "llm-d-router"},
+    },
+    "default-picker-reading-the-salt-key": {"isolation": {"mode": "PerKey"}},
     "ha-picker": {"gateway": {"replicas": 2}},
     "no-front": {
         "front": {"enabled": False, "usageHeaders": {"enabled": False}},

@@ -6,6 +6,16 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from promptcache.api import parse_resource
+from promptcache.api.rules import (
+    GIE_LRU_CAPACITY,
+    GIE_LRU_MESSAGE,
+    GIE_SESSIONS_MESSAGE,
+    GIE_TIERS_MESSAGE,
+    picker_refusals,
+)
+from promptcache.contract import DEFAULT_PICKER, PickerTarget
+
 names = st.from_regex(r"[a-z][a-z0-9-]{0,20}[a-z0-9]", fullmatch=True)
 tier_names = st.from_regex(r"[a-z][a-z0-9]{0,8}", fullmatch=True)
 header_names = st.one_of(
@@ -113,9 +123,31 @@ def resources(draw: st.DrawFn) -> dict[str, Any]:
     if draw(st.booleans()):
         spec["engine"]["maxNumSeqs"] = draw(st.integers(1, 65536))
     spec["front"].update(draw(front_limits(max_request)))
-    return {
+    doc = {
         "apiVersion": "serving.promptcache.io/v1alpha1",
         "kind": "PromptCacheDeployment",
         "metadata": {"name": draw(names), "namespace": draw(names)},
         "spec": spec,
     }
+    picker = draw(st.sampled_from([None, *PickerTarget]))
+    _honour(doc, picker or DEFAULT_PICKER)
+    if picker is not None:
+        spec["gateway"]["picker"] = picker.value
+    return doc
+
+
+_UNSET_WHEN_REFUSED: dict[str, tuple[str, str, Any]] = {
+    GIE_SESSIONS_MESSAGE: ("sessionAffinity", "enabled", False),
+    GIE_TIERS_MESSAGE: ("prefixCache", "tiers", []),
+    GIE_LRU_MESSAGE: ("prefixCache", "lruCapacityPerServer", GIE_LRU_CAPACITY),
+}
+"""What a picker refuses (`api.rules.picker_refusals`), and the value that it accepts."""
+
+
+def _honour(doc: dict[str, Any], picker: PickerTarget) -> None:
+    """Take out of `doc` (naming no picker yet) what `picker`, named or the default, cannot
+    honour: the API refuses those, so a valid resource has none. Driven by the rules' own
+    refusals, so a picker that learns a feature (sessions) gets resources with it at once."""
+    for message in picker_refusals(parse_resource(doc).spec, picker.value):
+        section, field, value = _UNSET_WHEN_REFUSED[message]
+        doc["spec"][section][field] = value

@@ -121,13 +121,16 @@ def test_format_bytes() -> None:
 # --- the prefix-cache status says what the Endpoint Picker does ------------------------------
 
 
-def _pcd(**prefix: object) -> PromptCacheDeployment:
+def _pcd(picker: str | None = "llm-d-router", **prefix: object) -> PromptCacheDeployment:
+    """The resource with `prefix`; for `picker` (llm-d-router, whose floor and LRU size
+    most of these tests are about, unless told; None: the operator's default)."""
+    gateway = {} if picker is None else {"picker": picker}
     return PromptCacheDeployment.model_validate(
         {
             "apiVersion": "serving.promptcache.io/v1alpha1",
             "kind": "PromptCacheDeployment",
             "metadata": {"name": "t", "namespace": "ns"},
-            "spec": {"model": {"name": "m"}, "prefixCache": prefix},
+            "spec": {"model": {"name": "m"}, "prefixCache": prefix, "gateway": gateway},
         }
     )
 
@@ -177,13 +180,25 @@ def test_the_status_of_the_resolved_resource_uses_the_operator_default_picker() 
     """`--picker gie-v1.5` and no `spec.gateway.picker`: render targets GIE, so the status
     of the resolved resource says what GIE uses (no 64-token floor), as the config does."""
     gie = OperatorDefaults(picker=Picker.GIE)
-    pcd = resolved(_pcd(autoTune=False, blockSizeTokens=16), gie)
+    pcd = resolved(_pcd(None, autoTune=False, blockSizeTokens=16), gie)
     (cm,) = [m for m in render(pcd, gie) if m["kind"] == "ConfigMap"]
     assert "Endpoint Picker: gie-v1.5" in next(iter(cm["data"].values()))
     assert prefix_cache_status(pcd, ScrapedPrefixCache()).effective_block_size_tokens == 16
-    auto = resolved(_pcd(autoTune=True, blockSizeTokens=64), gie)
+    auto = resolved(_pcd(None, autoTune=True, blockSizeTokens=64), gie)
     assert prefix_cache_status(auto, SCRAPED).effective_block_size_tokens == 16
     assert resolved(pcd, gie) == pcd  # idempotent: render resolves again, to the same
+
+
+def test_the_status_of_the_built_in_default_is_promptcaches_picker() -> None:
+    """No picker named, no operator flag: promptcache's picker (GIE's underneath), so the
+    status shows the block size the pods report (no floor) and the index sized from them."""
+    pcd = resolved(_pcd(None, autoTune=True, blockSizeTokens=64))
+    assert pcd.spec.gateway.picker is Picker.PROMPTCACHE
+    st = prefix_cache_status(pcd, SCRAPED)
+    assert (st.effective_block_size_tokens, st.index_capacity_per_pod) == (16, 2048)
+    fixed = resolved(_pcd(None, autoTune=False, blockSizeTokens=16))
+    assert prefix_cache_status(fixed, SCRAPED).effective_block_size_tokens == 16
+    assert _producer(fixed)["blockSizeTokens"] == 16
 
 
 def test_status_is_written_through_the_typed_model() -> None:

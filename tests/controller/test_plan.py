@@ -37,9 +37,13 @@ def test_the_plan_carries_the_resource_render_used() -> None:
     (cm,) = [m for m in planned.desired if m["kind"] == "ConfigMap"]
     assert "Endpoint Picker: gie-v1.5" in next(iter(cm["data"].values()))
     assert prefix_cache_status(planned.pcd, PODS).effective_block_size_tokens == 16
+    router = plan(body(), OperatorDefaults(picker=PickerTarget.LLM_D_ROUTER))
+    assert isinstance(router, Plan)
+    assert prefix_cache_status(router.pcd, PODS).effective_block_size_tokens == 64
     default = plan(body(), BUILT_IN_DEFAULTS)
     assert isinstance(default, Plan)
-    assert prefix_cache_status(default.pcd, PODS).effective_block_size_tokens == 64
+    assert default.pcd.spec.gateway.picker is PickerTarget.PROMPTCACHE
+    assert prefix_cache_status(default.pcd, PODS).effective_block_size_tokens == 16
 
 
 def test_every_child_is_owned_and_named() -> None:
@@ -68,6 +72,14 @@ def test_what_cannot_be_rendered_is_a_problem_not_an_exception() -> None:
     )
     assert isinstance(refused, Problem)
     assert refused.reason == "PickerCannotHonour"
+    # Tiers cannot be honoured by the built-in default either, and the message says why
+    # the resource, naming no picker, got one that refuses them.
+    tiers = plan(body(prefixCache={"tiers": [{"name": "coarse"}]}), BUILT_IN_DEFAULTS)
+    assert isinstance(tiers, Problem)
+    assert tiers.reason == "PickerCannotHonour"
+    assert "gateway.picker is empty, so the operator's default picker promptcache" in (
+        tiers.message
+    )
 
 
 def test_the_prune_table_names_only_children_a_render_can_drop() -> None:
@@ -87,11 +99,12 @@ def test_the_prune_table_names_only_children_a_render_can_drop() -> None:
     for prunable in PRUNABLE:
         for name in prunable.names(names):
             assert full.renders(prunable.kind.kind, name), (prunable.kind.kind, name)
-            if prunable.kind.kind != "NetworkPolicy":  # PerKey: the policy step fronts it
+            if prunable.kind.kind != "NetworkPolicy":  # the picker pod's, rendered by default
                 assert not planned.renders(prunable.kind.kind, name)
-    shared = plan(body(isolation={"mode": "Shared"}), BUILT_IN_DEFAULTS)
+    router = OperatorDefaults(picker=PickerTarget.LLM_D_ROUTER)
+    shared = plan(body(isolation={"mode": "Shared"}), router)
     assert isinstance(shared, Plan)
-    assert not shared.renders("NetworkPolicy")
+    assert not shared.renders("NetworkPolicy")  # no step in front of llm-d-router: none
 
 
 def test_the_memo_renders_once_per_change_of_what_render_reads() -> None:

@@ -23,7 +23,8 @@ import pytest
 from harness.images import PodRun, built_image, chart_operator_pod, pod_container
 from harness.net import free_port
 from promptcache import __version__
-from promptcache.contract import GatewayPolicyEnv
+from promptcache.api import OperatorDefaults
+from promptcache.contract import GatewayPolicyEnv, PickerTarget
 from promptcache.loading import load_resources
 from promptcache.render import render
 
@@ -101,14 +102,16 @@ def _wait_for_line(log: Path, proc: subprocess.Popen[bytes], line: str, timeout:
 
 
 def test_gateway_policy_step_starts_and_answers_health(tmp_path: Path) -> None:
-    """The EPP pod's `gateway-policy` container, from the image, as rendered for minimal.yaml.
+    """The EPP pod's `gateway-policy` container, from the image, as rendered for minimal.yaml
+    under an operator whose default picker is llm-d-router (promptcache's has no step).
 
     Only what cannot be shared on one host changes: its ports (host network, free ports)
     and its upstream (nothing listens there; health does not need the picker). The salt
     Secret is mounted with the rendered mode and the pod's ownership, as the kubelet does.
     """
     (pcd,) = load_resources((ROOT / "examples" / "minimal.yaml").read_text(), source="minimal")
-    pod, container = pod_container(render(pcd), "gateway-policy")
+    router = OperatorDefaults(picker=PickerTarget.LLM_D_ROUTER)
+    pod, container = pod_container(render(pcd, router), "gateway-policy")
     (salt_mount,) = container["volumeMounts"]
     listen, metrics = free_port(), free_port()
     run = PodRun(

@@ -33,8 +33,10 @@ def resource(**spec: Any) -> dict[str, Any]:
         "metadata": {"name": "m", "namespace": "team"},
         "spec": {
             "model": {"name": "Qwen/Qwen2.5-0.5B-Instruct"},
-            # useUserField (the default) puts the gateway policy step into the picker's pod.
+            # useUserField (the default) puts the gateway policy step into the pod of
+            # llm-d-router (promptcache's own picker, the default, has no step).
             "sessionAffinity": {"enabled": True},
+            "gateway": {"picker": "llm-d-router"},
             **spec,
         },
     }
@@ -79,7 +81,7 @@ def test_the_resources_own_image_wins_over_any_default(
     if own_front:
         spec["front"] = {"image": own_front}
     if own_shim:
-        spec["gateway"] = {"gatewayPolicyImage": own_shim}
+        spec["gateway"] = {"picker": "llm-d-router", "gatewayPolicyImage": own_shim}
     defaults = OperatorDefaults(front_image=default_front, gateway_policy_image=default_shim)
     got = images(render(parse_resource(resource(**spec)), defaults))
     assert got[FRONT_CONTAINER] == (own_front or default_front)

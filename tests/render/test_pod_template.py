@@ -92,21 +92,26 @@ def test_overlay_env_replaces_engine_env_of_the_same_name() -> None:
     ]
 
 
+@pytest.mark.parametrize("picker", ["llm-d-router", "promptcache"])
 @pytest.mark.parametrize("where", PODS)
-def test_the_reserved_names_cover_everything_the_renderer_writes(where: str) -> None:
+def test_the_reserved_names_cover_everything_the_renderer_writes(where: str, picker: str) -> None:
     """The API refuses overlays by these lists; a name the renderer writes but the list
-    lacks would let an overlay silently replace it."""
+    lacks would let an overlay silently replace it. Both picker pods: with the policy step
+    (llm-d-router, sessions on) and alone, mounting the salt key (promptcache, PerKey)."""
     component, main, owned = PODS[where]
     doc = resource(where, {})
     doc["spec"]["model"]["hfTokenSecretRef"] = {"name": "hf"}
-    doc["spec"]["sessionAffinity"] = {"enabled": True}
+    doc["spec"]["gateway"] = {**doc["spec"].get("gateway", {}), "picker": picker}
+    if picker == "llm-d-router":
+        doc["spec"]["sessionAffinity"] = {"enabled": True}
     template = pod_template(doc, component)
     assert set(template["metadata"]["labels"]) <= set(OPERATOR_POD_LABELS)
     annotations = template["metadata"].get("annotations", {})
     assert all(k.startswith(OPERATOR_ANNOTATION_PREFIX) for k in annotations)
     assert {v["name"] for v in template["spec"]["volumes"]} <= set(owned.volumes)
     names = [c["name"] for c in template["spec"]["containers"]]
-    assert set(names) == {main, *owned.other_containers}
+    alone = where == "gateway" and picker == "promptcache"
+    assert set(names) == ({main} if alone else {main, *owned.other_containers})
     container = next(c for c in template["spec"]["containers"] if c["name"] == main)
     assert {m["mountPath"] for m in container["volumeMounts"]} <= set(owned.mount_paths)
     assert {e["name"] for e in container["env"]} <= set(owned.env)

@@ -14,10 +14,17 @@ from harness.resource_strategies import resources
 from harness.resources import by_kind
 from harness.schemas import ROOT, validate_manifest
 from promptcache.api import parse_resource
-from promptcache.contract import SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR, FrontEnv
+from promptcache.contract import (
+    SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR,
+    TENANT_SALT_PARSER,
+    FrontEnv,
+    PickerTarget,
+    TenantSaltParam,
+)
 from promptcache.loading import load_resources
 from promptcache.render import render
-from promptcache.render.epp_config import endpoint_picker_config
+from promptcache.render.epp_config import endpoint_picker_config, picker_of
+from promptcache.render.picker import picker_target
 from promptcache.yamlio import dump_all
 
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -51,14 +58,27 @@ def _flatten_keys(params: dict[str, Any], prefix: str = "") -> set[str]:
     return keys
 
 
-def assert_epp_config_is_accepted(config: dict[str, Any]) -> None:
-    assert config["apiVersion"] == "llm-d.ai/v1alpha1"
-    assert set(config) == {"apiVersion", "kind", "plugins", "schedulingProfiles"}
+API_VERSIONS = {
+    PickerTarget.LLM_D_ROUTER: "llm-d.ai/v1alpha1",
+    PickerTarget.GIE: "inference.networking.x-k8s.io/v1alpha1",
+    PickerTarget.PROMPTCACHE: "inference.networking.x-k8s.io/v1alpha1",
+}
+ACCEPTED_WITH_PARSER = {**ACCEPTED, TENANT_SALT_PARSER: [p.value for p in TenantSaltParam]}
+"""Our picker also takes its tenant-salt parser (picker/README.md)."""
+
+
+def assert_epp_config_is_accepted(
+    config: dict[str, Any], picker: PickerTarget = PickerTarget.LLM_D_ROUTER
+) -> None:
+    assert config["apiVersion"] == API_VERSIONS[picker]
+    parser = {"parser"} if picker is PickerTarget.PROMPTCACHE else set()
+    assert set(config) == {"apiVersion", "kind", "plugins", "schedulingProfiles", *parser}
     names = [p.get("name", p["type"]) for p in config["plugins"]]
     assert len(names) == len(set(names)), "plugin names must be unique"
+    accepted = ACCEPTED_WITH_PARSER if parser else ACCEPTED
     for plugin in config["plugins"]:
-        assert plugin["type"] in ACCEPTED, plugin["type"]
-        unknown = _flatten_keys(plugin.get("parameters", {})) - set(ACCEPTED[plugin["type"]])
+        assert plugin["type"] in accepted, plugin["type"]
+        unknown = _flatten_keys(plugin.get("parameters", {})) - set(accepted[plugin["type"]])
         assert not unknown, f"{plugin['type']} does not accept {unknown}"
     for profile in config["schedulingProfiles"]:
         for ref in profile["plugins"]:
@@ -89,10 +109,11 @@ def test_any_valid_resource_renders_deterministically_and_validly(doc: dict[str,
         assert manifest["metadata"]["namespace"] == pcd.metadata.namespace
         assert "ownerReferences" not in manifest["metadata"]
     config = endpoint_picker_config(pcd)
-    assert_epp_config_is_accepted(config)
+    assert_epp_config_is_accepted(config, picker_of(pcd))
     for plugin in config["plugins"]:
         if plugin["type"] == "approx-prefix-cache-producer":
-            assert plugin["parameters"]["blockSizeTokens"] >= 64
+            floor = picker_target(pcd).min_block_size_tokens
+            assert plugin["parameters"]["blockSizeTokens"] >= floor
     deployment = by_kind(manifests, "Deployment", "model-server")
     selector = deployment["spec"]["selector"]["matchLabels"]
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
@@ -265,6 +286,7 @@ def test_small_block_sizes_are_shown_as_the_epp_will_use_them() -> None:
             "spec": {
                 "model": {"name": "m"},
                 "prefixCache": {"autoTune": False, "blockSizeTokens": 16},
+                "gateway": {"picker": "llm-d-router"},  # the picker with the 64-token floor
             },
         }
     )

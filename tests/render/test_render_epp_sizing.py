@@ -33,9 +33,11 @@ MIB = 1024**2
 
 
 def pod(rate: int, kib: int = 8, **spec: Any) -> list[dict[str, Any]]:
+    """The pod with the step in it: the step fronts `llm-d-router` (not the default)."""
+    sizing = {"requestsPerSecond": rate, "requestKiB": kib}
     return rendered(
         isolation={"mode": "PerKey"},
-        gateway={"sizing": {"requestsPerSecond": rate, "requestKiB": kib}},
+        gateway={"picker": "llm-d-router", "sizing": sizing},
         **spec,
     )
 

@@ -1,8 +1,9 @@
 """The Endpoint Picker pod with and without the gateway's policy step.
 
-When isolation derives salts or sessions are on, the gateway must reach the policy step
-(tenant salt, sessions from the body, Required refusals) and the step the picker, over the
-pod's loopback in plain gRPC; otherwise the picker is alone on the Service's port. The
+In front of `llm-d-router` and `gie-v1.5`, when isolation derives salts or sessions are
+on, the gateway must reach the policy step (tenant salt, sessions from the body, Required
+refusals) and the step the picker, over the pod's loopback in plain gRPC; otherwise, and
+always with `promptcache` (the default), the picker is alone on the Service's port. The
 wiring is checked through the step's own command-line parser, so the renderer and
 `promptcache gateway-policy` cannot drift apart.
 """
@@ -17,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.resource_strategies import resources
-from harness.resources import rendered
+from harness.resources import rendered as rendered_default
 from harness.schemas import validate_manifest
 from promptcache._version import __version__
 from promptcache.api import parse_resource
@@ -25,8 +26,15 @@ from promptcache.contract import EPP_EXT_PROC_PORT, FrontEnv, GatewayPolicyEnv, 
 from promptcache.contract.front import DEFAULT_FAIR_SHARE_BYTES_PER_SECOND
 from promptcache.gateway.command import settings_from
 from promptcache.gateway.settings import GatewayPolicySettings
-from promptcache.render import render
+from promptcache.render import render, resolved
 from promptcache.render.epp import CONFIG_HASH_ANNOTATION
+
+
+def rendered(**spec: Any) -> list[dict[str, Any]]:
+    """The manifests with `llm-d-router` named: the step fronts only the pickers that do
+    not derive the salt themselves (`promptcache`, the default, never has one)."""
+    gateway = {"picker": "llm-d-router", **spec.pop("gateway", {})}
+    return rendered_default(gateway=gateway, **spec)
 
 
 def epp_deployment(manifests: list[dict[str, Any]]) -> dict[str, Any]:
@@ -242,10 +250,12 @@ def test_a_config_change_rolls_the_picker() -> None:
 @given(resources(), st.booleans())
 def test_the_gateway_always_reaches_one_ext_proc_port(doc: dict[str, Any], user: bool) -> None:
     doc["spec"]["sessionAffinity"]["useUserField"] = user
-    pcd = parse_resource(doc)
+    pcd = resolved(parse_resource(doc))
     manifests = render(pcd)
     pods = containers(manifests)
-    step = pcd.spec.isolation.mode != "Shared" or pcd.spec.session_affinity.enabled
+    step = pcd.spec.gateway.picker != "promptcache" and (
+        pcd.spec.isolation.mode != "Shared" or pcd.spec.session_affinity.enabled
+    )
     target = grpc_target(manifests)
     epp_port = int(flag(pods["epp"]["args"], "--grpc-port"))
     if step:

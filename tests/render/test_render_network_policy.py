@@ -1,6 +1,8 @@
-"""The picker pod's NetworkPolicy: its inner ext_proc port is for the policy step only.
+"""The picker pod's NetworkPolicy: its served ports only, the inner ext_proc port for the
+policy step only.
 
-Behind the gateway's policy step the picker serves plaintext ext_proc on
+`promptcache`'s picker (the default) serves alone and reads the salt key: its pod admits
+the ports it serves, whatever the isolation mode. Behind the gateway's policy step the picker serves plaintext ext_proc on
 `EPP_LOCAL_GRPC_PORT` for the step on the pod's loopback. Neither picker can bind that port
 to loopback (GIE v1.5.0's `--help` lists no bind-address flag), so the renderer admits
 ingress to the picker pod only on the ports the pod serves to others: what the Service
@@ -18,9 +20,13 @@ from harness.resource_strategies import resources
 from harness.resources import rendered
 from harness.schemas import validate_manifest
 from promptcache.api import parse_resource
-from promptcache.contract import EPP_LOCAL_GRPC_PORT
+from promptcache.contract import EPP_LOCAL_GRPC_PORT, PickerTarget
 from promptcache.render import render
 from promptcache.render.epp import uses_policy_step
+from promptcache.render.epp_config import picker_of
+
+STEPPED = {"picker": "llm-d-router"}
+"""A picker the policy step fronts (when isolation derives salts or sessions are on)."""
 
 
 def one(manifests: list[dict[str, Any]], kind: str, suffix: str = "") -> dict[str, Any]:
@@ -58,8 +64,23 @@ def served_ports(manifests: list[dict[str, Any]]) -> dict[str, int]:
     return {p["name"]: p["containerPort"] for c in pod["containers"] for p in c.get("ports", [])}
 
 
+def test_the_default_picker_admits_exactly_the_ports_it_serves() -> None:
+    for isolation in ({"mode": "Shared"}, {"mode": "PerKey"}, {"mode": "Required"}):
+        manifests = rendered(isolation={**isolation, "header": "x-tenant"})
+        (policy,) = policies(manifests)
+        validate_manifest(policy)
+        assert (
+            policy["metadata"]["name"] == one(manifests, "Deployment", "-epp")["metadata"]["name"]
+        )
+        assert admitted(policy) == set(served_ports(manifests).values()) == {9002, 9003, 9090}
+        service = one(manifests, "Service", "-epp")
+        assert {served_ports(manifests)[p["targetPort"]] for p in service["spec"]["ports"]} <= (
+            admitted(policy)
+        )
+
+
 def test_behind_the_policy_step_only_the_served_ports_are_admitted() -> None:
-    manifests = rendered()  # PerKey isolation: the step fronts the picker
+    manifests = rendered(gateway=STEPPED)  # PerKey isolation: the step fronts the picker
     (policy,) = policies(manifests)
     validate_manifest(policy)
     assert policy["metadata"]["name"] == one(manifests, "Deployment", "-epp")["metadata"]["name"]
@@ -95,9 +116,11 @@ def test_it_selects_the_picker_pods_and_no_model_server() -> None:
 
 
 def test_no_policy_step_no_policy_and_the_switch_turns_it_off() -> None:
-    assert policies(rendered(isolation={"mode": "Shared"})) == []
+    assert policies(rendered(gateway=STEPPED, isolation={"mode": "Shared"})) == []
+    assert policies(rendered(gateway={**STEPPED, "networkPolicy": False})) == []
     assert policies(rendered(gateway={"networkPolicy": False})) == []
-    assert len(policies(rendered(isolation={"mode": "Shared"}, sessionAffinity={"enabled": True})))
+    shared_sessions = {"isolation": {"mode": "Shared"}, "sessionAffinity": {"enabled": True}}
+    assert len(policies(rendered(gateway=STEPPED, **shared_sessions)))
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -106,7 +129,8 @@ def test_any_resource_the_inner_port_is_never_admitted(doc: dict[str, Any]) -> N
     pcd = parse_resource(doc)
     manifests = render(pcd)
     found = policies(manifests)
-    if not (uses_policy_step(pcd) and pcd.spec.gateway.network_policy):
+    alone = picker_of(pcd) is PickerTarget.PROMPTCACHE
+    if not ((uses_policy_step(pcd) or alone) and pcd.spec.gateway.network_policy):
         assert found == []
         return
     (policy,) = found

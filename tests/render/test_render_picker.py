@@ -5,7 +5,8 @@ flags it does not know (`--allow-experimental-plugins`, `--drain-timeout`), has 
 block floor, and cannot honour prefix tiers, sessions or a custom LRU size: the API refuses
 those with one message, in the CLI (pydantic) and at the API server (the same rule as CEL,
 checked in e2e/test_crd_validation.py), and the renderer refuses them when the operator's
-default picker is GIE.
+default picker is GIE's underneath (`gie-v1.5`, or `promptcache`, the built-in default),
+saying that the empty field got the default.
 """
 
 from __future__ import annotations
@@ -20,9 +21,14 @@ import pytest
 import yaml
 
 from promptcache.api import InvalidResourceError, OperatorDefaults, parse_resource
-from promptcache.api.rules import GIE_LRU_MESSAGE, GIE_SESSIONS_MESSAGE, GIE_TIERS_MESSAGE
+from promptcache.api.rules import (
+    GIE_LRU_MESSAGE,
+    GIE_SESSIONS_MESSAGE,
+    GIE_TIERS_MESSAGE,
+    picker_refusals,
+)
 from promptcache.api.spec import PickerName
-from promptcache.contract import PickerTarget
+from promptcache.contract import DEFAULT_PICKER, PickerTarget
 from promptcache.render import RenderError, render, with_default_picker
 
 BASE: dict[str, Any] = {
@@ -73,13 +79,25 @@ def test_gie_gets_its_config_dialect_image_and_flags() -> None:
     assert "gie-v1.5" in text.splitlines()[0]
 
 
+def test_the_built_in_default_is_promptcaches_own_picker() -> None:
+    """A resource that names no picker renders exactly as one naming `promptcache`."""
+    assert DEFAULT_PICKER is PickerTarget.PROMPTCACHE
+    assert OperatorDefaults().picker is PickerTarget.PROMPTCACHE
+    for isolation in ({"mode": "Shared"}, {"mode": "PerKey"}):
+        named = doc_with(gateway={"picker": "promptcache"}, isolation=isolation)
+        assert render(parse_resource(doc_with(isolation=isolation))) == render(
+            parse_resource(named)
+        )
+
+
 def test_llm_d_router_keeps_its_dialect_and_the_floor() -> None:
     small = {"autoTune": False, "blockSizeTokens": 16}
+    router = OperatorDefaults(picker=PickerTarget.LLM_D_ROUTER)
     for picker in (None, "llm-d-router"):
         gateway = {} if picker is None else {"picker": picker}
         container, text = epp(render(parse_resource(doc_with(
             gateway=gateway, prefixCache=small, sessionAffinity={"enabled": True}
-        ))))  # fmt: skip
+        )), router))  # fmt: skip
         config = yaml.safe_load(text)
         assert config["apiVersion"] == "llm-d.ai/v1alpha1"
         assert container["image"] == "ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.10.0"
@@ -101,13 +119,28 @@ def test_gie_refuses_what_it_cannot_honour(spec: dict[str, Any], message: str) -
     with pytest.raises(InvalidResourceError) as refused:
         parse_resource(doc_with(gateway={"picker": "gie-v1.5"}, **spec))
     assert any(message in str(p) for p in refused.value.problems), refused.value.problems
-    # The same resource without a picker is fine for llm-d-router...
+    # The same resource without a picker is fine for llm-d-router, named or the default...
     pcd = parse_resource(doc_with(**spec))
-    render(pcd)
-    # ...and refused with the same message when the operator's default is GIE.
+    render(pcd, OperatorDefaults(picker=PickerTarget.LLM_D_ROUTER))
+    render(parse_resource(doc_with(gateway={"picker": "llm-d-router"}, **spec)))
+    # ...and refused with the same message when the operator's default is GIE, saying that
+    # the empty field got the default.
     with pytest.raises(RenderError) as failed:
         render(pcd, OperatorDefaults(picker=PickerTarget.GIE))
     assert message in str(failed.value)
+    assert "gateway.picker is empty, so the operator's default picker gie-v1.5 applies" in str(
+        failed.value
+    )
+    # The built-in default refuses what its rules refuse, in the same words.
+    if message in picker_refusals(pcd.spec, DEFAULT_PICKER.value):
+        with pytest.raises(RenderError) as failed:
+            render(pcd)
+        assert str(failed.value).startswith(
+            "spec: gateway.picker is empty, so the operator's default picker promptcache "
+            "applies (set gateway.picker to choose another): "
+        )
+        assert message in str(failed.value)
+        assert failed.value.reason == "PickerCannotHonour"
 
 
 def test_an_explicit_picker_beats_the_operator_default() -> None:
@@ -121,11 +154,13 @@ def test_cli_refuses_with_the_same_message(tmp_path: Path) -> None:
     path = tmp_path / "pcd.yaml"
     path.write_text(yaml.safe_dump(doc_with(prefixCache={"tiers": [{"name": "coarse"}]})))
     cli = [sys.executable, "-m", "promptcache.cli", "render", "-f", str(path)]
-    ok = subprocess.run(cli, capture_output=True, text=True, check=False)
-    assert ok.returncode == 0, ok.stderr
-    refused = subprocess.run(
-        [*cli, "--picker", "gie-v1.5"], capture_output=True, text=True, check=False
+    ok = subprocess.run(
+        [*cli, "--picker", "llm-d-router"], capture_output=True, text=True, check=False
     )
-    assert refused.returncode == 2
-    assert GIE_TIERS_MESSAGE in refused.stderr
-    assert "Traceback" not in refused.stderr
+    assert ok.returncode == 0, ok.stderr
+    for picker in ([], ["--picker", "gie-v1.5"]):
+        refused = subprocess.run([*cli, *picker], capture_output=True, text=True, check=False)
+        assert refused.returncode == 2
+        assert GIE_TIERS_MESSAGE in refused.stderr
+        assert "gateway.picker is empty, so the operator's default picker" in refused.stderr
+        assert "Traceback" not in refused.stderr

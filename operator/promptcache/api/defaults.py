@@ -44,8 +44,9 @@ class OperatorDefaults(BaseModel):
     RoleBinding to it in its namespace. Empty: each picker gets a Role of its own (what
     `promptcache render` gives, for installs without the chart)."""
     picker: PickerName = DEFAULT_PICKER
-    """Endpoint Picker for resources without `spec.gateway.picker`: `llm-d-router` (v0.10.0)
-    or `gie-v1.5` (the upstream GIE EPP v1.5.0); see docs/endpoint-picker.md."""
+    """Endpoint Picker for resources without `spec.gateway.picker`: `promptcache` (this
+    release's own build of GIE v1.5.0's picker, no policy step in front), `llm-d-router`
+    (v0.10.0) or `gie-v1.5` (the upstream GIE EPP v1.5.0); see docs/endpoint-picker.md."""
     model_server_user: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = DEFAULT_MODEL_SERVER_USER
     """UID (and GID, fsGroup) of the vLLM container, whose upstream image declares no
     non-root user; `none` to leave it to the platform (OpenShift's restricted SCC assigns
@@ -66,7 +67,7 @@ _METAVARS = {
     "model_server_user": "UID",
     "endpoint_picker_cluster_role": "NAME",
     "pod_monitors": "BOOL",
-    "picker": "{llm-d-router,gie-v1.5}",
+    "picker": "{promptcache,llm-d-router,gie-v1.5}",
 }
 
 

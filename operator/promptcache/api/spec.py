@@ -485,13 +485,13 @@ class GatewaySpec(ApiModel):
     """The InferencePool and its Endpoint Picker."""
 
     picker: PickerName | None = None
-    """Which Endpoint Picker the generated config and Deployment are for: `llm-d-router`
-    (v0.10.0), `gie-v1.5` (the upstream Gateway API Inference Extension EPP v1.5.0, no
-    session affinity and no prefix tiers) or `promptcache` (promptcache's own build of
-    GIE v1.5.0's picker: it derives the tenant's salt and pins sessions itself, so no
-    gateway policy step runs in front of it; otherwise as `gie-v1.5`). Empty: the
-    operator's default (the chart's `defaultPicker`, flag `--picker`; `llm-d-router` unless
-    changed)."""
+    """Which Endpoint Picker the generated config and Deployment are for: `promptcache`
+    (promptcache's own build of GIE v1.5.0's picker: it derives the tenant's salt and pins
+    sessions itself, so no gateway policy step runs in front of it; no prefix tiers),
+    `llm-d-router` (v0.10.0, with the policy step in front) or `gie-v1.5` (the upstream
+    Gateway API Inference Extension EPP v1.5.0, with the policy step in front; no session
+    affinity and no prefix tiers). Empty: the operator's default (the chart's
+    `defaultPicker`, flag `--picker`; `promptcache` unless changed)."""
     epp_image: ImageRef | None = None
     """Endpoint Picker image. Empty: the pinned release of `picker`
     (`ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.10.0`,
@@ -508,9 +508,11 @@ class GatewaySpec(ApiModel):
     extra_flags: Annotated[list[str], Field(max_length=32)] = Field(default_factory=list)
     """Extra Endpoint Picker flags, appended last (e.g. `-v=4`)."""
     gateway_policy_image: ImageRef | None = None
-    """Image of the gateway's policy step, the Endpoint Picker pod's second container when
-    isolation is not `Shared` or sessions are on (it puts the tenant's salt and the session
-    into the request before the Endpoint Picker routes); the operator image runs it. Empty:
+    """Image of the gateway's policy step, the Endpoint Picker pod's second container in
+    front of `llm-d-router` and `gie-v1.5` when isolation is not `Shared` or sessions are on
+    (it puts the tenant's salt and the session into the request before the Endpoint Picker
+    routes; `promptcache`, the default, does that itself and has no step); the operator
+    image runs it. Empty:
     the operator's default (the chart's `defaultImages.gatewayPolicy`, else the operator
     image of this release)."""
     session_shim_image: ImageRef | None = None
@@ -521,12 +523,13 @@ class GatewaySpec(ApiModel):
     pod_template: GatewayPodTemplate | None = None
     """Merged onto each Endpoint Picker pod, like model.podTemplate (the `epp` container)."""
     network_policy: bool = True
-    """When the policy step fronts the picker, render a NetworkPolicy that admits only the
-    pod's served ports (ext_proc 9002, gRPC health 9003, metrics 9090) from any source, so
-    the picker's inner ext_proc port (9012, plaintext, no bind-address flag on either picker)
+    """Render a NetworkPolicy that admits only the picker pod's served ports from any
+    source: with `promptcache` (the default) ext_proc 9002, gRPC health 9003 and metrics
+    9090; when the policy step fronts the picker also the step's metrics port, so the
+    picker's inner ext_proc port (9012, plaintext, no bind-address flag on either picker)
     cannot be dialled from other pods, bypassing the policy step. NetworkPolicies add up: turn
     this off when a policy of your own already restricts ingress to the picker pods (ours
-    would admit those three ports from anywhere). Needs a CNI that enforces NetworkPolicy."""
+    would admit those ports from anywhere). Needs a CNI that enforces NetworkPolicy."""
 
     @property
     def policy_step_image(self) -> str | None:

@@ -14,7 +14,8 @@ class PickerTarget(StrEnum):
     emits for each only what that binary accepts (docs/endpoint-picker.md)."""
 
     LLM_D_ROUTER = "llm-d-router"
-    """llm-d-router v0.10.0: the production default (session plugins, 64-token floor)."""
+    """llm-d-router v0.10.0 (session plugins, 64-token floor), with the gateway policy step
+    in front of it; the default before promptcache's own picker."""
     GIE = "gie-v1.5"
     """The upstream Gateway API Inference Extension EPP v1.5.0, the last GIE release with
     an EPP: no session plugin, lenient decoding, one shared prefix attribute."""
@@ -29,8 +30,9 @@ class PickerTarget(StrEnum):
         return self is not PickerTarget.LLM_D_ROUTER
 
 
-DEFAULT_PICKER: Final[PickerTarget] = PickerTarget.LLM_D_ROUTER
-"""The operator-wide default when neither the resource nor the operator names one."""
+DEFAULT_PICKER: Final[PickerTarget] = PickerTarget.PROMPTCACHE
+"""The operator-wide default when neither the resource nor the operator names one:
+promptcache's own picker, so no Python relay sits on the request path (issue 42)."""
 DEFAULT_PICKER_ENV: Final[str] = "PROMPTCACHE_DEFAULT_PICKER"
 """The operator's (and `promptcache render`'s) default picker; flag `--default-picker`."""
 

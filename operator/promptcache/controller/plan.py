@@ -55,7 +55,9 @@ def plan(raw: Mapping[str, Any], defaults: OperatorDefaults) -> Plan | Problem:
         parsed = parse_resource({k: raw[k] for k in ("apiVersion", "kind", "metadata", "spec")})
         pcd = resolved(parsed, defaults)
         names = names_of(pcd)
-        desired = [owned(m, raw) for m in render(pcd, defaults)]
+        # the resource as written: render resolves it too, and says when a refusal comes
+        # from a picker the resource left to the operator's default
+        desired = [owned(m, raw) for m in render(parsed, defaults)]
     except InvalidResourceError as error:
         return Problem(Reason.INVALID_SPEC, "; ".join(str(p) for p in error.problems))
     except RenderError as error:

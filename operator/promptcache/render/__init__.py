@@ -53,6 +53,18 @@ GATEWAY_KINDS = frozenset({"InferencePool", "HTTPRoute"})
 """Kinds whose CRDs come from Gateway API / GIE and may be missing from a cluster."""
 
 
+def _refusal(refused: list[str], picker: PickerTarget, defaulted: bool) -> str:
+    """The rules' messages; when the resource named no picker, first which one it got, since
+    the messages name pickers the user never wrote (the default became promptcache after 0.1.0)."""
+    text = "; ".join(refused)
+    if not defaulted:
+        return text
+    return (
+        f"gateway.picker is empty, so the operator's default picker {picker.value} applies "
+        f"(set gateway.picker to choose another): {text}"
+    )
+
+
 def with_default_picker(pcd: PromptCacheDeployment, default: PickerTarget) -> PromptCacheDeployment:
     """The resource with an empty `gateway.picker` set to the operator's default."""
     if pcd.spec.gateway.picker is not None:
@@ -81,10 +93,12 @@ def render(
     `defaults` fills what the resource leaves empty (the operator's, or `render`'s flags),
     through `resolved`. Raises `RenderError` when the picker the resource resolves to cannot
     honour a field (the API server refuses the same when `gateway.picker` names it)."""
+    defaulted = pcd.spec.gateway.picker is None
     pcd = resolved(pcd, defaults)
     refused = picker_refusals(pcd.spec, picker_of(pcd).value)
     if refused:
-        raise RenderError("spec", "; ".join(refused), reason="PickerCannotHonour")
+        message = _refusal(refused, picker_of(pcd), defaulted)
+        raise RenderError("spec", message, reason="PickerCannotHonour")
     names = names_of(pcd)
     picker_role = defaults.endpoint_picker_cluster_role
     rbac: list[dict[str, Any] | None] = (

@@ -10,9 +10,12 @@ the caller *is*. Two sources name the account, in this order:
 - the request's bearer token (`Authorization: Bearer ...`): whoever holds a token is its
   account, and another account's scope is out of reach without its token.
 
-Only the gateway's policy step reads these (`account_at_gateway`). It passes the account on
-to the cache front signed (`tenancy.attestation`); the front never reads the raw header,
-which a client that reaches a pod directly could set to anything.
+Only the gateway's policy step reads an account from these (`account_at_gateway`). It
+passes the account on to the cache front signed (`tenancy.attestation`); the front never
+takes an account from the raw header, which a client that reaches a pod directly could set
+to anything. The front does refuse a malformed one as the step does (`check_identity_sources`):
+refusing grants nothing, and behind promptcache's own picker, which has no step, the front
+is where such a request is refused (the picker routes it with a one-off salt).
 
 An account is never kept as the id or token itself: `account_digest` is the HMAC of the
 source and the value under the salt key, so neither a log line nor the attestation header
@@ -174,6 +177,22 @@ def bearer_identity(headers: MultiMapping[str]) -> str | None:
     return _checked(token, "Authorization")
 
 
+def _identity_source(
+    headers: MultiMapping[str], settings: IdentityReader
+) -> tuple[str, str] | None:
+    """(source, value) of the account the deployment's sources name (the identity header
+    first, then the bearer token), or None; malformed sources raise `FrontError`."""
+    if settings.identity_header:
+        value = header_identity(headers, settings.identity_header)
+        if value is not None:
+            return _HEADER_SOURCE, value
+    if settings.identity_bearer:
+        token = bearer_identity(headers)
+        if token is not None:
+            return _BEARER_SOURCE, token
+    return None
+
+
 def account_at_gateway(
     headers: MultiMapping[str], settings: IdentityReader, secret: bytes | None
 ) -> Account | None:
@@ -186,12 +205,14 @@ def account_at_gateway(
         return None
     if secret is None:  # settings guarantee a secret whenever identity is on
         raise RuntimeError("isolation by account is running without the salt key")
-    if settings.identity_header:
-        value = header_identity(headers, settings.identity_header)
-        if value is not None:
-            return Account(account_digest(secret, _HEADER_SOURCE, value))
-    if settings.identity_bearer:
-        token = bearer_identity(headers)
-        if token is not None:
-            return Account(account_digest(secret, _BEARER_SOURCE, token))
-    return None
+    source = _identity_source(headers, settings)
+    return None if source is None else Account(account_digest(secret, *source))
+
+
+def check_identity_sources(headers: MultiMapping[str], settings: IdentityReader) -> None:
+    """Raise the `FrontError` `account_at_gateway` raises for these headers, reading no
+    account: the cache front's half of the step's identity refusals. Behind the step it
+    never fires (the step refused those already); behind promptcache's picker, which routes
+    such a request with a one-off salt, it gives the client the step's very answer."""
+    if identity_enabled(settings):
+        _identity_source(headers, settings)

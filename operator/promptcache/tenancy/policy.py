@@ -10,7 +10,8 @@ The steps, in the order `apply_policy` runs them (each a function of its own):
 `strip_client_fields` (the client's own salt and request id never pass), the
 field checks (`check_priority`, `check_engine_state`), `isolation_key` (the key),
 `max_len` (the uncacheable request), `check_route_isolated`, `check_uncacheable`,
-`require_identity` and `require_key` (refusals), `salt` (the salt decision), `usage`
+`check_identity` (a malformed account source), `require_identity` and `require_key`
+(refusals), `salt` (the salt decision), `usage`
 (asking vLLM for the usage chunk) and `session` (the session header from `user`).
 
 The caller's account (`tenancy.identity.Account`) is an input, not read here: the gateway's
@@ -51,7 +52,7 @@ from promptcache.tenancy.errors import (
     ROUTE_NOT_ISOLATED,
     FrontError,
 )
-from promptcache.tenancy.identity import Account, identity_carriers
+from promptcache.tenancy.identity import Account, check_identity_sources, identity_carriers
 from promptcache.tenancy.routes import Route, RouteClass
 from promptcache.tenancy.salt import (
     UNCACHEABLE_SALT_PREFIX,
@@ -329,6 +330,15 @@ def check_uncacheable(route: Route, limit: int | None) -> None:
         )
 
 
+def check_identity(route: Route, headers: MultiMapping[str], settings: PolicyReader) -> None:
+    """Isolation by account: a salted request whose identity header or bearer token is
+    malformed is refused (HTTP 400 `invalid_identity`), as the gateway's policy step refuses
+    it before anything else (`tenancy.identity.check_identity_sources`; no account is read
+    here: the front takes the account only from the step's attestation)."""
+    if route.kind is RouteClass.SALTED:
+        check_identity_sources(headers, settings)
+
+
 def require_identity(route: Route, account: Account | None, settings: PolicyReader) -> None:
     """Isolation by account, required: a salted request without an authenticated account
     is refused (HTTP 401), at the gateway and at the front alike."""
@@ -451,6 +461,7 @@ def apply_policy(
     Raises `FrontError` for requests the policy refuses.
     """
     salt_sent, request_id_removed = strip_client_fields(body)
+    check_identity(route, headers, settings)  # first, as the step reads the account first
     check_priority(body, settings)
     check_engine_state(body, settings)
     key = isolation_key(headers, body, settings)

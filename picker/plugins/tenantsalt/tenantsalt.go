@@ -122,11 +122,15 @@ func (p *Parser) ParseRequest(ctx context.Context, body []byte, headers map[stri
 		return nil, err
 	}
 	d := tenancy.Decide(tenancy.Request{Headers: headers, Body: body}, p.settings, p.secret)
-	if d.Refusal != nil {
-		// the cache front answers it after the pick; here it only must attract nothing
-		log.FromContext(ctx).V(1).Info("request the cache front will refuse", "status", d.Refusal.Status, "code", d.Refusal.Code)
-	}
 	setTypedSalt(parsed, d.Salt)
+	if d.Refusal != nil {
+		// The cache front answers it after the pick; here it only must attract nothing. It
+		// gets the client's very bytes (GIE forwards a RawPayload as it came, where it would
+		// re-encode a map: a lone surrogate, a duplicate or case-folded member would come
+		// out valid and be served), so it refuses with the step's status and body.
+		log.FromContext(ctx).V(1).Info("request the cache front will refuse", "status", d.Refusal.Status, "code", d.Refusal.Code)
+		parsed.Payload = scheduling.RawPayload(body)
+	}
 	payload, _ := parsed.Payload.(scheduling.PayloadMap)
 	if payload != nil {
 		tenancy.SetSalt(payload, d)

@@ -1,6 +1,7 @@
 package tenantsalt
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -91,6 +92,24 @@ func TestARefusedRequestAttractsNothing(t *testing.T) {
 	}
 	if !strings.HasPrefix(parsed.CacheSalt(), tenancy.UncacheableSaltPrefix) {
 		t.Fatalf("Required without a key: salt %q, want a one-off salt", parsed.CacheSalt())
+	}
+}
+
+func TestARefusedRequestIsForwardedAsTheClientSentIt(t *testing.T) {
+	// GIE re-encodes a map payload: the lone surrogate would come out as U+FFFD, a valid
+	// key the front would serve. A refused request keeps its bytes, so the front refuses.
+	p := parser(t, `{"isolationMode":"Required","saltKeyFile":"KEYFILE"}`)
+	body := chat(`,"prompt_cache_isolation_key":"t\ud800","cache_salt":"mine"`)
+	parsed, err := p.ParseRequest(context.Background(), body, headers())
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, ok := parsed.Payload.(scheduling.RawPayload)
+	if !ok || !bytes.Equal(raw, body) {
+		t.Fatalf("forwarded %T %q, want the client's bytes %q", parsed.Payload, parsed.Payload, body)
+	}
+	if !strings.HasPrefix(parsed.CacheSalt(), tenancy.UncacheableSaltPrefix) {
+		t.Fatalf("hashed salt %q, want a one-off salt", parsed.CacheSalt())
 	}
 }
 

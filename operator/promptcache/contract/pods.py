@@ -52,10 +52,12 @@ MODEL_SERVER_POD: Final[OwnedPodParts] = OwnedPodParts(
     mount_paths=("/dev/shm", MODEL_CACHE_MOUNT_PATH, "/tmp"),
     env=("HF_HOME", "HOME", "VLLM_NO_USAGE_STATS", "HF_TOKEN", SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR),
 )
+GO_MEMORY_LIMIT_ENV: Final[str] = "GOMEMLIMIT"
+"""The Go runtime's soft memory limit, which the renderer sets on promptcache's picker."""
 ENDPOINT_PICKER_POD: Final[OwnedPodParts] = OwnedPodParts(
     container="epp",
     other_containers=("gateway-policy",),
     volumes=("config", "salt-key"),
     mount_paths=("/config", SALT_KEY_MOUNT_DIR),
-    env=("NAMESPACE", "POD_NAME"),
+    env=("NAMESPACE", "POD_NAME", GO_MEMORY_LIMIT_ENV),
 )

@@ -12,6 +12,7 @@ from promptcache.contract import (
     EPP_EXT_PROC_PORT,
     EPP_LOCAL_GRPC_PORT,
     GATEWAY_POLICY_METRICS_PORT,
+    GO_MEMORY_LIMIT_ENV,
     OPERATOR_ANNOTATION_PREFIX,
     SALT_KEY_MOUNT_DIR,
     SESSION_USER_FIELD,
@@ -295,7 +296,7 @@ def epp_deployment(
                 # the Go collector works harder near the limit instead of being killed at it
                 [
                     {
-                        "name": "GOMEMLIMIT",
+                        "name": GO_MEMORY_LIMIT_ENV,
                         "value": go_memory_limit(promptcache_picker_memory(pcd)[1]),
                     }
                 ]

@@ -46,10 +46,9 @@ class EppFromImage(EppProcess):
         )
         pod = rendered.epp_deployment["spec"]["template"]["spec"]
         container = rendered.epp_container
+        config_volume = _volume(pod, "configMap")
         config_mount = next(
-            m["mountPath"]
-            for m in container["volumeMounts"]
-            if m["name"] == _volume(pod, "configMap")
+            m["mountPath"] for m in container["volumeMounts"] if m["name"] == config_volume
         )
         # The harness's own flags point at files on this host: here they are the pod's.
         args = [
@@ -62,7 +61,7 @@ class EppFromImage(EppProcess):
             container,
             workdir,
             files={
-                _volume(pod, "configMap"): {"config.yaml": rendered.epp_config_text.encode()},
+                config_volume: {"config.yaml": rendered.epp_config_text.encode()},
                 _volume(pod, "secret"): {"salt-key": salt_key},
             },
             env={"KUBECONFIG": f"{KUBECONFIG_DIR}/kubeconfig"},

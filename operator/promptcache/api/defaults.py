@@ -76,20 +76,14 @@ def flag_of(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
-DEPRECATED_FLAGS: dict[str, str] = {"gateway_policy_image": "--session-shim-image"}
-"""Old flag names still accepted (the gateway policy step was the "session shim")."""
-
-
 def add_default_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per field of OperatorDefaults, so `run` and `render` can never differ."""
     group = parser.add_argument_group(
         "operator-wide defaults", "used where a resource leaves the field empty"
     )
     for name, info in OperatorDefaults.model_fields.items():
-        old = (DEPRECATED_FLAGS[name],) if name in DEPRECATED_FLAGS else ()
         group.add_argument(
             flag_of(name),
-            *old,
             dest=f"default_{name}",
             metavar=_METAVARS.get(name, "REF"),
             default=None,

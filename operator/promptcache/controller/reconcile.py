@@ -238,7 +238,6 @@ class Reconciler:
         """What a schema cannot check: referenced Secrets exist, a node offers the GPUs."""
         pcd, obs = scope.pcd, scope.obs
         spec = pcd.spec
-        obs.deprecated_fields = spec.gateway.deprecated_fields
         obs.desired_replicas = spec.model.replicas
         obs.selector = selector_string(selector_labels(scope.names, Component.MODEL_SERVER))
         obs.ceiling = ceiling_of(pcd)

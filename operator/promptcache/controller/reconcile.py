@@ -417,7 +417,7 @@ class Reconciler:
         return True
 
     def _monitoring(self, scope: Scope) -> bool:
-        return monitoring_enabled(scope.pcd, self.settings.defaults)
+        return monitoring_enabled(scope.pcd)
 
     async def _read(self, manifest: Mapping[str, Any]) -> dict[str, Any] | ApiError | None:
         """The live child, from its kind's cache; a refusal to list the kind (403) is returned

@@ -25,7 +25,7 @@ from promptcache.api.constants import (
     DEFAULT_MODEL_SERVER_USER,
 )
 from promptcache.api.spec import PickerName
-from promptcache.contract import DEFAULT_PICKER
+from promptcache.contract import DEFAULT_PICKER, PickerTarget
 
 
 class OperatorDefaults(BaseModel):
@@ -67,7 +67,7 @@ _METAVARS = {
     "model_server_user": "UID",
     "endpoint_picker_cluster_role": "NAME",
     "pod_monitors": "BOOL",
-    "picker": "{promptcache,llm-d-router,gie-v1.5}",
+    "picker": "{" + ",".join(sorted(PickerTarget, key=lambda p: p != DEFAULT_PICKER)) + "}",
 }
 
 

@@ -23,6 +23,7 @@ from promptcache.contract import (
     OPERATOR_ANNOTATION_PREFIX,
     OPERATOR_POD_LABELS,
     OWNED_ENGINE_FLAGS,
+    Container,
     IsolationMode,
     OwnedEngineFlags,
     OwnedPodParts,
@@ -116,6 +117,22 @@ def picker_refusals(spec: Any, picker: str) -> list[str]:
     ):
         refused.append(GIE_LRU_MESSAGE)
     return refused
+
+
+REFUSED_WITHOUT: dict[Feature, str] = {
+    Feature.TOKEN_PRODUCER: f"`prefixCache.tokenProducer: {VLLM_RENDER}`",
+    Feature.PREFIX_TIERS: "`prefixCache.tiers`",
+    Feature.SESSION_AFFINITY: "`sessionAffinity.enabled`",
+    Feature.LRU_CAPACITY: (
+        f"`prefixCache.lruCapacityPerServer` other than {DEFAULT_LRU_CAPACITY_PER_SERVER}"
+    ),
+}
+"""The field `picker_refusals` refuses for a picker without each feature (the docs table)."""
+
+
+def picker_refused_fields(picker: PickerTarget) -> list[str]:
+    """What the API refuses for `picker`, by field, from its row's missing features."""
+    return [field for f, field in REFUSED_WITHOUT.items() if f not in profile_of(picker).features]
 
 
 GIE_LRU_CAPACITY = DEFAULT_LRU_CAPACITY_PER_SERVER
@@ -404,9 +421,9 @@ _OWNED_CONTAINER_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("securityContext", "security_context", "the operator runs every container restricted"),
 )
 _FIXES: dict[str, dict[str, str]] = {
-    "vllm": {"flags": "engine.extraArgs", "image": "model.image",
+    Container.VLLM.value: {"flags": "engine.extraArgs", "image": "model.image",
              "resources": "set model.resources"},
-    "epp": {"flags": "gateway.extraFlags", "image": "gateway.eppImage",
+    Container.EPP.value: {"flags": "gateway.extraFlags", "image": "gateway.eppImage",
             "resources": "the operator sizes the Endpoint Picker"},
 }  # fmt: skip
 

@@ -20,7 +20,6 @@ from promptcache.contract import (
     Container,
     GatewayPolicyEnv,
     PickerFlag,
-    PickerTarget,
 )
 from promptcache.contract.gateway_policy import (
     DEFAULT_GATEWAY_POLICY_LISTEN,
@@ -53,7 +52,7 @@ from promptcache.render.front import (
 )
 from promptcache.render.names import Component, Names, metadata, selector_labels
 from promptcache.render.overlay import apply_pod_template
-from promptcache.render.picker import picker_of, picker_target
+from promptcache.render.picker import picker_target
 from promptcache.render.quantities import mebibytes
 from promptcache.render.security import container_security_context, pod_security_context
 
@@ -204,7 +203,8 @@ def gateway_policy_container(pcd: PromptCacheDeployment, names: Names) -> dict[s
     session = pcd.spec.session_affinity
     per_request, budget = _policy_body_limits(pcd)
     workers = step_workers(pcd)
-    names_sessions = session.enabled and picker_of(pcd) is PickerTarget.LLM_D_ROUTER
+    # only a picker with a session plugin is told the session (GIE's has none)
+    names_sessions = session.enabled and Feature.SESSION_AFFINITY in picker_target(pcd).features
     env = {
         GatewayPolicyEnv.LISTEN: DEFAULT_GATEWAY_POLICY_LISTEN,
         GatewayPolicyEnv.UPSTREAM: DEFAULT_GATEWAY_POLICY_UPSTREAM,

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from promptcache.api import PromptCacheDeployment
+from promptcache.api.pickers import Feature
 from promptcache.contract import (
     DEFAULT_MAX_SESSIONS,
     PREDICTED_MATCH_PLUGIN,
@@ -181,7 +182,7 @@ def endpoint_picker_config(pcd: PromptCacheDeployment) -> dict[str, Any]:
         "plugins": plugins,
         "schedulingProfiles": [{"name": PROFILE, "plugins": profile}],
     }
-    if picker_of(pcd) is Picker.PROMPTCACHE:
+    if Feature.TENANT_SALT in picker_target(pcd).features:
         plugins.append({"type": TENANT_SALT_PARSER, "parameters": tenant_salt_parameters(pcd)})
         config["parser"] = {"pluginRef": TENANT_SALT_PARSER}
         if pcd.spec.front.enabled:  # the front checks what it signs

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from promptcache.contract import ENDPOINT_PICKER_POD, MODEL_SERVER_POD
+from promptcache.contract import ENDPOINT_PICKER_POD, MODEL_SERVER_POD, Container
 
 PODS = {
-    "model": ("model-server", "vllm", MODEL_SERVER_POD),
-    "gateway": ("endpoint-picker", "epp", ENDPOINT_PICKER_POD),
+    "model": ("model-server", Container.VLLM.value, MODEL_SERVER_POD),
+    "gateway": ("endpoint-picker", Container.EPP.value, ENDPOINT_PICKER_POD),
 }
 VOLUME = {"name": "extra", "configMap": {"name": "my-config"}}
 MOUNT = {"name": "extra", "mountPath": "/etc/extra", "readOnly": True}

@@ -29,7 +29,7 @@ from harness.epp.pool import PoolOnCluster
 from harness.epp.rendered import deep_merge
 from harness.pod import ProcessPod
 from harness.vllm.adapters import TinyAdapter, tiny_adapter
-from promptcache.contract import DEFAULT_ISOLATION_HEADER
+from promptcache.contract import DEFAULT_ISOLATION_HEADER, Container
 
 _PSEUDO = (":", "content-length", DESTINATION_HEADER)
 ADAPTER_MOUNT = "/adapters"
@@ -65,7 +65,7 @@ def two_model_resources(
                 "podTemplate": {
                     "spec": {
                         "volumes": [volume],
-                        "containers": [{"name": "vllm", "volumeMounts": [mount]}],
+                        "containers": [{"name": Container.VLLM.value, "volumeMounts": [mount]}],
                     }
                 },
             }

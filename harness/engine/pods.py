@@ -12,7 +12,7 @@ from typing import Any
 from harness.epp.rendered import deep_merge
 from harness.pod import ProcessPod
 from promptcache.api import PromptCacheDeployment
-from promptcache.contract import SERVING_PORT, VLLM_LOCAL_PORT, FrontEnv
+from promptcache.contract import SERVING_PORT, VLLM_LOCAL_PORT, Container, FrontEnv
 from promptcache.render import render
 
 SERVED_NAME = "tiny"
@@ -56,7 +56,7 @@ def rendered_pod_spec(resource: Mapping[str, Any]) -> dict[str, Any]:
         m
         for m in render(pcd)
         if m["kind"] == "Deployment"
-        and "vllm" in {c["name"] for c in m["spec"]["template"]["spec"]["containers"]}
+        and Container.VLLM in {c["name"] for c in m["spec"]["template"]["spec"]["containers"]}
     )
     spec: dict[str, Any] = deployment["spec"]["template"]["spec"]
     return spec
@@ -112,7 +112,7 @@ def front_only_pod(
     """Only the cache-front container of `resource`'s pod, in front of another pod's engine:
     several isolation modes on one engine, without a 4 GB engine each."""
     spec = rendered_pod_spec(resource)
-    spec["containers"] = [c for c in spec["containers"] if c["name"] != "vllm"]
+    spec["containers"] = [c for c in spec["containers"] if c["name"] != Container.VLLM]
     for container in spec["containers"]:
         for item in container.get("env", []):
             if item["name"] == FrontEnv.UPSTREAM:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from promptcache.contract import VLLM_LOCAL_PORT, GatewayPolicyEnv
+from promptcache.contract import VLLM_LOCAL_PORT, Container, GatewayPolicyEnv
 
 from .binary import find_epp_binary, missing_reason
 from .extproc import ExtProcClient
@@ -194,7 +194,7 @@ class PoolOnCluster:
         """The environment the renderer gives the cache-front container."""
         spec = self.rendered.model_deployment["spec"]["template"]["spec"]
         for c in spec["containers"]:
-            if c["name"] != "vllm":
+            if c["name"] != Container.VLLM:
                 return {e["name"]: str(e["value"]) for e in c.get("env", []) if "value" in e}
         return {}
 

@@ -22,6 +22,7 @@ import yaml
 from promptcache.contract import (
     PREDICTED_MATCH_PLUGIN,
     TENANT_SALT_PARSER,
+    Command,
     PickerTarget,
     PredictedMatchParam,
     TenantSaltParam,
@@ -139,7 +140,7 @@ class Rendered:
     def gateway_policy_container(self) -> dict[str, Any] | None:
         """The EPP pod's container that runs `promptcache gateway-policy`, if any."""
         for c in self.epp_deployment["spec"]["template"]["spec"]["containers"]:
-            if list(c.get("args", []))[:1] in (["gateway-policy"], ["session-shim"]):
+            if list(c.get("args", []))[:1] == [Command.GATEWAY_POLICY]:
                 return dict(c)
         return None
 

@@ -68,7 +68,7 @@ def _file_name(index: int, manifest: dict[str, Any]) -> str:
 
 def cmd_render(args: argparse.Namespace) -> int:
     from promptcache.loading import load_resources, read_text
-    from promptcache.render import RenderError, names_of, render
+    from promptcache.render import RenderError, names_of, render, resolved
     from promptcache.render.front import salt_secret
 
     try:
@@ -77,7 +77,8 @@ def cmd_render(args: argparse.Namespace) -> int:
         return _fail([str(error)])
     try:
         resources = load_resources(read_text(args.file), source=args.file)
-        rendered = [(pcd, render(pcd, defaults)) for pcd in resources]
+        deployed = [resolved(pcd, defaults) for pcd in resources]
+        rendered = [(pcd, render(pcd)) for pcd in deployed]
     except InvalidResourceError as error:
         return _fail([str(p) for p in error.problems])
     except RenderError as error:

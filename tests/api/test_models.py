@@ -50,6 +50,14 @@ def test_strict_types_refuse_what_the_api_server_refuses() -> None:
     ]
 
 
+def test_the_removed_session_shim_name_is_refused_not_ignored() -> None:
+    """`gateway.sessionShimImage` (deprecated old name of `gatewayPolicyImage`) was removed:
+    a resource still naming it is refused, so the image it named is never silently lost."""
+    with pytest.raises(InvalidResourceError) as error:
+        parse_resource(resource(gateway={"sessionShimImage": "registry.example/op:0"}))
+    assert [p.path for p in error.value.problems] == ["spec.gateway.sessionShimImage"]
+
+
 def test_an_integer_is_a_valid_number() -> None:
     pcd = parse_resource(resource(promptEmbeds={"enabled": True, "cacheGiB": 2}))
     assert pcd.spec.prompt_embeds.cache_gib == 2

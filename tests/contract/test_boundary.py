@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.resource_strategies import resources
-from promptcache.api import PromptCacheDeployment, ceiling_of
+from promptcache.api import PromptCacheDeployment, ceiling_of, resolved
 from promptcache.cli import build_parser
 from promptcache.contract import SALT_KEY_SECRET_KEY, IsolationMode
 from promptcache.contract.front import DEFAULT_MAX_IN_FLIGHT
@@ -26,8 +26,8 @@ from promptcache.gateway.settings import GatewayPolicySettings
 from promptcache.loading import load_resources
 from promptcache.render import render
 from promptcache.render.epp import GATEWAY_POLICY_CONTAINER, POLICY_COMMAND, uses_policy_step
-from promptcache.render.epp_config import picker_of
 from promptcache.render.front import FRONT_CONTAINER
+from promptcache.render.picker import picker_of
 from promptcache.yamlio import dump
 
 
@@ -157,7 +157,8 @@ CHECKS = {"front": _check_front, POLICY_COMMAND: _check_gateway_policy}
 @given(doc=resources())
 def test_every_rendered_process_parses_what_the_spec_says(doc: dict[str, Any]) -> None:
     # through YAML, as `kubectl apply` and the operator see the resource
-    (pcd,) = load_resources(dump(doc), source="generated")
+    (written,) = load_resources(dump(doc), source="generated")
+    pcd = resolved(written)
     checked = set()
     for pod, c in _containers(render(pcd)):
         command = c.get("args", [None])[0]

@@ -213,8 +213,9 @@ def test_every_front_default_parses_as_its_own_variable() -> None:
         assert s.parse(s.env, text) == s.default, s.env
 
 
-def test_the_old_names_of_the_gateway_policy_step_still_work() -> None:
-    """`SessionShimEnv` and `--session-shim-image` are deprecated names, kept working."""
+def test_the_gateway_policy_step_has_one_image_flag() -> None:
+    """`--session-shim-image`, the deprecated old name, was removed with the resource's
+    `sessionShimImage` (CHANGELOG); `SessionShimEnv` is the process' own alias."""
     import argparse
 
     from promptcache.api.defaults import add_default_flags, defaults_from_args
@@ -222,6 +223,7 @@ def test_the_old_names_of_the_gateway_policy_step_still_work() -> None:
     assert SessionShimEnv is GatewayPolicyEnv
     parser = argparse.ArgumentParser()
     add_default_flags(parser)
-    for flag in ("--gateway-policy-image", "--session-shim-image"):
-        args = parser.parse_args([flag, "mirror.example/op:1"])
-        assert defaults_from_args(args).gateway_policy_image == "mirror.example/op:1"
+    args = parser.parse_args(["--gateway-policy-image", "mirror.example/op:1"])
+    assert defaults_from_args(args).gateway_policy_image == "mirror.example/op:1"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--session-shim-image", "mirror.example/op:1"])

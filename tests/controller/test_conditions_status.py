@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from promptcache.api import OperatorDefaults, PromptCacheDeployment, prompt_embeds_ceiling
+from promptcache.api.pickers import PROFILES
 from promptcache.api.status import PromptCacheDeploymentStatus
 from promptcache.contract import PickerTarget as Picker
 from promptcache.controller.conditions import Desired, set_condition, transitions
@@ -17,7 +18,6 @@ from promptcache.controller.status import (
 )
 from promptcache.render import render, resolved
 from promptcache.render.epp_config import PREFIX_PRODUCER, endpoint_picker_config
-from promptcache.render.picker import LLM_D_ROUTER, PickerTarget
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
 
@@ -136,7 +136,7 @@ def _pcd(picker: str | None = "llm-d-router", **prefix: object) -> PromptCacheDe
 
 
 def _producer(pcd: PromptCacheDeployment) -> dict[str, object]:
-    config = endpoint_picker_config(pcd)
+    config = endpoint_picker_config(resolved(pcd))
     producer = next(p for p in config["plugins"] if p["type"] == PREFIX_PRODUCER)
     return dict(producer["parameters"])
 
@@ -170,10 +170,10 @@ def test_a_small_configured_block_size_is_shown_raised_as_the_config_says() -> N
 
 def test_the_floor_is_the_picker_targets() -> None:
     """A picker without a floor (upstream GIE v1.5) uses what it is given."""
-    no_floor = PickerTarget("gie-v1.5", min_block_size_tokens=1, honours_lru_capacity=False)
+    no_floor = PROFILES[Picker.GIE]
     assert no_floor.block_size(auto_tune=True, configured=64, scraped=16) == 16
     assert no_floor.index_capacity(auto_tune=False, configured=5000, gpu_blocks=None) == 31250
-    assert LLM_D_ROUTER.block_size(auto_tune=True, configured=64, scraped=16) == 64
+    assert PROFILES[Picker.LLM_D_ROUTER].block_size(auto_tune=True, configured=64, scraped=16) == 64
 
 
 def test_the_status_of_the_resolved_resource_uses_the_operator_default_picker() -> None:

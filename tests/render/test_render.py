@@ -13,7 +13,7 @@ from harness.epp import accepted_parameters
 from harness.resource_strategies import resources
 from harness.resources import by_kind
 from harness.schemas import ROOT, validate_manifest
-from promptcache.api import parse_resource
+from promptcache.api import parse_resource, resolved
 from promptcache.contract import (
     SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR,
     TENANT_SALT_PARSER,
@@ -23,8 +23,8 @@ from promptcache.contract import (
 )
 from promptcache.loading import load_resources
 from promptcache.render import render
-from promptcache.render.epp_config import endpoint_picker_config, picker_of
-from promptcache.render.picker import picker_target
+from promptcache.render.epp_config import endpoint_picker_config
+from promptcache.render.picker import picker_of, picker_target
 from promptcache.yamlio import dump_all
 
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -32,7 +32,7 @@ ACCEPTED = accepted_parameters()
 
 
 def example(name: str) -> Any:
-    return load_resources((ROOT / "examples" / name).read_text(), source=name)[0]
+    return resolved(load_resources((ROOT / "examples" / name).read_text(), source=name)[0])
 
 
 def env_of(container: dict[str, Any]) -> dict[str, str]:
@@ -108,6 +108,7 @@ def test_any_valid_resource_renders_deterministically_and_validly(doc: dict[str,
         assert labels["app.kubernetes.io/managed-by"] == "promptcache"
         assert manifest["metadata"]["namespace"] == pcd.metadata.namespace
         assert "ownerReferences" not in manifest["metadata"]
+    pcd = resolved(pcd)
     config = endpoint_picker_config(pcd)
     assert_epp_config_is_accepted(config, picker_of(pcd))
     for plugin in config["plugins"]:
@@ -339,7 +340,7 @@ def test_the_token_producer_and_the_affinity_filter_are_rendered_as_spec_002_nam
         doc = yaml.safe_load((ROOT / "examples" / "minimal.yaml").read_text())
         doc["spec"]["prefixCache"] = prefix
         doc["spec"].setdefault("gateway", {})["picker"] = prefix.pop("picker", "llm-d-router")
-        return endpoint_picker_config(parse_resource(doc))
+        return endpoint_picker_config(resolved(parse_resource(doc)))
 
     def plugin(cfg: dict[str, Any], type_: str) -> dict[str, Any] | None:
         return next((p for p in cfg["plugins"] if p["type"] == type_), None)

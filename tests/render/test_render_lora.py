@@ -13,7 +13,7 @@ import yaml
 
 from harness.epp import accepted_parameters
 from harness.resources import BASE
-from promptcache.api import parse_resource
+from promptcache.api import parse_resource, resolved
 from promptcache.api.spec import MaxLoraRank
 from promptcache.contract import VllmFlag
 from promptcache.contract.engine import VLLM_LORA_RANKS
@@ -125,7 +125,7 @@ def test_gpu_default_slots_are_capped() -> None:
 def test_without_adapters_nothing_changes() -> None:
     pcd = parse_resource(copy.deepcopy(BASE))
     assert not [a for a in vllm_args(pcd) if "lora" in a]
-    config = endpoint_picker_config(pcd)
+    config = endpoint_picker_config(resolved(pcd))
     assert LORA_SCORER not in [p["type"] for p in config["plugins"]]
     kinds = [m["kind"] for m in render(pcd)]
     assert kinds.count("ConfigMap") == 1, "only the picker's config"
@@ -136,7 +136,7 @@ def test_both_pickers_score_lora_affinity_with_accepted_parameters(picker: str) 
     pcd = parse_resource(
         doc(gateway={"picker": picker}, prefixCache={"weights": {"loraAffinity": 2.5}})
     )
-    config = endpoint_picker_config(pcd)
+    config = endpoint_picker_config(resolved(pcd))
     (plugin,) = [p for p in config["plugins"] if p["type"] == LORA_SCORER]
     assert ACCEPTED[LORA_SCORER] == []
     assert "parameters" not in plugin

@@ -19,11 +19,11 @@ from hypothesis import HealthCheck, given, settings
 from harness.resource_strategies import resources
 from harness.resources import rendered
 from harness.schemas import validate_manifest
-from promptcache.api import parse_resource
+from promptcache.api import parse_resource, resolved
 from promptcache.contract import EPP_LOCAL_GRPC_PORT, PickerTarget
 from promptcache.render import render
 from promptcache.render.epp import uses_policy_step
-from promptcache.render.epp_config import picker_of
+from promptcache.render.picker import picker_of
 
 STEPPED = {"picker": "llm-d-router"}
 """A picker the policy step fronts (when isolation derives salts or sessions are on)."""
@@ -126,7 +126,7 @@ def test_no_policy_step_no_policy_and_the_switch_turns_it_off() -> None:
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(resources())
 def test_any_resource_the_inner_port_is_never_admitted(doc: dict[str, Any]) -> None:
-    pcd = parse_resource(doc)
+    pcd = resolved(parse_resource(doc))
     manifests = render(pcd)
     found = policies(manifests)
     alone = picker_of(pcd) is PickerTarget.PROMPTCACHE

@@ -29,7 +29,7 @@ from promptcache.api.rules import (
 )
 from promptcache.api.spec import PickerName
 from promptcache.contract import DEFAULT_PICKER, PickerTarget
-from promptcache.render import RenderError, render, with_default_picker
+from promptcache.render import RenderError, render, resolved
 
 BASE: dict[str, Any] = {
     "apiVersion": "serving.promptcache.io/v1alpha1",
@@ -144,10 +144,12 @@ def test_gie_refuses_what_it_cannot_honour(spec: dict[str, Any], message: str) -
 
 
 def test_an_explicit_picker_beats_the_operator_default() -> None:
+    gie = OperatorDefaults(picker=PickerTarget.GIE)
     pcd = parse_resource(doc_with(gateway={"picker": "llm-d-router"}))
-    assert with_default_picker(pcd, PickerTarget.GIE).spec.gateway.picker == "llm-d-router"
+    assert resolved(pcd, gie).spec.gateway.picker == "llm-d-router"
     unset = parse_resource(doc_with())
-    assert with_default_picker(unset, PickerTarget.GIE).spec.gateway.picker == "gie-v1.5"
+    assert resolved(unset, gie).spec.gateway.picker == "gie-v1.5"
+    assert "spec.gateway.picker" in resolved(unset, gie).filled
 
 
 def test_cli_refuses_with_the_same_message(tmp_path: Path) -> None:

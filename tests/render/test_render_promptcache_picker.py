@@ -12,7 +12,7 @@ import yaml
 
 from harness.resources import rendered
 from promptcache._version import __version__
-from promptcache.api.rules import GIE_BASED_PICKERS
+from promptcache.api.pickers import Feature, lacking
 from promptcache.contract import (
     EPP_EXT_PROC_PORT,
     PREDICTED_MATCH_PLUGIN,
@@ -213,6 +213,7 @@ def test_the_step_still_fronts_the_other_pickers() -> None:
 
 
 def test_the_api_refuses_for_it_what_it_refuses_for_gie() -> None:
-    """The API spells the pickers out (it does not import the contract's enum): the set it
-    treats as GIE's picker underneath is the contract's."""
-    assert {p.value for p in PickerTarget if p.gie_based} == set(GIE_BASED_PICKERS)
+    """The pickers GIE's picker is underneath lack what GIE's lacks (their rows in the
+    profile table), so the API refuses tiers, vLLM's render and a custom LRU for both."""
+    for feature in (Feature.PREFIX_TIERS, Feature.TOKEN_PRODUCER, Feature.LRU_CAPACITY):
+        assert {p for p in PickerTarget if p.gie_based} == set(lacking(feature))

@@ -18,6 +18,13 @@ from pydantic import ValidationError
 from promptcache.api.constants import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from promptcache.api.defaults import BUILT_IN_DEFAULTS, OperatorDefaults
 from promptcache.api.errors import InvalidResourceError, Problem, problems_from
+from promptcache.api.resolve import (
+    OperatorFacts,
+    ResolvedDeployment,
+    UnresolvedError,
+    filled,
+    resolved,
+)
 from promptcache.api.resource import ObjectMeta, PromptCacheDeployment
 from promptcache.api.sizing import PromptEmbedsCeiling, prompt_embeds_ceiling
 from promptcache.api.spec import PromptCacheDeploymentSpec
@@ -40,15 +47,20 @@ __all__ = [
     "InvalidResourceError",
     "ObjectMeta",
     "OperatorDefaults",
+    "OperatorFacts",
     "Problem",
     "PromptCacheDeployment",
     "PromptCacheDeploymentSpec",
     "PromptCacheDeploymentStatus",
     "PromptEmbedsCeiling",
     "Reason",
+    "ResolvedDeployment",
+    "UnresolvedError",
     "ceiling_of",
+    "filled",
     "parse_resource",
     "prompt_embeds_ceiling",
+    "resolved",
 ]
 
 

@@ -45,4 +45,11 @@ DEFAULT_MODEL_SERVER_USER: Final[int] = 1000
 """UID the vLLM container runs as unless configured: the upstream image declares no user."""
 
 EPP_MIN_BLOCK_SIZE_TOKENS: Final[int] = 64
-"""The Endpoint Picker raises smaller prefix block sizes to this (llm-d-router #1158)."""
+"""llm-d-router raises smaller prefix block sizes to this (#1158); its row in
+`api.pickers.PROFILES` says so."""
+DEFAULT_BLOCK_SIZE_TOKENS: Final[int] = 64
+"""`prefixCache.blockSizeTokens` (and a tier's) when empty: always written into the picker's
+config, so a picker's own default (GIE's is 16) never applies."""
+DEFAULT_LRU_CAPACITY_PER_SERVER: Final[int] = 31250
+"""The approximate prefix producer's own per-pod capacity (both GIE v1.5.0 and
+llm-d-router), and so `prefixCache.lruCapacityPerServer` when empty."""

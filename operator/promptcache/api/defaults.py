@@ -25,7 +25,7 @@ from promptcache.api.constants import (
     DEFAULT_MODEL_SERVER_USER,
 )
 from promptcache.api.spec import PickerName
-from promptcache.contract import DEFAULT_PICKER
+from promptcache.contract import DEFAULT_PICKER, PickerTarget
 
 
 class OperatorDefaults(BaseModel):
@@ -67,7 +67,7 @@ _METAVARS = {
     "model_server_user": "UID",
     "endpoint_picker_cluster_role": "NAME",
     "pod_monitors": "BOOL",
-    "picker": "{promptcache,llm-d-router,gie-v1.5}",
+    "picker": "{" + ",".join(sorted(PickerTarget, key=lambda p: p != DEFAULT_PICKER)) + "}",
 }
 
 
@@ -76,20 +76,14 @@ def flag_of(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
-DEPRECATED_FLAGS: dict[str, str] = {"gateway_policy_image": "--session-shim-image"}
-"""Old flag names still accepted (the gateway policy step was the "session shim")."""
-
-
 def add_default_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per field of OperatorDefaults, so `run` and `render` can never differ."""
     group = parser.add_argument_group(
         "operator-wide defaults", "used where a resource leaves the field empty"
     )
     for name, info in OperatorDefaults.model_fields.items():
-        old = (DEPRECATED_FLAGS[name],) if name in DEPRECATED_FLAGS else ()
         group.add_argument(
             flag_of(name),
-            *old,
             dest=f"default_{name}",
             metavar=_METAVARS.get(name, "REF"),
             default=None,

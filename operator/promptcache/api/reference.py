@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from promptcache._version import __version__
 from promptcache.api.constants import API_VERSION, KIND, SHORT_NAMES
 from promptcache.api.crd import openapi_schema
-from promptcache.api.rules import RULES
+from promptcache.api.pickers import PROFILES, Feature
+from promptcache.api.rules import RULES, picker_refused_fields
 
 
 def _cell(text: str) -> str:
@@ -63,6 +65,22 @@ def _rows(node: dict[str, Any], path: str) -> list[str]:
     return rows
 
 
+def _picker_rows() -> list[str]:
+    """One row per Endpoint Picker, from `api.pickers.PROFILES` (what render, status and the
+    rules read too)."""
+    rows = []
+    for profile in PROFILES.values():
+        has = ", ".join(f for f in Feature if f in profile.features) or "none"
+        refused = ", ".join(picker_refused_fields(profile.picker)) or "nothing"
+        image = profile.image.replace(__version__, "<this release>")
+        rows.append(
+            f"| `{profile.name}` ({_cell(profile.about)}) | `{image}` "
+            f"| {profile.min_block_size_tokens} | {profile.default_lru_capacity} | {has} "
+            f"| {refused} | {'yes' if profile.policy_step else 'no'} |"
+        )
+    return rows
+
+
 def api_reference_markdown() -> str:
     spec = openapi_schema()["properties"]["spec"]
     lines = [
@@ -83,6 +101,17 @@ def api_reference_markdown() -> str:
         "| on | rule | message |",
         "|---|---|---|",
         *[f"| `{r.scope}` | `{_cell(r.cel)}` | {_cell(r.message)} |" for r in RULES],
+        "",
+        "## Endpoint Pickers",
+        "",
+        "What `spec.gateway.picker` chooses (one row each in `api/pickers.py`): its image when",
+        "`gateway.eppImage` is empty, the block-size floor, the per-pod index capacity it uses",
+        "when it does not take `lruCapacityPerServer`, its optional features, the fields the",
+        "API refuses for it, and whether the gateway's policy step fronts it.",
+        "",
+        "| picker | image | block-size floor | LRU default | features | refuses | policy step |",
+        "|---|---|---|---|---|---|---|",
+        *_picker_rows(),
         "",
     ]
     return "\n".join(lines)

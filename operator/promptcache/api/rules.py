@@ -12,8 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from promptcache.api.constants import DEFAULT_VLLM_IMAGE
+from promptcache.api.constants import DEFAULT_LRU_CAPACITY_PER_SERVER, DEFAULT_VLLM_IMAGE
+from promptcache.api.pickers import Feature, lacking, profile_of
 from promptcache.contract import (
+    DEFAULT_PICKER,
     ENDPOINT_PICKER_POD,
     FLAG_WITH_SPACE_PATTERN,
     MODEL_CACHE_MOUNT_PATH,
@@ -21,9 +23,11 @@ from promptcache.contract import (
     OPERATOR_ANNOTATION_PREFIX,
     OPERATOR_POD_LABELS,
     OWNED_ENGINE_FLAGS,
+    Container,
     IsolationMode,
     OwnedEngineFlags,
     OwnedPodParts,
+    PickerTarget,
     needs_salt_key,
     owned_flag_pattern,
 )
@@ -54,55 +58,101 @@ def _unique_tier_names(prefix_cache: Any) -> bool:
     return len(names) == len(set(names))
 
 
-GIE_PICKER = "gie-v1.5"
-PROMPTCACHE_PICKER = "promptcache"
-GIE_BASED_PICKERS: tuple[str, ...] = (GIE_PICKER, PROMPTCACHE_PICKER)
-"""The pickers that are GIE v1.5.0's underneath (`contract.PickerTarget.gie_based`): its
-plugins, its prefix behaviour, its limits."""
-_BY_GIE = "gateway.picker gie-v1.5 or promptcache (GIE v1.5.0's picker)"
-_GIE_BASED_CEL = "[" + ", ".join(f"'{p}'" for p in GIE_BASED_PICKERS) + "]"
 VLLM_RENDER = "VllmRender"
 """`prefixCache.tokenProducer`'s value for vLLM's render backend."""
-"""`contract.PickerTarget`'s values, spelled out: the API package stays free of the
-contract's enum."""
+
+_NO_TOKEN_PRODUCER = lacking(Feature.TOKEN_PRODUCER)
+_NO_TIERS = lacking(Feature.PREFIX_TIERS)
+_NO_SESSIONS = lacking(Feature.SESSION_AFFINITY)
+_NO_LRU = lacking(Feature.LRU_CAPACITY)
+
+
+def _by(pickers: tuple[PickerTarget, ...]) -> str:
+    """`gateway.picker a or b (what they are)`, as the messages name the refusing pickers."""
+    names = " or ".join(p.value for p in pickers)
+    if len(pickers) > 1 and all(p.gie_based for p in pickers):
+        return f"gateway.picker {names} (GIE v1.5.0's picker)"
+    if len(pickers) == 1:
+        return f"gateway.picker {names} ({profile_of(pickers[0]).about})"
+    return f"gateway.picker {names}"
+
+
+def _not_picker_cel(pickers: tuple[PickerTarget, ...]) -> str:
+    """CEL true unless `gateway.picker` names one of `pickers` (empty: the rule does not apply;
+    the renderer checks the picker it resolves, `picker_refusals`)."""
+    if len(pickers) == 1:
+        return f"!has(self.gateway.picker) || self.gateway.picker != '{pickers[0].value}'"
+    listed = "[" + ", ".join(f"'{p.value}'" for p in pickers) + "]"
+    return f"!has(self.gateway.picker) || !(self.gateway.picker in {listed})"
+
+
+def _others(pickers: tuple[PickerTarget, ...]) -> str:
+    """The pickers a message suggests instead: the default first, then the enum's order."""
+    others = sorted(
+        (p for p in PickerTarget if p not in pickers), key=lambda p: p != DEFAULT_PICKER
+    )
+    return " or ".join(p.value for p in others)
 
 
 def picker_refusals(spec: Any, picker: str) -> list[str]:
-    """What `picker` cannot honour in `spec`, as the messages the rules below use.
+    """What `picker` cannot honour in `spec`, as the messages the rules below use (each
+    from a feature its row in `api.pickers.PROFILES` lacks).
 
     The rules check an explicit `gateway.picker`; the renderer calls this with the picker
     it resolved (the operator's default when the field is empty), so both say the same."""
+    if not picker:
+        return []
+    profile = profile_of(picker)
+    has = profile.features
     refused = []
-    if picker in GIE_BASED_PICKERS and spec.prefix_cache.token_producer == VLLM_RENDER:
+    if Feature.TOKEN_PRODUCER not in has and spec.prefix_cache.token_producer == VLLM_RENDER:
         refused.append(GIE_RENDER_MESSAGE)
-    if picker in GIE_BASED_PICKERS and spec.prefix_cache.tiers:
+    if Feature.PREFIX_TIERS not in has and spec.prefix_cache.tiers:
         refused.append(GIE_TIERS_MESSAGE)
-    if picker == GIE_PICKER and spec.session_affinity.enabled:
-        refused.append(GIE_SESSIONS_MESSAGE)  # promptcache's build has a session plugin
+    if Feature.SESSION_AFFINITY not in has and spec.session_affinity.enabled:
+        refused.append(GIE_SESSIONS_MESSAGE)
     if (
-        picker in GIE_BASED_PICKERS
-        and spec.prefix_cache.lru_capacity_per_server != GIE_LRU_CAPACITY
+        Feature.LRU_CAPACITY not in has
+        and spec.prefix_cache.lru_capacity_per_server != profile.default_lru_capacity
     ):
         refused.append(GIE_LRU_MESSAGE)
     return refused
 
 
-GIE_LRU_CAPACITY = 31250
-"""The per-pod prefix LRU GIE v1.5.0 uses whatever `lruCapacityPerServer` says."""
+REFUSED_WITHOUT: dict[Feature, str] = {
+    Feature.TOKEN_PRODUCER: f"`prefixCache.tokenProducer: {VLLM_RENDER}`",
+    Feature.PREFIX_TIERS: "`prefixCache.tiers`",
+    Feature.SESSION_AFFINITY: "`sessionAffinity.enabled`",
+    Feature.LRU_CAPACITY: (
+        f"`prefixCache.lruCapacityPerServer` other than {DEFAULT_LRU_CAPACITY_PER_SERVER}"
+    ),
+}
+"""The field `picker_refusals` refuses for a picker without each feature (the docs table)."""
+
+
+def picker_refused_fields(picker: PickerTarget) -> list[str]:
+    """What the API refuses for `picker`, by field, from its row's missing features."""
+    return [field for f, field in REFUSED_WITHOUT.items() if f not in profile_of(picker).features]
+
+
+GIE_LRU_CAPACITY = DEFAULT_LRU_CAPACITY_PER_SERVER
+"""The per-pod prefix LRU the pickers without `Feature.LRU_CAPACITY` use whatever
+`lruCapacityPerServer` says (a test holds their rows to it)."""
 GIE_LRU_MESSAGE = (
     "prefixCache.lruCapacityPerServer cannot be honoured by "
-    f"{_BY_GIE}: it "
+    f"{_by(_NO_LRU)}: it "
     f"sizes each pod's prefix index from num_gpu_blocks under autoTune, else {GIE_LRU_CAPACITY} "
     f"blocks; leave prefixCache.lruCapacityPerServer at {GIE_LRU_CAPACITY} or set "
-    "gateway.picker to llm-d-router"
+    f"gateway.picker to {_others(_NO_LRU)}"
 )
 
 
 GIE_RENDER_MESSAGE = (
     "prefixCache.tokenProducer VllmRender cannot be honoured by "
-    f"{_BY_GIE}: its "
+    f"{_by(_NO_TOKEN_PRODUCER)}: its "
     "prefix producer hashes characters and it has no token-producer plugin; leave "
-    "prefixCache.tokenProducer empty (or Estimate) or set gateway.picker to llm-d-router"
+    "prefixCache.tokenProducer empty (or Estimate) or set gateway.picker to "
+    f"{_others(_NO_TOKEN_PRODUCER)}"
 )
 RENDER_NEEDS_KEYLESS_MESSAGE = (
     "prefixCache.tokenProducer VllmRender sends the picker's own render requests through "
@@ -112,16 +162,17 @@ RENDER_NEEDS_KEYLESS_MESSAGE = (
 )
 GIE_TIERS_MESSAGE = (
     "prefixCache.tiers cannot be honoured by "
-    f"{_BY_GIE}: its prefix producers "
+    f"{_by(_NO_TIERS)}: its prefix producers "
     "all write one shared attribute and its prefix-cache-scorer ignores its parameters, so "
     "tiers would overwrite each other; remove prefixCache.tiers or set gateway.picker to "
-    "llm-d-router"
+    f"{_others(_NO_TIERS)}"
 )
 GIE_SESSIONS_MESSAGE = (
-    f"sessionAffinity.enabled cannot be honoured by gateway.picker {GIE_PICKER} (the "
-    "upstream GIE v1.5.0 picker): it has no session-affinity plugin; set "
+    f"sessionAffinity.enabled cannot be honoured by {_by(_NO_SESSIONS)}"
+    ": it has no session-affinity plugin; set "
     "sessionAffinity.enabled to false (prefix affinity still draws a conversation's next "
-    "turn to the pod holding it) or set gateway.picker to promptcache or llm-d-router"
+    "turn to the pod holding it) or set gateway.picker to "
+    f"{_others(_NO_SESSIONS)}"
 )
 
 
@@ -336,25 +387,8 @@ LORA_RULES: tuple[CrossFieldRule, ...] = (
 )
 
 
-GATEWAY_RULES: tuple[CrossFieldRule, ...] = (
-    CrossFieldRule(
-        scope="gateway",
-        cel=(
-            "!has(self.sessionShimImage) || !has(self.gatewayPolicyImage) || "
-            "self.sessionShimImage == self.gatewayPolicyImage"
-        ),
-        message=(
-            "gateway.sessionShimImage is the deprecated name of gateway.gatewayPolicyImage and "
-            "names another image: remove sessionShimImage"
-        ),
-        holds=lambda m: (
-            m.session_shim_image is None
-            or m.gateway_policy_image is None
-            or m.session_shim_image == m.gateway_policy_image
-        ),
-        field_path=".sessionShimImage",
-    ),
-)
+GATEWAY_RULES: tuple[CrossFieldRule, ...] = ()
+"""Rules over `spec.gateway` alone (none since `sessionShimImage` was removed)."""
 
 
 ENGINE_RULES: tuple[CrossFieldRule, ...] = (
@@ -387,9 +421,9 @@ _OWNED_CONTAINER_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("securityContext", "security_context", "the operator runs every container restricted"),
 )
 _FIXES: dict[str, dict[str, str]] = {
-    "vllm": {"flags": "engine.extraArgs", "image": "model.image",
+    Container.VLLM.value: {"flags": "engine.extraArgs", "image": "model.image",
              "resources": "set model.resources"},
-    "epp": {"flags": "gateway.extraFlags", "image": "gateway.eppImage",
+    Container.EPP.value: {"flags": "gateway.extraFlags", "image": "gateway.eppImage",
             "resources": "the operator sizes the Endpoint Picker"},
 }  # fmt: skip
 
@@ -650,7 +684,7 @@ RULES: tuple[CrossFieldRule, ...] = (
     CrossFieldRule(
         scope="spec",
         cel=(
-            f"!has(self.gateway.picker) || !(self.gateway.picker in {_GIE_BASED_CEL}) "
+            f"{_not_picker_cel(_NO_TIERS)} "
             "|| !has(self.prefixCache.tiers) || size(self.prefixCache.tiers) == 0"
         ),
         message=GIE_TIERS_MESSAGE,
@@ -660,7 +694,7 @@ RULES: tuple[CrossFieldRule, ...] = (
     CrossFieldRule(
         scope="spec",
         cel=(
-            f"!has(self.gateway.picker) || !(self.gateway.picker in {_GIE_BASED_CEL}) "
+            f"{_not_picker_cel(_NO_TOKEN_PRODUCER)} "
             "|| !has(self.prefixCache.tokenProducer) "
             "|| self.prefixCache.tokenProducer != 'VllmRender'"
         ),
@@ -684,10 +718,7 @@ RULES: tuple[CrossFieldRule, ...] = (
     ),
     CrossFieldRule(
         scope="spec",
-        cel=(
-            f"!has(self.gateway.picker) || self.gateway.picker != '{GIE_PICKER}' "
-            "|| !self.sessionAffinity.enabled"
-        ),
+        cel=(f"{_not_picker_cel(_NO_SESSIONS)} || !self.sessionAffinity.enabled"),
         message=GIE_SESSIONS_MESSAGE,
         holds=lambda m: GIE_SESSIONS_MESSAGE not in picker_refusals(m, m.gateway.picker or ""),
         field_path=".sessionAffinity.enabled",
@@ -695,7 +726,7 @@ RULES: tuple[CrossFieldRule, ...] = (
     CrossFieldRule(
         scope="spec",
         cel=(
-            f"!has(self.gateway.picker) || !(self.gateway.picker in {_GIE_BASED_CEL}) "
+            f"{_not_picker_cel(_NO_LRU)} "
             f"|| self.prefixCache.lruCapacityPerServer == {GIE_LRU_CAPACITY}"
         ),
         message=GIE_LRU_MESSAGE,

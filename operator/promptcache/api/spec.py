@@ -21,7 +21,11 @@ from promptcache.api.base import (
     OptionalHeaderName,
     Quantity,
 )
-from promptcache.api.constants import DEFAULT_VLLM_IMAGE
+from promptcache.api.constants import (
+    DEFAULT_BLOCK_SIZE_TOKENS,
+    DEFAULT_LRU_CAPACITY_PER_SERVER,
+    DEFAULT_VLLM_IMAGE,
+)
 from promptcache.api.podtemplate import GatewayPodTemplate, ModelPodTemplate
 from promptcache.api.rules import default_max_loras, enforce_rules
 from promptcache.contract import (
@@ -386,9 +390,9 @@ class PrefixCacheTier(ApiModel):
     """Names the tier's producer `<name>-producer` and scorer `<name>-scorer`."""
     auto_tune: bool = False
     """Tune this tier from pod metrics too (usually off: a tier exists to differ)."""
-    block_size_tokens: Annotated[int, Field(ge=1, le=65536)] = 64
+    block_size_tokens: Annotated[int, Field(ge=1, le=65536)] = DEFAULT_BLOCK_SIZE_TOKENS
     """Block size of this tier (llm-d-router raises it to 64 when smaller)."""
-    lru_capacity_per_server: Annotated[int, Field(gt=0)] = 31250
+    lru_capacity_per_server: Annotated[int, Field(gt=0)] = DEFAULT_LRU_CAPACITY_PER_SERVER
     """Blocks this tier remembers per pod."""
     weight: Annotated[float, Field(ge=0, le=100)] = 1.0
     """Weight of this tier's scorer."""
@@ -416,14 +420,14 @@ class PrefixCacheSpec(ApiModel):
 
     auto_tune: bool = True
     """Take block size and per-pod capacity from the pods' `vllm:cache_config_info`."""
-    block_size_tokens: Annotated[int, Field(ge=1, le=65536)] = 64
+    block_size_tokens: Annotated[int, Field(ge=1, le=65536)] = DEFAULT_BLOCK_SIZE_TOKENS
     """Block size when not auto-tuned. llm-d-router raises anything below 64 to 64 (tuned
     sizes too); GIE v1.5 uses it as given. The generated config shows the effective value."""
     max_prefix_tokens_to_match: Annotated[int, Field(ge=0)] = 131072
     """Prefix tokens hashed per request; wins when > 0. 0: use `maxPrefixBlocksToMatch`."""
     max_prefix_blocks_to_match: Annotated[int, Field(ge=0)] = 2048
     """Prefix blocks hashed per request when `maxPrefixTokensToMatch` is 0."""
-    lru_capacity_per_server: Annotated[int, Field(gt=0)] = 31250
+    lru_capacity_per_server: Annotated[int, Field(gt=0)] = DEFAULT_LRU_CAPACITY_PER_SERVER
     """Blocks remembered per pod when not auto-tuned."""
     weights: ScorerWeights = Field(default_factory=ScorerWeights)
     tiers: Annotated[list[PrefixCacheTier], Field(max_length=8)] = Field(default_factory=list)
@@ -515,9 +519,6 @@ class GatewaySpec(ApiModel):
     image runs it. Empty:
     the operator's default (the chart's `defaultImages.gatewayPolicy`, else the operator
     image of this release)."""
-    session_shim_image: ImageRef | None = None
-    """Deprecated: the old name of `gatewayPolicyImage` (the step was the "session shim").
-    Still honoured when `gatewayPolicyImage` is empty; status says it is deprecated."""
 
     route: RouteSpec = Field(default_factory=RouteSpec)
     pod_template: GatewayPodTemplate | None = None
@@ -530,18 +531,6 @@ class GatewaySpec(ApiModel):
     cannot be dialled from other pods, bypassing the policy step. NetworkPolicies add up: turn
     this off when a policy of your own already restricts ingress to the picker pods (ours
     would admit those ports from anywhere). Needs a CNI that enforces NetworkPolicy."""
-
-    @property
-    def policy_step_image(self) -> str | None:
-        """The image the resource names for the step, under either name."""
-        return self.gateway_policy_image or self.session_shim_image
-
-    @property
-    def deprecated_fields(self) -> list[str]:
-        """`old (use new)` for each field this object sets under a deprecated name."""
-        if self.session_shim_image is None:
-            return []
-        return ["spec.gateway.sessionShimImage (use spec.gateway.gatewayPolicyImage)"]
 
     @model_validator(mode="after")
     def _rules(self) -> GatewaySpec:

@@ -109,6 +109,8 @@ from promptcache.contract.pods import (
     MODEL_SERVER_POD,
     OPERATOR_ANNOTATION_PREFIX,
     OPERATOR_POD_LABELS,
+    Command,
+    Container,
     OwnedPodParts,
 )
 from promptcache.contract.session import (
@@ -178,6 +180,8 @@ __all__ = [
     "SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR",
     "TENANT_SALT_PARSER",
     "VLLM_LOCAL_PORT",
+    "Command",
+    "Container",
     "FrontEnv",
     "GatewayPolicyEnv",
     "GrammarError",

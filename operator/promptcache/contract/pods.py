@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Final
 
 from promptcache.contract.names import (
@@ -10,6 +11,25 @@ from promptcache.contract.names import (
     SALT_KEY_MOUNT_DIR,
     SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR,
 )
+
+
+class Container(StrEnum):
+    """The containers the operator renders: the renderer names them, the operator finds
+    them in pod statuses, the harness finds them in rendered pods, the API refuses an
+    overlay naming one it may not."""
+
+    VLLM = "vllm"
+    CACHE_FRONT = "cache-front"
+    EPP = "epp"
+    GATEWAY_POLICY = "gateway-policy"
+    """The policy step beside the Endpoint Picker (it was the session shim)."""
+
+
+class Command(StrEnum):
+    """The `promptcache` sub-commands the rendered containers run (their first argument)."""
+
+    FRONT = "front"
+    GATEWAY_POLICY = "gateway-policy"
 
 
 @dataclass(frozen=True)
@@ -46,8 +66,8 @@ MODEL_CACHE_MOUNT_PATH: Final[str] = "/model-cache"
 `model.modelCache.claimName` names one): adapters may live there too."""
 
 MODEL_SERVER_POD: Final[OwnedPodParts] = OwnedPodParts(
-    container="vllm",
-    other_containers=("cache-front",),
+    container=Container.VLLM.value,
+    other_containers=(Container.CACHE_FRONT.value,),
     volumes=("dshm", "model-cache", "tmp", "salt-key"),
     mount_paths=("/dev/shm", MODEL_CACHE_MOUNT_PATH, "/tmp"),
     env=("HF_HOME", "HOME", "VLLM_NO_USAGE_STATS", "HF_TOKEN", SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR),
@@ -55,8 +75,8 @@ MODEL_SERVER_POD: Final[OwnedPodParts] = OwnedPodParts(
 GO_MEMORY_LIMIT_ENV: Final[str] = "GOMEMLIMIT"
 """The Go runtime's soft memory limit, which the renderer sets on promptcache's picker."""
 ENDPOINT_PICKER_POD: Final[OwnedPodParts] = OwnedPodParts(
-    container="epp",
-    other_containers=("gateway-policy",),
+    container=Container.EPP.value,
+    other_containers=(Container.GATEWAY_POLICY.value,),
     volumes=("config", "salt-key"),
     mount_paths=("/config", SALT_KEY_MOUNT_DIR),
     env=("NAMESPACE", "POD_NAME", GO_MEMORY_LIMIT_ENV),

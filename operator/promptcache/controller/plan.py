@@ -21,7 +21,7 @@ from typing import Any
 from promptcache.api import (
     InvalidResourceError,
     OperatorDefaults,
-    PromptCacheDeployment,
+    ResolvedDeployment,
     parse_resource,
 )
 from promptcache.api.status import Reason
@@ -36,8 +36,9 @@ __all__ = ["Plan", "PlanMemo", "plan"]
 class Plan:
     """The render phase's result: the resolved resource, its names and its owned children."""
 
-    pcd: PromptCacheDeployment
-    """Resolved (`render.resolved`): what render rendered, operator defaults filled in."""
+    pcd: ResolvedDeployment
+    """Resolved (`api.resolved`): what render rendered, operator defaults filled in; every
+    later phase (status included) reads this, never a default."""
     names: Names
     desired: list[dict[str, Any]]
 
@@ -53,11 +54,9 @@ def plan(raw: Mapping[str, Any], defaults: OperatorDefaults) -> Plan | Problem:
     """Render phase (pure): the plan, or why the resource cannot be rendered at all."""
     try:
         parsed = parse_resource({k: raw[k] for k in ("apiVersion", "kind", "metadata", "spec")})
-        pcd = resolved(parsed, defaults)
+        pcd = resolved(parsed, defaults)  # the only place the operator's defaults are read
         names = names_of(pcd)
-        # the resource as written: render resolves it too, and says when a refusal comes
-        # from a picker the resource left to the operator's default
-        desired = [owned(m, raw) for m in render(parsed, defaults)]
+        desired = [owned(m, raw) for m in render(pcd)]
     except InvalidResourceError as error:
         return Problem(Reason.INVALID_SPEC, "; ".join(str(p) for p in error.problems))
     except RenderError as error:

@@ -238,7 +238,6 @@ class Reconciler:
         """What a schema cannot check: referenced Secrets exist, a node offers the GPUs."""
         pcd, obs = scope.pcd, scope.obs
         spec = pcd.spec
-        obs.deprecated_fields = spec.gateway.deprecated_fields
         obs.desired_replicas = spec.model.replicas
         obs.selector = selector_string(selector_labels(scope.names, Component.MODEL_SERVER))
         obs.ceiling = ceiling_of(pcd)
@@ -418,7 +417,7 @@ class Reconciler:
         return True
 
     def _monitoring(self, scope: Scope) -> bool:
-        return monitoring_enabled(scope.pcd, self.settings.defaults)
+        return monitoring_enabled(scope.pcd)
 
     async def _read(self, manifest: Mapping[str, Any]) -> dict[str, Any] | ApiError | None:
         """The live child, from its kind's cache; a refusal to list the kind (403) is returned

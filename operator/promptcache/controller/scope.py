@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from promptcache.api import PromptCacheDeployment
+from promptcache.api import ResolvedDeployment
 from promptcache.controller.observation import Observation, Problem
 from promptcache.controller.plan import Plan
 from promptcache.render import Names
@@ -58,7 +58,7 @@ class Scope:
         return str(self.raw["metadata"]["uid"])
 
     @property
-    def pcd(self) -> PromptCacheDeployment:
+    def pcd(self) -> ResolvedDeployment:
         return self.plan.pcd
 
     @property

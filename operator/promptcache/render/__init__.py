@@ -14,9 +14,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from promptcache.api import BUILT_IN_DEFAULTS, OperatorDefaults, PromptCacheDeployment
+from promptcache.api import (
+    BUILT_IN_DEFAULTS,
+    OperatorDefaults,
+    PromptCacheDeployment,
+    ResolvedDeployment,
+    resolved,
+)
 from promptcache.api.rules import picker_refusals
-from promptcache.contract import PickerTarget
 from promptcache.render.autoscaling import autoscaler
 from promptcache.render.epp import (
     epp_cluster_role_binding,
@@ -28,7 +33,6 @@ from promptcache.render.epp import (
     epp_service,
     epp_service_account,
 )
-from promptcache.render.epp_config import picker_of
 from promptcache.render.gateway import http_route, inference_pool, model_map
 from promptcache.render.model_server import (
     model_server_deployment,
@@ -37,6 +41,7 @@ from promptcache.render.model_server import (
 )
 from promptcache.render.monitoring import MONITORING_KINDS, pod_monitors
 from promptcache.render.names import Names, RenderError, names_of
+from promptcache.render.picker import picker_of
 
 __all__ = [
     "GATEWAY_KINDS",
@@ -46,43 +51,24 @@ __all__ = [
     "names_of",
     "render",
     "resolved",
-    "with_default_picker",
 ]
+
+PICKER_PATH = "spec.gateway.picker"
 
 GATEWAY_KINDS = frozenset({"InferencePool", "HTTPRoute"})
 """Kinds whose CRDs come from Gateway API / GIE and may be missing from a cluster."""
 
 
-def _refusal(refused: list[str], picker: PickerTarget, defaulted: bool) -> str:
+def _refusal(refused: list[str], pcd: ResolvedDeployment) -> str:
     """The rules' messages; when the resource named no picker, first which one it got, since
     the messages name pickers the user never wrote (the default became promptcache after 0.1.0)."""
     text = "; ".join(refused)
-    if not defaulted:
+    if PICKER_PATH not in pcd.filled:
         return text
     return (
-        f"gateway.picker is empty, so the operator's default picker {picker.value} applies "
-        f"(set gateway.picker to choose another): {text}"
+        f"gateway.picker is empty, so the operator's default picker {picker_of(pcd).value} "
+        f"applies (set gateway.picker to choose another): {text}"
     )
-
-
-def with_default_picker(pcd: PromptCacheDeployment, default: PickerTarget) -> PromptCacheDeployment:
-    """The resource with an empty `gateway.picker` set to the operator's default."""
-    if pcd.spec.gateway.picker is not None:
-        return pcd
-    gateway = pcd.spec.gateway.model_copy(update={"picker": default})
-    spec = pcd.spec.model_copy(update={"gateway": gateway})
-    return pcd.model_copy(update={"spec": spec})
-
-
-def resolved(
-    pcd: PromptCacheDeployment, defaults: OperatorDefaults = BUILT_IN_DEFAULTS
-) -> PromptCacheDeployment:
-    """The resource as it is deployed: what it leaves empty that an operator-wide default
-    fills (today the picker) filled in. `render` renders this, and whatever describes the
-    deployment (the status) must read this too, never the resource as written.
-
-    Idempotent: `resolved(resolved(p, d), d) == resolved(p, d)`."""
-    return with_default_picker(pcd, defaults.picker)
 
 
 def render(
@@ -90,17 +76,17 @@ def render(
 ) -> list[dict[str, Any]]:
     """Every child of the resource, in an order that applies cleanly (RBAC and config first).
 
-    `defaults` fills what the resource leaves empty (the operator's, or `render`'s flags),
-    through `resolved`. Raises `RenderError` when the picker the resource resolves to cannot
-    honour a field (the API server refuses the same when `gateway.picker` names it)."""
-    defaulted = pcd.spec.gateway.picker is None
+    The resource is rendered as `resolved` (api.resolve) gives it: `defaults` fill what it
+    leaves empty (the operator's, or `render`'s flags), and nothing below reads a default of
+    its own. A resource resolved already renders the same whatever `defaults`. Raises
+    `RenderError` when the picker the resource resolves to cannot honour a field (the API
+    server refuses the same when `gateway.picker` names it)."""
     pcd = resolved(pcd, defaults)
-    refused = picker_refusals(pcd.spec, picker_of(pcd).value)
+    refused = picker_refusals(pcd.spec, picker_of(pcd))
     if refused:
-        message = _refusal(refused, picker_of(pcd), defaulted)
-        raise RenderError("spec", message, reason="PickerCannotHonour")
+        raise RenderError("spec", _refusal(refused, pcd), reason="PickerCannotHonour")
     names = names_of(pcd)
-    picker_role = defaults.endpoint_picker_cluster_role
+    picker_role = pcd.operator.endpoint_picker_cluster_role
     rbac: list[dict[str, Any] | None] = (
         [epp_cluster_role_binding(names, picker_role)]
         if picker_role
@@ -113,13 +99,13 @@ def render(
         model_server_service(names),
         epp_service(names),
         epp_network_policy(pcd, names),
-        model_server_deployment(pcd, names, defaults),
-        epp_deployment(pcd, names, defaults),
+        model_server_deployment(pcd, names),
+        epp_deployment(pcd, names),
         model_server_pdb(names),
         inference_pool(pcd, names),
         http_route(pcd, names),
         model_map(pcd, names),
-        *pod_monitors(pcd, names, defaults),
+        *pod_monitors(pcd, names),
         autoscaler(pcd, names),
     ]
     return [m for m in manifests if m is not None]

@@ -6,8 +6,8 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any, Final
 
-from promptcache.api import BUILT_IN_DEFAULTS, OperatorDefaults, PromptCacheDeployment
-from promptcache.api.constants import DEFAULT_EPP_IMAGE, DEFAULT_GIE_EPP_IMAGE, DEFAULT_PICKER_IMAGE
+from promptcache.api import PromptCacheDeployment, filled
+from promptcache.api.pickers import Feature
 from promptcache.contract import (
     EPP_EXT_PROC_PORT,
     EPP_LOCAL_GRPC_PORT,
@@ -16,9 +16,10 @@ from promptcache.contract import (
     OPERATOR_ANNOTATION_PREFIX,
     SALT_KEY_MOUNT_DIR,
     SESSION_USER_FIELD,
+    Command,
+    Container,
     GatewayPolicyEnv,
     PickerFlag,
-    PickerTarget,
 )
 from promptcache.contract.gateway_policy import (
     DEFAULT_GATEWAY_POLICY_LISTEN,
@@ -34,7 +35,6 @@ from promptcache.render.epp_config import (
     endpoint_picker_config,
     endpoint_picker_config_text,
     needs_experimental_plugins,
-    picker_of,
 )
 from promptcache.render.epp_sizing import (
     go_memory_limit,
@@ -52,6 +52,7 @@ from promptcache.render.front import (
 )
 from promptcache.render.names import Component, Names, metadata, selector_labels
 from promptcache.render.overlay import apply_pod_template
+from promptcache.render.picker import picker_target
 from promptcache.render.quantities import mebibytes
 from promptcache.render.security import container_security_context, pod_security_context
 
@@ -63,18 +64,14 @@ CONFIG_DIR: Final[str] = "/config"
 CONFIG_KEY: Final[str] = "config.yaml"
 POOL_GROUP: Final[str] = "inference.networking.k8s.io"
 _READ: Final[list[str]] = ["get", "list", "watch"]
-GATEWAY_POLICY_CONTAINER: Final[str] = "gateway-policy"
+GATEWAY_POLICY_CONTAINER: Final[str] = Container.GATEWAY_POLICY.value
 """The policy step's container (it was the session shim)."""
-POLICY_COMMAND: Final[str] = "gateway-policy"
-"""`promptcache gateway-policy` (`promptcache.gateway.command.COMMAND`)."""
+POLICY_COMMAND: Final[str] = Command.GATEWAY_POLICY.value
+"""`promptcache gateway-policy`."""
+EPP_CONTAINER: Final[str] = Container.EPP.value
 TERMINATION_GRACE_SECONDS: Final[int] = 130
 GATEWAY_POLICY_DRAIN_SECONDS: Final[int] = TERMINATION_GRACE_SECONDS - 10
 """Open ext_proc streams (one per in-flight request) may finish before the pod is killed."""
-DEFAULT_IMAGES: Final[dict[PickerTarget, str]] = {
-    PickerTarget.LLM_D_ROUTER: DEFAULT_EPP_IMAGE,
-    PickerTarget.GIE: DEFAULT_GIE_EPP_IMAGE,
-    PickerTarget.PROMPTCACHE: DEFAULT_PICKER_IMAGE,
-}
 
 
 CONFIG_HASH_ANNOTATION: Final[str] = f"{OPERATOR_ANNOTATION_PREFIX}epp-config-sha256"
@@ -87,7 +84,7 @@ def config_hash(pcd: PromptCacheDeployment) -> str:
 
 def epp_image(pcd: PromptCacheDeployment) -> str:
     """`gateway.eppImage`, else the pinned release of the chosen picker."""
-    return pcd.spec.gateway.epp_image or DEFAULT_IMAGES[picker_of(pcd)]
+    return pcd.spec.gateway.epp_image or picker_target(pcd).image
 
 
 def uses_gateway_policy(pcd: PromptCacheDeployment) -> bool:
@@ -96,7 +93,7 @@ def uses_gateway_policy(pcd: PromptCacheDeployment) -> bool:
     or the body names sessions (`prompt_cache_key`, `user`; the picker reads headers only).
     Never in front of promptcache's own picker, which derives the salt itself (its
     tenant-salt parser). See docs/endpoint-picker.md, 'The gateway's policy step'."""
-    if picker_of(pcd) is PickerTarget.PROMPTCACHE:
+    if not picker_target(pcd).policy_step:
         return False
     return pcd.spec.isolation.mode != "Shared" or pcd.spec.session_affinity.enabled
 
@@ -105,7 +102,7 @@ def salts_in_picker(pcd: PromptCacheDeployment) -> bool:
     """Whether the picker container itself reads the salt key (promptcache's picker, with
     the front on: to derive salts, and to sign its predictions in any mode): it then
     mounts the front's salt Secret."""
-    return picker_of(pcd) is PickerTarget.PROMPTCACHE and signs_predictions(pcd)
+    return Feature.PREDICTED_MATCH in picker_target(pcd).features and signs_predictions(pcd)
 
 
 uses_policy_step = uses_gateway_policy
@@ -133,11 +130,11 @@ def epp_args(pcd: PromptCacheDeployment, names: Names) -> list[str]:
         # request would route. Alone on the Service's port the picker keeps its TLS default.
         args.append("--secure-serving=false")
     # GIE v1.5.0 has no such flag (an unknown flag stops it); it has no Alpha plugins either.
-    if picker_of(pcd) is PickerTarget.LLM_D_ROUTER and needs_experimental_plugins(
+    if Feature.EXPERIMENTAL_FLAG in picker_target(pcd).features and needs_experimental_plugins(
         endpoint_picker_config(pcd)
     ):
         args.append("--allow-experimental-plugins")
-    if picker_of(pcd) is PickerTarget.PROMPTCACHE:
+    if Feature.BODY_BOUNDS in picker_target(pcd).features:
         # Without the step the picker is the first process to read a body: it bounds it
         # with the front's own limits (picker/boundary), so it refuses with 413 / 408
         # exactly what the front would, before holding more of it.
@@ -155,10 +152,10 @@ def _probe(service: str, period: int) -> dict[str, Any]:
     return {"grpc": {"port": GRPC_HEALTH_PORT, "service": service}, "periodSeconds": period}
 
 
-def gateway_policy_image(pcd: PromptCacheDeployment, defaults: OperatorDefaults) -> str:
-    """The resource's `gateway.gatewayPolicyImage` (or its deprecated old name), else the
-    operator's default."""
-    return pcd.spec.gateway.policy_step_image or defaults.gateway_policy_image
+def gateway_policy_image(pcd: PromptCacheDeployment) -> str:
+    """The resolved resource's `gateway.gatewayPolicyImage` (empty, the operator's default
+    filled it)."""
+    return filled(pcd.spec.gateway.gateway_policy_image, "spec.gateway.gatewayPolicyImage")
 
 
 _ISOLATION_ENV: Final[frozenset[str]] = frozenset(
@@ -195,9 +192,7 @@ def _policy_body_limits(pcd: PromptCacheDeployment) -> tuple[int, int]:
     )
 
 
-def gateway_policy_container(
-    pcd: PromptCacheDeployment, names: Names, defaults: OperatorDefaults = BUILT_IN_DEFAULTS
-) -> dict[str, Any]:
+def gateway_policy_container(pcd: PromptCacheDeployment, names: Names) -> dict[str, Any]:
     """The gateway's policy step: tenant salt, sessions from the body, Required refusals.
 
     It owns the `grpc` port the Service targets and relays to the picker on the pod's
@@ -208,7 +203,8 @@ def gateway_policy_container(
     session = pcd.spec.session_affinity
     per_request, budget = _policy_body_limits(pcd)
     workers = step_workers(pcd)
-    names_sessions = session.enabled and picker_of(pcd) is PickerTarget.LLM_D_ROUTER
+    # only a picker with a session plugin is told the session (GIE's has none)
+    names_sessions = session.enabled and Feature.SESSION_AFFINITY in picker_target(pcd).features
     env = {
         GatewayPolicyEnv.LISTEN: DEFAULT_GATEWAY_POLICY_LISTEN,
         GatewayPolicyEnv.UPSTREAM: DEFAULT_GATEWAY_POLICY_UPSTREAM,
@@ -232,7 +228,7 @@ def gateway_policy_container(
     tcp = {"tcpSocket": {"port": "grpc"}}
     container: dict[str, Any] = {
         "name": GATEWAY_POLICY_CONTAINER,
-        "image": gateway_policy_image(pcd, defaults),
+        "image": gateway_policy_image(pcd),
         "imagePullPolicy": "IfNotPresent",
         "args": [POLICY_COMMAND],
         "env": [{"name": k, "value": v} for k, v in env.items()],
@@ -266,16 +262,14 @@ def _picker_resources(pcd: PromptCacheDeployment) -> dict[str, Any]:
     (the step holds the bodies); promptcache's picker reads bodies itself, so its limit also
     holds the bodies it may (`epp_sizing.promptcache_picker_memory`)."""
     cpu = f"{picker_millicores(pcd)}m"
-    if picker_of(pcd) is PickerTarget.PROMPTCACHE:
+    if Feature.BODY_BOUNDS in picker_target(pcd).features:
         request, limit = promptcache_picker_memory(pcd)
         return {"requests": {"cpu": cpu, "memory": mebibytes(request)},
                 "limits": {"memory": mebibytes(limit)}}  # fmt: skip
     return {"requests": {"cpu": cpu, "memory": "512Mi"}, "limits": {"memory": "2Gi"}}
 
 
-def epp_deployment(
-    pcd: PromptCacheDeployment, names: Names, defaults: OperatorDefaults = BUILT_IN_DEFAULTS
-) -> dict[str, Any]:
+def epp_deployment(pcd: PromptCacheDeployment, names: Names) -> dict[str, Any]:
     replicas = pcd.spec.gateway.replicas
     shim = uses_gateway_policy(pcd)
     # With leader election only the leader serves; probes then name the role they check.
@@ -285,7 +279,7 @@ def epp_deployment(
     # Behind the shim the EPP's ext_proc port is the shim's upstream, not a named pod port.
     grpc_port = [] if shim else [{"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"}]
     container = {
-        "name": "epp",
+        "name": EPP_CONTAINER,
         "image": epp_image(pcd),
         "imagePullPolicy": "IfNotPresent",
         "args": epp_args(pcd, names),
@@ -300,7 +294,7 @@ def epp_deployment(
                         "value": go_memory_limit(promptcache_picker_memory(pcd)[1]),
                     }
                 ]
-                if picker_of(pcd) is PickerTarget.PROMPTCACHE
+                if Feature.BODY_BOUNDS in picker_target(pcd).features
                 else []
             ),
         ],
@@ -353,13 +347,13 @@ def epp_deployment(
                         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
                         "containers": [
                             container,
-                            *([gateway_policy_container(pcd, names, defaults)] if shim else []),
+                            *([gateway_policy_container(pcd, names)] if shim else []),
                         ],
                         "volumes": volumes,
                     },
                 },
                 pcd.spec.gateway.pod_template,
-                "epp",
+                EPP_CONTAINER,
             ),
         },
     }
@@ -410,7 +404,7 @@ def epp_network_policy(pcd: PromptCacheDeployment, names: Names) -> dict[str, An
             METRICS_PORT,
             GATEWAY_POLICY_METRICS_PORT,
         )
-    elif picker_of(pcd) is PickerTarget.PROMPTCACHE:
+    elif not picker_target(pcd).policy_step:
         # no step: the picker's own served ports, the first being the one the gateway dials
         ports = (GRPC_PORT, GRPC_HEALTH_PORT, METRICS_PORT)
     else:

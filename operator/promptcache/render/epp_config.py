@@ -14,9 +14,9 @@ from __future__ import annotations
 from typing import Any, Final
 
 from promptcache.api import PromptCacheDeployment
+from promptcache.api.pickers import Feature
 from promptcache.contract import (
     DEFAULT_MAX_SESSIONS,
-    DEFAULT_PICKER,
     PREDICTED_MATCH_PLUGIN,
     SALT_KEY_FILE,
     SERVING_PORT,
@@ -29,7 +29,7 @@ from promptcache.contract import (
 )
 from promptcache.contract import PickerTarget as Picker
 from promptcache.render.names import names_of
-from promptcache.render.picker import PickerTarget, picker_target
+from promptcache.render.picker import PickerProfile, picker_of, picker_target
 from promptcache.yamlio import dump
 
 EPP_CONFIG_API_VERSION: Final[str] = "llm-d.ai/v1alpha1"
@@ -63,14 +63,8 @@ ALPHA_PLUGINS: Final[frozenset[str]] = frozenset({SESSION_FILTER})
 """Plugins the EPP loads only with `--allow-experimental-plugins`."""
 
 
-def picker_of(pcd: PromptCacheDeployment) -> Picker:
-    """The picker the resource targets; empty means the built-in default (`render` fills
-    the field from the operator's defaults first)."""
-    return pcd.spec.gateway.picker or DEFAULT_PICKER
-
-
 def _producer_parameters(
-    picker: PickerTarget,
+    picker: PickerProfile,
     *,
     auto_tune: bool,
     block_size_tokens: int,
@@ -188,7 +182,7 @@ def endpoint_picker_config(pcd: PromptCacheDeployment) -> dict[str, Any]:
         "plugins": plugins,
         "schedulingProfiles": [{"name": PROFILE, "plugins": profile}],
     }
-    if picker_of(pcd) is Picker.PROMPTCACHE:
+    if Feature.TENANT_SALT in picker_target(pcd).features:
         plugins.append({"type": TENANT_SALT_PARSER, "parameters": tenant_salt_parameters(pcd)})
         config["parser"] = {"pluginRef": TENANT_SALT_PARSER}
         if pcd.spec.front.enabled:  # the front checks what it signs
@@ -300,7 +294,7 @@ def _notes(pcd: PromptCacheDeployment) -> list[str]:
     if not target.honours_lru_capacity:
         notes.append(
             f"{target.name} uses block sizes as given and sizes each pod's prefix index from "
-            "num_gpu_blocks under autoTune, else 31250 blocks."
+            f"num_gpu_blocks under autoTune, else {target.default_lru_capacity} blocks."
         )
     floor = target.min_block_size_tokens
     if floor <= 1:

@@ -6,11 +6,11 @@ It owns the serving port the InferencePool targets; vLLM moves behind it to
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
-from promptcache.api import BUILT_IN_DEFAULTS, OperatorDefaults, PromptCacheDeployment, ceiling_of
+from promptcache.api import PromptCacheDeployment, ceiling_of, filled
+from promptcache.api.pickers import Feature, profile_of
 from promptcache.contract import (
-    DEFAULT_PICKER,
     FRONT_HEALTH_PATH,
     FRONT_LAME_DUCK_SECONDS,
     FRONT_LIFECYCLE_PORT,
@@ -20,8 +20,9 @@ from promptcache.contract import (
     SALT_KEY_SECRET_KEY,
     SERVING_PORT,
     SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR,
+    Command,
+    Container,
     FrontEnv,
-    PickerTarget,
     format_bool,
     format_cache_gib,
     format_float,
@@ -37,7 +38,7 @@ from promptcache.render.names import Names
 from promptcache.render.quantities import mebibytes
 from promptcache.render.security import container_security_context
 
-FRONT_CONTAINER = "cache-front"
+FRONT_CONTAINER: Final[str] = Container.CACHE_FRONT.value
 FRONT_LIFECYCLE_LISTEN = f"127.0.0.1:{FRONT_LIFECYCLE_PORT}"
 """Loopback only: no client, picker or Gateway can reach it; the vllm container (same
 network namespace) can."""
@@ -80,8 +81,8 @@ def signs_predictions(pcd: PromptCacheDeployment) -> bool:
     """Whether promptcache's picker signs its predictions for the fronts (issue 39): its
     own picker with the front on. In mode Shared this alone is why the pods get the salt
     Secret: the picker signs with it, the front checks with it, nothing is salted."""
-    picker = pcd.spec.gateway.picker or DEFAULT_PICKER
-    return pcd.spec.front.enabled and picker == PickerTarget.PROMPTCACHE
+    picker = profile_of(filled(pcd.spec.gateway.picker, "spec.gateway.picker"))
+    return pcd.spec.front.enabled and Feature.PREDICTED_MATCH in picker.features
 
 
 def salt_secret(pcd: PromptCacheDeployment, names: Names) -> tuple[str, str] | None:
@@ -164,20 +165,18 @@ def _resources(pcd: PromptCacheDeployment) -> dict[str, Any]:
     return {"requests": requests, "limits": limits}
 
 
-def front_image(pcd: PromptCacheDeployment, defaults: OperatorDefaults) -> str:
-    """The resource's `front.image`, else the operator's default."""
-    return pcd.spec.front.image or defaults.front_image
+def front_image(pcd: PromptCacheDeployment) -> str:
+    """The resolved resource's `front.image` (empty, the operator's default filled it)."""
+    return filled(pcd.spec.front.image, "spec.front.image")
 
 
-def front_container(
-    pcd: PromptCacheDeployment, names: Names, defaults: OperatorDefaults = BUILT_IN_DEFAULTS
-) -> dict[str, Any]:
+def front_container(pcd: PromptCacheDeployment, names: Names) -> dict[str, Any]:
     has_salt = salt_secret(pcd, names) is not None
     container: dict[str, Any] = {
         "name": FRONT_CONTAINER,
-        "image": front_image(pcd, defaults),
+        "image": front_image(pcd),
         "imagePullPolicy": "IfNotPresent",
-        "args": ["front"],
+        "args": [Command.FRONT.value],
         "ports": [{"name": "http", "containerPort": SERVING_PORT, "protocol": "TCP"}],
         "env": _env(pcd, has_salt),
         "resources": _resources(pcd),

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 from typing import Any, Final
 
-from promptcache.api import BUILT_IN_DEFAULTS, OperatorDefaults, PromptCacheDeployment
+from promptcache.api import PromptCacheDeployment, ResolvedDeployment
 from promptcache.contract import (
     FRONT_LIFECYCLE_PORT,
     MODEL_CACHE_MOUNT_PATH,
     POD_TERMINATION_GRACE_SECONDS,
     SERVING_PORT,
     VLLM_LOCAL_PORT,
+    Container,
     VllmFlag,
 )
 from promptcache.render.front import front_container, salt_volume
@@ -19,7 +20,7 @@ from promptcache.render.names import Component, Names, metadata, selector_labels
 from promptcache.render.overlay import apply_pod_template
 from promptcache.render.security import container_security_context, pod_security_context
 
-VLLM_CONTAINER = "vllm"
+VLLM_CONTAINER: Final[str] = Container.VLLM.value
 MODEL_CACHE_DIR = MODEL_CACHE_MOUNT_PATH
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_RESOURCES: dict[str, str] = {"nvidia": GPU_RESOURCE, "amd": "amd.com/gpu"}
@@ -158,7 +159,7 @@ def _vllm_resources(pcd: PromptCacheDeployment) -> dict[str, Any]:
     return {"requests": requests, "limits": limits}
 
 
-def _vllm_container(pcd: PromptCacheDeployment, defaults: OperatorDefaults) -> dict[str, Any]:
+def _vllm_container(pcd: ResolvedDeployment) -> dict[str, Any]:
     spec = pcd.spec
     container: dict[str, Any] = {
         "name": VLLM_CONTAINER,
@@ -177,7 +178,7 @@ def _vllm_container(pcd: PromptCacheDeployment, defaults: OperatorDefaults) -> d
         "terminationMessagePolicy": "FallbackToLogsOnError",
         # Read-only root: vLLM writes only under HOME=/tmp (its, torch's and triton's
         # caches), HF_HOME (the model cache) and /dev/shm, all volumes.
-        "securityContext": container_security_context(run_as_user=defaults.model_server_user),
+        "securityContext": container_security_context(run_as_user=pcd.operator.model_server_user),
         "volumeMounts": [
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "model-cache", "mountPath": MODEL_CACHE_DIR},
@@ -243,15 +244,13 @@ def pod_template_labels(names: Names) -> dict[str, str]:
     }
 
 
-def model_server_deployment(
-    pcd: PromptCacheDeployment, names: Names, defaults: OperatorDefaults = BUILT_IN_DEFAULTS
-) -> dict[str, Any]:
+def model_server_deployment(pcd: ResolvedDeployment, names: Names) -> dict[str, Any]:
     spec = pcd.spec
-    containers = [_vllm_container(pcd, defaults)]
+    containers = [_vllm_container(pcd)]
     if spec.front.enabled:
-        containers.insert(0, front_container(pcd, names, defaults))
+        containers.insert(0, front_container(pcd, names))
     pod_spec: dict[str, Any] = {
-        "securityContext": pod_security_context(fs_group=defaults.model_server_user),
+        "securityContext": pod_security_context(fs_group=pcd.operator.model_server_user),
         "terminationGracePeriodSeconds": POD_TERMINATION_GRACE_SECONDS,
         "containers": containers,
         "volumes": _volumes(pcd, names),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from promptcache.api import BUILT_IN_DEFAULTS, OperatorDefaults, PromptCacheDeployment
+from promptcache.api import PromptCacheDeployment, filled
 from promptcache.render.names import Component, Names, metadata, selector_labels
 
 MONITORING_API: Final[str] = "monitoring.coreos.com/v1"
@@ -55,18 +55,16 @@ def _pod_monitor(
     }
 
 
-def monitoring_enabled(pcd: PromptCacheDeployment, defaults: OperatorDefaults) -> bool:
-    """`spec.monitoring.enabled`, or the operator's default (`--pod-monitors`) when empty."""
-    enabled = pcd.spec.monitoring.enabled
-    return defaults.pod_monitors if enabled is None else enabled
+def monitoring_enabled(pcd: PromptCacheDeployment) -> bool:
+    """`spec.monitoring.enabled` of the resolved resource (empty, the operator's
+    `--pod-monitors` filled it)."""
+    return filled(pcd.spec.monitoring.enabled, "spec.monitoring.enabled")
 
 
-def pod_monitors(
-    pcd: PromptCacheDeployment, names: Names, defaults: OperatorDefaults = BUILT_IN_DEFAULTS
-) -> list[dict[str, Any]]:
+def pod_monitors(pcd: PromptCacheDeployment, names: Names) -> list[dict[str, Any]]:
     """The model servers' PodMonitor (the front's port, which carries vLLM's metrics too) and
     the Endpoint Picker's; none unless monitoring is enabled."""
-    if not monitoring_enabled(pcd, defaults):
+    if not monitoring_enabled(pcd):
         return []
     return [
         _pod_monitor(pcd, names, Component.MODEL_SERVER, names.model_server, "http"),

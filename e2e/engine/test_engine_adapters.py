@@ -5,8 +5,9 @@ On the local control plane, the operator reconciles `alpha` (the tiny model serv
 controller rolls its model-server pods; the harness's kubelet (`ProcessKubelet`) runs each
 pod kwok gives an IP as processes (the real cache front before a real `vllm serve`, exactly
 as the API server holds the pod) and stops each deleted pod as a kubelet would (the vllm
-container's preStop hook, SIGTERM, the grace period). The real GIE v1.5 picker of the pool
-chooses the pod of every request, as the Gateway would ask it.
+container's preStop hook, SIGTERM, the grace period). The pool's picker as rendered by
+default (promptcache's own build: GIE v1.5.0's runner and scorers with promptcache's
+plugins) chooses the pod of every request, as the Gateway would ask it.
 
 What must hold, read back from the real API server and from what clients received:
 
@@ -114,8 +115,10 @@ class Alpha:
 def alpha(
     cluster: Cluster, engine_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Alpha]:
-    if find_epp_binary(PickerTarget.GIE) is None:  # `e2e/cluster build` builds it: never skip
-        pytest.fail(missing_reason(PickerTarget.GIE))
+    if (
+        find_epp_binary(PickerTarget.PROMPTCACHE) is None
+    ):  # `e2e/cluster build` builds it: never skip
+        pytest.fail(missing_reason(PickerTarget.PROMPTCACHE))
     workdir = tmp_path_factory.mktemp("adapters")
     folders = {
         "sql-lora": tiny_adapter(engine_model, SQL),
@@ -129,9 +132,7 @@ def alpha(
     first = {"name": "sql-lora", "path": f"{MOUNT}/{folders['sql-lora'].name}"}
     with namespaced_operator(cluster, "adapters", workdir) as env:
         ns, op = env["ns"], env["op"]
-        doc = engine_resource(
-            engine_model, name=NAME, engine={"maxModelLen": 2048}, gateway={"picker": "gie-v1.5"}
-        )
+        doc = engine_resource(engine_model, name=NAME, engine={"maxModelLen": 2048})
         doc["metadata"]["namespace"] = ns
         deep_merge(
             doc["spec"],
@@ -167,9 +168,7 @@ def alpha(
         ) as kubelet:
             found = Alpha(cluster, ns, op, doc, kubelet, pool, folders)
             found.wait_adapters({"sql-lora": ("Served", 1)}, "the first pod")
-            # The picker alone chooses (the policy step would only add the tenant's prefix
-            # affinity, which this test does not look at).
-            pool.start_epp(wait_scraped=False, with_policy_step=False)
+            pool.start_epp(wait_scraped=False)
             try:
                 yield found
             finally:
@@ -709,10 +708,11 @@ async def test_the_picker_sends_an_adapter_to_the_pod_that_runs_it(alpha: Alpha)
         deep_merge(doc["spec"], patch["spec"])
         doc["spec"]["prefixCache"]["weights"]["loraAffinity"] = weight
         alpha.pool.start_epp(
-            config_text=Rendered(render_resource(doc)).epp_config_text,
+            config_text=Rendered(render_resource(doc)).epp_config_text_with_salt_key(
+                alpha.pool.salt_key_file
+            ),
             extra_args=[DEBUG_LOG_ARG],
             wait_scraped=False,
-            with_policy_step=False,
         )
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
             kv_tokens = await _kv_tokens(http, busy.url())

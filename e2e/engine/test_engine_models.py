@@ -7,13 +7,14 @@ adapter volume would be); `beta` serves tiny model B (other weights, other token
 writes their children (the router's mapping ConfigMaps among them) and their status, read
 from the real pods. Each resource is one model-server pod (the real cache front before a
 real `vllm serve`) run as processes on the IP kwok gave its pod object, whose probes decide
-its readiness, behind its own real GIE v1.5 picker and rendered gateway policy step; GIE's
+its readiness, behind its own picker as rendered by default (promptcache's build of GIE
+v1.5.0, which derives the tenant salt itself: no policy step in front of it); GIE's
 real `bbr` watches the real API server for the mapping ConfigMaps, and the model-list
 responder (`promptcache catalog`) reads the resources with only the chart's rights.
 
 The harness plays the Gateway (`harness/engine/gateway.py`): `bbr`'s ext_proc sets the model
 headers, the rendered HTTPRoutes and the chart's route for the responder are matched by
-Gateway API precedence, the chosen pool's policy step and picker choose the pod (or the
+Gateway API precedence, the chosen pool's picker chooses the pod (or the
 responder answers), over real sockets with every header the ext_procs and the route set.
 What is checked is what the engines say: which model answered (greedy output equal to that
 engine's own answer for that name, and different from every other name's), how many prompt
@@ -68,8 +69,10 @@ def gateway(
     """The real operator reconciles both resources (children, the router's mapping
     ConfigMaps, status from the real pods); their pods run as processes whose probes decide
     readiness; the responder reads the resources with only the chart's rights."""
-    if find_epp_binary(PickerTarget.GIE) is None:  # `e2e/cluster build` builds it: never skip
-        pytest.fail(missing_reason(PickerTarget.GIE))
+    if (
+        find_epp_binary(PickerTarget.PROMPTCACHE) is None
+    ):  # `e2e/cluster build` builds it: never skip
+        pytest.fail(missing_reason(PickerTarget.PROMPTCACHE))
     workdir = tmp_path_factory.mktemp("models")
     model_b = tiny_model(TinyModel(seed=1))
     adapters_dir = tiny_adapter(engine_model, next(iter(ADAPTERS.values()))).parent

@@ -90,7 +90,6 @@ def test_status_and_readiness_come_from_the_real_engine(
         engine_model,
         name=NAME,
         engine={"blockSize": BLOCK},
-        gateway={"picker": "gie-v1.5"},
     )
     resource["metadata"]["namespace"] = ns
     resource["spec"]["model"]["podTemplate"] = PROCESS_POD_TEMPLATE

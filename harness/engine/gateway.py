@@ -37,7 +37,6 @@ ADAPTERS = {"sql-lora": TinyAdapter(seed=1), "chat-lora": TinyAdapter(seed=2)}
 SERVED = {"base-a": "alpha", "sql-lora": "alpha", "chat-lora": "alpha", "base-b": "beta"}
 """Every name on the Gateway and the resource that serves it."""
 GATEWAY = {
-    "picker": "gie-v1.5",
     "route": {"parentRefs": [{"name": "shared"}], "routeByModel": True},
 }
 

@@ -4,10 +4,11 @@
 models a GPU; this one asks the engines themselves. Each pod is the rendered model-server
 pod of a test resource (`harness/engine/pods.py`: the tiny model, block size 32, PerKey
 isolation) run by `harness.pod.ProcessPod` on the IP kwok gave its pod object on the local
-control plane, so the GIE v1.5 picker (which needs an API server: it has no file discovery)
-finds it, scrapes the front's `/metrics` (vLLM's own, merged) and picks among the pods over
-ext_proc, behind the rendered gateway policy step that puts each tenant's salt into the
-body it hashes, exactly as in the demo.
+control plane, so the picker (which needs an API server: it has no file discovery) finds
+it, scrapes the front's `/metrics` (vLLM's own, merged) and picks among the pods over
+ext_proc. The picker is the default, promptcache's own build of GIE v1.5.0, which puts
+each tenant's salt into the body it hashes itself (no policy step), exactly as in the
+demo.
 
 **Workload**: tenants with a long system prompt each (their isolation key in the header,
 as clients send it; the front derives the salt), multi-turn chats whose history grows
@@ -26,7 +27,9 @@ than one maximum-length request, and the tiny model's default is 8192.)
 **Routers**, each on the same trace with a fresh picker (an empty index): `random` (no
 picker); `load-only` (the real picker, queue + KV-utilisation scorers); `prefix-aware`
 (the real picker with the config the renderer generated for the resource: prefix 3 /
-queue 2 / KV 2, autoTune from the pods' `vllm:cache_config_info`). Between routers the
+queue 2 / KV 2, autoTune from the pods' `vllm:cache_config_info`); `prefix+sessions`
+(the same with `sessionAffinity` on: each chat names its session in the rendered header,
+and the picker pins it to the pod its first turn went to). Between routers the
 engines are not restarted: each router's tenants have keys of their own, so their salts
 differ and nothing an earlier router cached can hit (vLLM evicts those blocks first: its
 free list is LRU).
@@ -67,7 +70,6 @@ from harness.epp.traffic import (
     Stats,
     Target,
     Workload,
-    for_gie,
     picker_router,
     random_router,
     run_trace,
@@ -79,7 +81,9 @@ if TYPE_CHECKING:
     from harness.pod import ProcessPod
 
 ROOT = Path(__file__).resolve().parents[1]
-ROUTERS = ("random", "load-only", "prefix-aware")
+ROUTERS = ("random", "load-only", "prefix-aware", "prefix+sessions")
+"""`prefix+sessions`: the generated config of the same resource with `sessionAffinity` on,
+each chat naming its session in the rendered header."""
 ENGINE_PORT = 8001
 HITS, QUERIES = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"
 
@@ -151,14 +155,15 @@ class Plan:
     def system_prompt_tokens(self) -> int:
         return self.workload.tenants * self.workload.system_tokens
 
-    def resource(self, model: Path, namespace: str) -> dict[str, Any]:
+    def resource(self, model: Path, namespace: str, sessions: bool = False) -> dict[str, Any]:
+        """The test resource on the default picker (promptcache's), sessions on or off."""
         from harness.engine.pods import engine_resource  # noqa: PLC0415
 
         resource = engine_resource(
             model,
             name="routing",
-            gateway={"picker": "gie-v1.5"},
             engine={"maxModelLen": self.max_model_len},
+            sessionAffinity={"enabled": sessions},
         )
         resource["spec"]["model"]["replicas"] = self.pods
         resource["metadata"]["namespace"] = namespace
@@ -278,17 +283,16 @@ def drive(
     pods: list[ProcessPod],
     targets: list[Target],
     trace: list[Session],
-    generated: str,
+    configs: dict[str, str],
 ) -> Result:
     """One router over the trace; its tenants' keys are its own (fresh salts, cold caches)."""
-    from promptcache.contract import DEFAULT_ISOLATION_HEADER  # noqa: PLC0415
+    from promptcache.contract import DEFAULT_ISOLATION_HEADER, DEFAULT_SESSION_HEADER  # noqa: PLC0415
 
     client = None
     if router == "random":
         pick = random_router(targets, plan.seed)
     else:
-        config = LOAD_ONLY if router == "load-only" else generated
-        pool.start_epp(config_text=config, wait_scraped=False)
+        pool.start_epp(config_text=configs[router], wait_scraped=False)
         assert pool.epp is not None
         pool.epp.wait_scraped({p.name: 0.0 for p in pods})
         client = pool.client()
@@ -310,6 +314,7 @@ def drive(
             tenant_fields=tenant,
             model="tiny",
             extra_body={"temperature": 0},
+            session_header=DEFAULT_SESSION_HEADER if router == "prefix+sessions" else None,
         )
 
     try:
@@ -359,11 +364,20 @@ def main(argv: list[str] | None = None) -> int:
                     targets = [
                         Target(p.name, p.url(), f"{p.ip}:{rendered.target_port}") for p in pods
                     ]
-                    generated, note = for_gie(rendered.epp_config_text)
-                    say(f"picker {picker}; generated config {note}; {tpw:.2f} tokens per word")
+                    with_sessions = Rendered(
+                        render_resource(plan.resource(model, namespace, sessions=True))
+                    )
+                    configs = {
+                        "load-only": LOAD_ONLY,
+                        "prefix-aware": rendered.epp_config_text_with_salt_key(pool.salt_key_file),
+                        "prefix+sessions": with_sessions.epp_config_text_with_salt_key(
+                            pool.salt_key_file
+                        ),
+                    }
+                    say(f"picker {picker} ({rendered.picker}); {tpw:.2f} tokens per word")
                     for i, router in enumerate(plan.routers):
                         say(f"{router}: {len(trace)} sessions at {plan.rate_rps:g} req/s")
-                        r = drive(router, i, plan, pool, pods, targets, trace, generated)
+                        r = drive(router, i, plan, pool, pods, targets, trace, configs)
                         loads.append(os.getloadavg()[0])
                         results.append(r)
                         s = r.stats
@@ -392,7 +406,7 @@ def report(plan: Plan, results: list[Result], elapsed: float, loads: list[float]
     prompts = [r.stats.prompt_tokens / max(1, len(r.stats.ttft_s)) for r in results]
     print(
         f"\nRouting on real engines: {plan.pods} rendered pods (cache front + vLLM CPU build, "
-        f"tiny model), GIE v1.5 picker, {elapsed:.0f} s; load average {min(loads):.1f}-"
+        f"tiny model), promptcache's picker, {elapsed:.0f} s; load average {min(loads):.1f}-"
         f"{max(loads):.1f} on {os.cpu_count()} CPUs"
     )
     print(
@@ -465,7 +479,7 @@ def plot(plan: Plan, results: list[Result]) -> Path:
     axes[2].set_title("busiest pod's share of requests")
     fig.suptitle(
         f"Real vLLM (CPU build): {plan.pods} pods x {plan.kv_cache_bytes >> 20} MiB KV, "
-        f"{plan.workload.tenants} tenants, GIE v1.5 picker"
+        f"{plan.workload.tenants} tenants, promptcache's picker"
     )
     fig.tight_layout()
     path = plan.out / "epp-routing-real.png"

@@ -7,6 +7,7 @@ import pytest
 
 from bench import epp_routing_real, front_overhead
 from harness.engine.pods import rendered_pod_spec
+from promptcache.api import PromptCacheDeployment
 
 
 def test_front_overhead_real_mode_measures_1_8_and_64_in_one_run() -> None:
@@ -37,7 +38,7 @@ def test_front_overhead_standin_mode_keeps_its_defaults() -> None:
 def test_the_routing_workload_does_not_fit_in_one_pod() -> None:
     plan = epp_routing_real.parse(["--real"])
     assert 2 <= plan.pods <= 3
-    assert plan.routers == ("random", "load-only", "prefix-aware")
+    assert plan.routers == ("random", "load-only", "prefix-aware", "prefix+sessions")
     # the system prompts alone nearly fill one pod; with the chats they overflow it ...
     assert plan.system_prompt_tokens > 0.8 * plan.cache_tokens_per_pod
     # ... while one pod's share of the tenants fits, with room for their chats
@@ -45,7 +46,10 @@ def test_the_routing_workload_does_not_fit_in_one_pod() -> None:
     assert plan.max_model_len <= plan.cache_tokens_per_pod
     resource = plan.resource(epp_routing_real.ROOT, "bench-x")
     assert resource["spec"]["model"]["replicas"] == plan.pods
-    assert resource["spec"]["gateway"]["picker"] == "gie-v1.5"
+    assert "picker" not in resource["spec"].get("gateway", {})  # the default: promptcache's
+    with_sessions = plan.resource(epp_routing_real.ROOT, "bench-x", sessions=True)
+    assert with_sessions["spec"]["sessionAffinity"] == {"enabled": True}
+    assert PromptCacheDeployment.model_validate(with_sessions).spec.session_affinity.enabled
     # the API and the renderer take it (the rendered engine args carry the length)
     args = next(c for c in rendered_pod_spec(resource)["containers"] if c["name"] == "vllm")
     assert str(plan.max_model_len) in args["args"]

@@ -1,9 +1,10 @@
 """The picker's autoTune on real engines: the block size it hashes is the one vLLM reports.
 
 Two rendered model-server pods (cache front + real `vllm serve`, block size 32) run as
-processes on the IPs kwok gave their pod objects, behind the real GIE v1.5 picker and the
-rendered gateway policy step. The picker scrapes each front's `/metrics`, which carries the
-engine's own `vllm:cache_config_info{block_size="32",num_gpu_blocks=...}`.
+processes on the IPs kwok gave their pod objects, behind the picker as rendered by default
+(promptcache's build of GIE v1.5.0, which derives the tenant salt and signs the account
+itself: no policy step in front of it). The picker scrapes each front's `/metrics`, which
+carries the engine's own `vllm:cache_config_info{block_size="32",num_gpu_blocks=...}`.
 
 The picker's config is the rendered one with `blockSizeTokens` raised to 256, so the two
 possible sources disagree: a prompt sharing 100 tokens with an earlier one shares three
@@ -13,11 +14,11 @@ fresh picker) the shared prefix is invisible and the idle pods tie, so the picks
 Twelve prompt families each: a chance pass of the first check, or a chance fail of the
 second, is 2^-12.
 
-The same pool isolates by account (`isolation.identity`, #27): through the real picker and
-the rendered policy step, two accounts sending one isolation key get two scopes by the
-engine's own cached-token counts, and neither a forged identity header at the pod nor a
-copied attestation (through the gateway or replayed at the pod) reaches an account's
-scope. The autoTune checks send no account, so it changes nothing for them.
+The same pool isolates by account (`isolation.identity`, #27): through the real picker, two
+accounts sending one isolation key get two scopes by the engine's own cached-token counts,
+and neither a forged identity header at the pod nor a copied attestation (through the
+gateway or replayed at the pod) reaches an account's scope. The autoTune checks send no
+account, so it changes nothing for them.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ from harness.epp.extproc import chat_body
 from harness.epp.pool import PoolOnCluster
 from harness.epp.rendered import Rendered, render_resource
 from harness.epp.scenarios import settle_index, unique_text
-from harness.epp.traffic import for_gie
 from harness.extproc_gateway import envoy_applies
 from harness.pod import ProcessPod
 from harness.pytest_cluster import Cluster
@@ -70,13 +70,13 @@ PROMPT_BYTES = 800
 def real_pool(
     cluster: Cluster, engine_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[PoolOnCluster, list[ProcessPod]]]:
-    if find_epp_binary(PickerTarget.GIE) is None:  # `e2e/cluster build` builds it: never skip
-        pytest.fail(missing_reason(PickerTarget.GIE))
+    # `e2e/cluster build` builds it: never skip
+    if find_epp_binary(PickerTarget.PROMPTCACHE) is None:
+        pytest.fail(missing_reason(PickerTarget.PROMPTCACHE))
     workdir = tmp_path_factory.mktemp("picker-real")
     resource = engine_resource(
         engine_model,
         name="autotune",
-        gateway={"picker": "gie-v1.5"},
         engine={"maxModelLen": 4096},
         prefixCache={"autoTune": True},
         isolation={"identity": {"header": ACCOUNT_HEADER, "bearerToken": True}},
@@ -97,7 +97,7 @@ def real_pool(
 
 
 def _config(pool: PoolOnCluster, auto_tune: bool) -> str:
-    text, _ = for_gie(pool.rendered.epp_config_text)
+    text = pool.rendered.epp_config_text_with_salt_key(pool.salt_key_file)
     doc: dict[str, Any] = yaml.safe_load(text)
     (producer,) = [p for p in doc["plugins"] if p["type"] == PREFIX_PRODUCER]
     producer["parameters"].update(autoTune=auto_tune, blockSizeTokens=CONFIGURED_BLOCK)

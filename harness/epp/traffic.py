@@ -373,9 +373,11 @@ async def run_trace(
     tenant_fields: TenantFields = salt_in_body,
     model: str = "bench-model",
     extra_body: dict[str, Any] | None = None,
+    session_header: str | None = None,
 ) -> Stats:
     """Play the sessions at their start times; every turn is picked, streamed, accounted
-    (`extra_body`: fields every request carries)."""
+    (`extra_body`: fields every request carries; `session_header`: a header naming each
+    session, as a chat client that opts into session affinity sends it)."""
     stats = Stats(per_pod={t.name: 0 for t in targets})
     rng = random.Random(seed)
     timeout = aiohttp.ClientTimeout(total=600)
@@ -387,6 +389,8 @@ async def run_trace(
         async def session(s: Session, think: list[float]) -> None:
             await asyncio.sleep(max(0.0, start + s.start_s - time.monotonic()))
             extra, headers = tenant_fields(s.tenant)
+            if session_header is not None:
+                headers = {**headers, session_header: f"session-{s.tenant}-{s.sid}"}
             messages = [{"role": "system", "content": s.system}]
             last: float | None = None
             for question, pause in zip(s.questions, think, strict=True):

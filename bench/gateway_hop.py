@@ -56,6 +56,7 @@ import hashlib
 import json
 import os
 import random
+import statistics
 import string
 import subprocess
 import sys
@@ -373,6 +374,38 @@ def run_cell(setup: Setup, cell: Cell, seconds: float, warmup: float) -> Result:
         step_peak_rss=meter.peak["step"],
         picker_peak_rss=meter.peak["picker"],
         loads=(before, loadavg()),
+    )
+
+
+def pooled(rounds: Sequence[Result]) -> Result:
+    """One cell's rounds as one result: exchanges, seconds and CPU summed (so per core is
+    every round's exchanges over every round's CPU), latencies the median of the rounds',
+    peaks the highest. Rounds of the arms alternate (`--rounds`), so what else ran on the
+    shared cores weighs on every arm alike rather than on whichever arm it met."""
+    if len(rounds) == 1:
+        return rounds[0]
+
+    def median_of(key: Callable[[Result], dict[str, float]]) -> dict[str, float]:
+        names = set().union(*(key(r) for r in rounds))
+        return {n: statistics.median(key(r)[n] for r in rounds if n in key(r)) for n in names}
+
+    refused: dict[str, int] = {}
+    for r in rounds:
+        for k, v in r.refused.items():
+            refused[k] = refused.get(k, 0) + v
+    return Result(
+        cell=rounds[0].cell,
+        seconds=sum(r.seconds for r in rounds),
+        exchanges=sum(r.exchanges for r in rounds),
+        refused=refused,
+        errors=sum(r.errors for r in rounds),
+        first_error=next((r.first_error for r in rounds if r.first_error), ""),
+        pick_ms=median_of(lambda r: r.pick_ms),
+        exchange_ms=median_of(lambda r: r.exchange_ms),
+        cpu={k: sum(r.cpu[k] for r in rounds) for k in rounds[0].cpu},
+        step_peak_rss=max(r.step_peak_rss for r in rounds),
+        picker_peak_rss=max(r.picker_peak_rss for r in rounds),
+        loads=(rounds[0].loads[0], rounds[-1].loads[1]),
     )
 
 
@@ -727,6 +760,18 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="add the prototype that preceded promptcache's picker (bench/salting_picker)",
     )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure each cell this many times, the arms alternating, and pool the rounds "
+        "(a shared machine's load then weighs on every arm alike)",
+    )
+    ap.add_argument(
+        "--arms",
+        default=None,
+        help=f"comma-separated arms to measure besides {PICKER} (default: every arm set up)",
+    )
     ap.add_argument("--json", type=Path, default=None, help="write every cell here")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "img", help="plot directory")
     ap.add_argument("--no-plot", action="store_true")
@@ -750,21 +795,26 @@ def main(argv: list[str] | None = None) -> int:
         setup,
     ):
         setup.loadgen = loadgen
+        chosen = [PICKER, *args.arms.split(",")] if args.arms else list(setup.arms)
+        arms = [a for a in setup.arms if a in chosen]
         for size, mode, c in cells:
-            for arm in setup.arms:
-                r = run_cell(setup, Cell(size, mode, c, arm), seconds, args.warmup)
-                results.append(r)
-                print(
-                    f"{size:>6} {mode:>8} c={c:<3} {arm:>7}: {r.rate:6.0f}/s "
-                    f"{r.per_core:6.0f}/s/core pick p50 {r.pick_ms.get('p50', 0):7.2f} "
-                    f"p99 {r.pick_ms.get('p99', 0):7.2f} ms  cores "
-                    + " ".join(f"{k}={v / r.seconds:.2f}" for k, v in r.cpu.items())
-                    + f" rss step {r.step_peak_rss / 1024**2:.0f}M"
-                    + f" picker {r.picker_peak_rss / 1024**2:.0f}M"
-                    + f" refused={r.refused} errors={r.errors} {r.first_error[:80]}"
-                    + f" load {r.loads[0]:.1f}->{r.loads[1]:.1f}",
-                    flush=True,
-                )
+            rounds: dict[str, list[Result]] = {arm: [] for arm in arms}
+            for _ in range(max(args.rounds, 1)):
+                for arm in arms:
+                    r = run_cell(setup, Cell(size, mode, c, arm), seconds, args.warmup)
+                    rounds[arm].append(r)
+                    print(
+                        f"{size:>6} {mode:>8} c={c:<3} {arm:>7}: {r.rate:6.0f}/s "
+                        f"{r.per_core:6.0f}/s/core pick p50 {r.pick_ms.get('p50', 0):7.2f} "
+                        f"p99 {r.pick_ms.get('p99', 0):7.2f} ms  cores "
+                        + " ".join(f"{k}={v / r.seconds:.2f}" for k, v in r.cpu.items())
+                        + f" rss step {r.step_peak_rss / 1024**2:.0f}M"
+                        + f" picker {r.picker_peak_rss / 1024**2:.0f}M"
+                        + f" refused={r.refused} errors={r.errors} {r.first_error[:80]}"
+                        + f" load {r.loads[0]:.1f}->{r.loads[1]:.1f}",
+                        flush=True,
+                    )
+            results += [pooled(rs) for rs in rounds.values()]
     load = (load0, loadavg())
     print()
     print(table(results))

@@ -52,6 +52,11 @@ func KeyBinding(values []string) []byte {
 // Sign is attestation.py's sign: the header value vouching for account on this request.
 // nonce nil draws a fresh one.
 func Sign(key []byte, account Account, keyValues []string, digest []byte, now int64, nonce []byte) string {
+	return SignWith(NewMAC(key), account, keyValues, digest, now, nonce)
+}
+
+// SignWith is Sign with the attestation key keyed once (NewMAC(AttestationKey(secret))).
+func SignWith(key *MAC, account Account, keyValues []string, digest []byte, now int64, nonce []byte) string {
 	if nonce == nil {
 		nonce = make([]byte, NonceBytes)
 		if _, err := rand.Read(nonce); err != nil {
@@ -59,7 +64,7 @@ func Sign(key []byte, account Account, keyValues []string, digest []byte, now in
 		}
 	}
 	ts := strconv.FormatInt(now, 10)
-	mac := hmacSHA256(key, attestationDomain, []byte(ts), []byte{0}, nonce, account.Digest, KeyBinding(keyValues), digest)
+	mac := key.Sum(attestationDomain, []byte(ts), []byte{0}, nonce, account.Digest, KeyBinding(keyValues), digest)
 	enc := base64.RawURLEncoding
 	return fmt.Sprintf("v1.%s.%s.%s.%s", ts, enc.EncodeToString(nonce), account.Text(), enc.EncodeToString(mac))
 }

@@ -31,7 +31,11 @@ func (a Account) Text() string { return base64.RawURLEncoding.EncodeToString(a.D
 
 // AccountDigest is identity.py's account_digest.
 func AccountDigest(secret []byte, source, value string) []byte {
-	return hmacSHA256(secret, accountDomain, []byte(source), []byte{0}, []byte(value))
+	return accountDigest(NewMAC(secret), source, value)
+}
+
+func accountDigest(mac *MAC, source, value string) []byte {
+	return mac.Sum(accountDomain, []byte(source), []byte{0}, []byte(value))
 }
 
 func hasControl(s string) bool {
@@ -103,6 +107,10 @@ func isASCIIFold(s, lower string) bool {
 // AccountAtGateway is identity.py's account_at_gateway: the identity header first, then
 // the bearer token; nil when the request names no account. headers: lower-case names.
 func AccountAtGateway(headers map[string]string, s Settings, secret []byte) (*Account, *Refusal) {
+	return accountAtGateway(headers, s, NewMAC(secret))
+}
+
+func accountAtGateway(headers map[string]string, s Settings, mac *MAC) (*Account, *Refusal) {
 	if !s.ByAccount() {
 		return nil, nil
 	}
@@ -112,7 +120,7 @@ func AccountAtGateway(headers map[string]string, s Settings, secret []byte) (*Ac
 			return nil, r
 		}
 		if value != "" {
-			return &Account{AccountDigest(secret, headerSource, value)}, nil
+			return &Account{accountDigest(mac, headerSource, value)}, nil
 		}
 	}
 	if s.IdentityBearer {
@@ -121,7 +129,7 @@ func AccountAtGateway(headers map[string]string, s Settings, secret []byte) (*Ac
 			return nil, r
 		}
 		if token != "" {
-			return &Account{AccountDigest(secret, bearerSource, token)}, nil
+			return &Account{accountDigest(mac, bearerSource, token)}, nil
 		}
 	}
 	return nil, nil

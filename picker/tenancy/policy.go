@@ -65,15 +65,41 @@ type Decision struct {
 
 // Decide runs the gateway's policy on one request: the front's checks in the front's
 // order (route, headers, body, account, apply_policy), and the salt the front derives.
+// A picker decides with a Policy built once; this is the same for one request.
 func Decide(req Request, s Settings, secret []byte) Decision {
-	d, r := decide(req, s, secret)
+	return NewPolicy(s, secret).Decide(req)
+}
+
+// Policy is the settings and the salt key with what they imply computed once, not per
+// request: the salt key's HMAC state and the fields whose spelling the body scan checks,
+// already folded. Safe for concurrent use.
+type Policy struct {
+	s      Settings
+	mac    *MAC
+	fields Fields
+	header string // the isolation-key header, lower-cased as GIE's header map is
+}
+
+// NewPolicy prepares Decide for settings s and salt key secret (nil in mode Shared).
+func NewPolicy(s Settings, secret []byte) *Policy {
+	return &Policy{
+		s: s, mac: NewMAC(secret),
+		fields: NewFields(append(append([]string(nil), PolicyFields...), s.IsolationField)),
+		header: strings.ToLower(s.IsolationHeader),
+	}
+}
+
+// Decide is Decide under this policy.
+func (p *Policy) Decide(req Request) Decision {
+	d, r := p.decide(req)
 	if r != nil {
 		return Decision{Isolation: IsolationRejected, Salt: RandomSalt(), Salted: d.Salted, Refusal: r}
 	}
 	return d
 }
 
-func decide(req Request, s Settings, secret []byte) (Decision, *Refusal) {
+func (p *Policy) decide(req Request) (Decision, *Refusal) {
+	s := p.s
 	h := req.Headers
 	method := h[":method"]
 	if method == "" {
@@ -104,11 +130,11 @@ func decide(req Request, s Settings, secret []byte) (Decision, *Refusal) {
 	if strings.ToLower(strings.TrimSpace(media)) != "application/json" {
 		return d, refuse(415, CodeUnsupportedMediaType, "this endpoint takes a JSON body: send Content-Type: application/json")
 	}
-	body, r := ParseBody(req.Body, append(PolicyFields, s.IsolationField))
+	body, r := parseBody(req.Body, p.fields)
 	if r != nil {
 		return d, r
 	}
-	account, r := AccountAtGateway(h, s, secret)
+	account, r := accountAtGateway(h, s, p.mac)
 	if r != nil {
 		return d, r
 	}
@@ -123,7 +149,7 @@ func decide(req Request, s Settings, secret []byte) (Decision, *Refusal) {
 			}
 		}
 	}
-	key, r := isolationKey(h, body, s)
+	key, r := isolationKey(h, body, s, p.header)
 	if r != nil {
 		return d, r
 	}
@@ -152,9 +178,9 @@ func decide(req Request, s Settings, secret []byte) (Decision, *Refusal) {
 	case key == nil && account == nil:
 		d.Isolation = IsolationUnkeyed
 	case account != nil:
-		d.Isolation, d.Salt = IsolationAccount, DeriveAccountSalt(secret, account.Digest, key)
+		d.Isolation, d.Salt = IsolationAccount, accountSalt(p.mac, account.Digest, key)
 	default:
-		d.Isolation, d.Salt = IsolationKeyed, DeriveSalt(secret, *key)
+		d.Isolation, d.Salt = IsolationKeyed, keyedSalt(p.mac, *key)
 	}
 	if r := checkUsage(body); r != nil {
 		return d, r
@@ -214,10 +240,10 @@ func checkPriority(body *Body, s Settings) *Refusal {
 	return nil
 }
 
-func isolationKey(h map[string]string, body *Body, s Settings) (*string, *Refusal) {
-	var keys []string
+func isolationKey(h map[string]string, body *Body, s Settings, header string) (*string, *Refusal) {
+	keys := make([]string, 0, 2)
 	if s.IsolationHeader != "" {
-		if v, ok := h[strings.ToLower(s.IsolationHeader)]; ok && v != "" {
+		if v, ok := h[header]; ok && v != "" {
 			keys = append(keys, v)
 		}
 	}
@@ -270,6 +296,10 @@ func maxLen(body *Body, s Settings) (int, bool, *Refusal) {
 
 // laxBool is pydantic's lax bool (vLLM's request models read stream flags so).
 func laxBool(raw []byte) bool {
+	switch string(raw) { // the usual values, without a decoder
+	case "true", "false", "null":
+		return true
+	}
 	var v any
 	_ = json.Unmarshal(raw, &v)
 	switch x := v.(type) {

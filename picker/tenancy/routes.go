@@ -26,7 +26,6 @@ type Route struct {
 }
 
 var (
-	pathRE  = regexp.MustCompile(`^(?:/|(?:/[A-Za-z0-9_~.-]+)+)$`)
 	queryRE = regexp.MustCompile(`^(?:[A-Za-z0-9_~.!$&'()*+,;=:@/?-]|%[0-9A-Fa-f]{2})*$`)
 	exact   = map[string]*Route{}
 	templ   []*Route
@@ -62,6 +61,44 @@ func isASCII(s string) bool {
 	return true
 }
 
+// plainPath is the pattern `^(?:/|(?:/[A-Za-z0-9_~.-]+)+)$` (routes.py's path check)
+// without a regexp on every request's path: "/", or segments of those bytes, none empty.
+func plainPath(path string) bool {
+	if path == "/" {
+		return true
+	}
+	if len(path) < 2 || path[0] != '/' || path[len(path)-1] == '/' {
+		return false
+	}
+	for i := 1; i < len(path); i++ {
+		switch c := path[i]; {
+		case c == '/':
+			if path[i-1] == '/' {
+				return false
+			}
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9',
+			c == '_', c == '~', c == '.', c == '-':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// dotSegment says whether path has a "." or ".." segment.
+func dotSegment(path string) bool {
+	for rest := path; ; {
+		seg, more, found := strings.Cut(rest, "/")
+		if seg == "." || seg == ".." {
+			return true
+		}
+		if !found {
+			return false
+		}
+		rest = more
+	}
+}
+
 // CanonicalPath is routes.py's canonical_target, returning the path.
 func CanonicalPath(raw string) (string, *Refusal) {
 	if !strings.HasPrefix(raw, "/") {
@@ -77,13 +114,11 @@ func CanonicalPath(raw string) (string, *Refusal) {
 	if strings.Contains(path, "%") {
 		return "", badTarget(raw, "the path contains percent-encoding")
 	}
-	if !pathRE.MatchString(path) {
+	if !plainPath(path) {
 		return "", badTarget(raw, "the path is not a plain path of A-Z a-z 0-9 - . _ ~ segments")
 	}
-	for _, seg := range strings.Split(path, "/") {
-		if seg == "." || seg == ".." {
-			return "", badTarget(raw, "the path contains a '.' or '..' segment")
-		}
+	if dotSegment(path) {
+		return "", badTarget(raw, "the path contains a '.' or '..' segment")
 	}
 	if hasQuery && !queryRE.MatchString(query) {
 		return "", badTarget(raw, "the query contains characters that must be percent-encoded")
@@ -127,7 +162,9 @@ func CheckRoute(method, path string) (*Route, *Refusal) {
 	if r.Kind == Refused {
 		return nil, refuse(403, CodePathForbidden, "%s is not served here", r.Path)
 	}
-	for _, m := range strings.Split(r.Methods, ",") {
+	for rest, more := r.Methods, true; more; {
+		var m string
+		m, rest, more = strings.Cut(rest, ",")
 		if m == method {
 			return r, nil
 		}

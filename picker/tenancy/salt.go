@@ -28,16 +28,24 @@ func hmacSHA256(secret []byte, parts ...[]byte) []byte {
 
 // DeriveSalt is salt.py's derive_salt: HMAC-SHA256(secret, key) as "pck1-" + base64url.
 func DeriveSalt(secret []byte, isolationKey string) string {
-	return KeyedSaltPrefix + encode(hmacSHA256(secret, []byte(isolationKey)))
+	return keyedSalt(NewMAC(secret), isolationKey)
+}
+
+func keyedSalt(mac *MAC, isolationKey string) string {
+	return KeyedSaltPrefix + encode(mac.Sum([]byte(isolationKey)))
 }
 
 // DeriveAccountSalt is salt.py's derive_account_salt; key nil means the account sent none.
 func DeriveAccountSalt(secret, account []byte, isolationKey *string) string {
+	return accountSalt(NewMAC(secret), account, isolationKey)
+}
+
+func accountSalt(mac *MAC, account []byte, isolationKey *string) string {
 	keyPart := []byte("-")
 	if isolationKey != nil {
 		keyPart = append([]byte("k"), *isolationKey...)
 	}
-	return AccountSaltPrefix + encode(hmacSHA256(secret, accountSaltDomain, account, keyPart))
+	return AccountSaltPrefix + encode(mac.Sum(accountSaltDomain, account, keyPart))
 }
 
 // RandomSalt is salt.py's random_salt: a salt no other request carries (it attracts and

@@ -2,6 +2,7 @@ package tenancy
 
 import (
 	"bytes"
+	"encoding/binary"
 	"math"
 	"strconv"
 	"strings"
@@ -36,28 +37,60 @@ var goFoldsToASCII = map[rune]rune{'\u017f': 'S', '\u212a': 'K'}
 
 // GoFold is canonical.py's go_fold: a name as encoding/json folds it to match a field.
 func GoFold(name string) string {
-	var b strings.Builder
-	for _, c := range name {
-		switch {
-		case c < utf8.RuneSelf:
-			if 'a' <= c && c <= 'z' {
-				c -= 'a' - 'A'
-			}
-			b.WriteRune(c)
-		default:
-			if f, ok := goFoldsToASCII[c]; ok {
-				c = f
-			}
-			b.WriteRune(c)
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; ('a' <= c && c <= 'z') || c >= utf8.RuneSelf {
+			return string(appendFold(make([]byte, 0, len(name)), name))
 		}
 	}
-	return b.String()
+	return name // nothing folds: no copy
+}
+
+// appendFold appends GoFold(name) to b.
+func appendFold(b []byte, name string) []byte {
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if c >= utf8.RuneSelf {
+			for _, r := range name[i:] {
+				if f, ok := goFoldsToASCII[r]; ok {
+					r = f
+				} else if 'a' <= r && r <= 'z' {
+					r -= 'a' - 'A'
+				}
+				b = utf8.AppendRune(b, r)
+			}
+			return b
+		}
+		if 'a' <= c && c <= 'z' {
+			c -= 'a' - 'A'
+		}
+		b = append(b, c)
+	}
+	return b
+}
+
+// Fields are the fields a body scan checks the spelling of (canonical.py's acted_on),
+// folded once.
+type Fields map[string]string
+
+// NewFields folds actedOn ("" entries are skipped).
+func NewFields(actedOn []string) Fields {
+	known := Fields{}
+	for _, f := range actedOn {
+		if f != "" {
+			known[GoFold(f)] = f
+		}
+	}
+	return known
 }
 
 // ParseBody is canonical.py's parse_body: strict UTF-8 without a BOM, valid JSON with
 // finite numbers, every object naming each member once, an object at the top, and no
 // top-level name folding (Go's way) onto another or onto a field in actedOn it is not.
 func ParseBody(raw []byte, actedOn []string) (*Body, *Refusal) {
+	return parseBody(raw, NewFields(actedOn))
+}
+
+func parseBody(raw []byte, known Fields) (*Body, *Refusal) {
 	if bytes.HasPrefix(raw, []byte("\xef\xbb\xbf")) || bytes.HasPrefix(raw, []byte("\xff\xfe")) || bytes.HasPrefix(raw, []byte("\xfe\xff")) {
 		return nil, refuse(400, CodeInvalidJSON, "the request body starts with a byte-order mark; send UTF-8 JSON without one")
 	}
@@ -66,7 +99,7 @@ func ParseBody(raw []byte, actedOn []string) (*Body, *Refusal) {
 	}
 	s := &scanner{data: raw}
 	s.ws()
-	body := &Body{Members: map[string]Member{}}
+	body := &Body{Members: make(map[string]Member, 8), Names: make([]string, 0, 8)}
 	if r := s.value(0, body); r != nil {
 		return nil, r
 	}
@@ -78,23 +111,54 @@ func ParseBody(raw []byte, actedOn []string) (*Body, *Refusal) {
 		return nil, refuse(400, CodeBodyNotObject, "the request body must be a JSON object")
 	}
 	body.Lone = s.lone
-	known := map[string]string{}
-	for _, f := range actedOn {
-		if f != "" {
-			known[GoFold(f)] = f
-		}
+	if name, ok := foldClash(body.Names, known); !ok {
+		return nil, refuse(400, CodeAmbiguousField, "the request body's member %q is another spelling of a field; spell each field once, exactly", name)
 	}
-	folded := map[string]string{}
-	for _, name := range body.Names {
+	return body, nil
+}
+
+// foldClash finds the first name (in order) that folds (Go's way) onto a known field it is
+// not, or onto an earlier name; ok when there is none. The folds go into one buffer and a
+// few names are compared pairwise: no map and no string per name on a request's path.
+func foldClash(names []string, known Fields) (string, bool) {
+	var arena [512]byte
+	buf := arena[:0]
+	var ends [16]int
+	if len(names) > len(ends) {
+		return foldClashMap(names, known)
+	}
+	start := 0
+	for i, name := range names {
+		buf = appendFold(buf, name)
+		fold := buf[start:]
+		if field, isField := known[string(fold)]; isField && field != name {
+			return name, false
+		}
+		prev := 0
+		for j := 0; j < i; j++ {
+			if bytes.Equal(buf[prev:ends[j]], fold) {
+				return name, false
+			}
+			prev = ends[j]
+		}
+		ends[i] = len(buf)
+		start = len(buf)
+	}
+	return "", true
+}
+
+func foldClashMap(names []string, known Fields) (string, bool) {
+	folded := make(map[string]struct{}, len(names))
+	for _, name := range names {
 		fold := GoFold(name)
 		field, isField := known[fold]
 		_, seen := folded[fold]
 		if (isField && field != name) || seen {
-			return nil, refuse(400, CodeAmbiguousField, "the request body's member %q is another spelling of a field; spell each field once, exactly", name)
+			return name, false
 		}
-		folded[fold] = name
+		folded[fold] = struct{}{}
 	}
-	return body, nil
+	return "", true
 }
 
 type scanner struct {
@@ -236,6 +300,32 @@ func (s *scanner) object(depth int, top *Body) *Refusal {
 	return nil
 }
 
+const (
+	ones  = 0x0101010101010101
+	highs = 0x8080808080808080
+)
+
+// plainRun is how many bytes at the start of b need nothing done inside a JSON string (no
+// '"', no '\\', none below 0x20), eight at a time: a body's text is almost all such bytes.
+// A word with a flagged byte is finished one byte at a time (the word test is exact about
+// whether a word holds one: a borrow only spreads above a byte that matched).
+func plainRun(b []byte) int {
+	i := 0
+	for ; i+8 <= len(b); i += 8 {
+		x := binary.LittleEndian.Uint64(b[i:])
+		q, bs := x^(ones*'"'), x^(ones*'\\')
+		if ((x-ones*0x20)&^x|(q-ones)&^q|(bs-ones)&^bs)&highs != 0 {
+			break
+		}
+	}
+	for ; i < len(b); i++ {
+		if c := b[i]; c == '"' || c == '\\' || c < 0x20 {
+			break
+		}
+	}
+	return i
+}
+
 func hex4(b []byte) (rune, bool) {
 	if len(b) < 4 {
 		return 0, false
@@ -248,6 +338,15 @@ func hex4(b []byte) (rune, bool) {
 // noted in s.lone); values are only checked, not copied.
 func (s *scanner) str(keep bool) (string, *Refusal) {
 	s.pos++ // opening quote
+	// The usual string (no escape, no control character) in one pass: a name is one copy.
+	if i := s.pos + plainRun(s.data[s.pos:]); i < len(s.data) && s.data[i] == '"' {
+		out := ""
+		if keep {
+			out = string(s.data[s.pos:i])
+		}
+		s.pos = i + 1
+		return out, nil
+	}
 	var b strings.Builder
 	write := func(p []byte) {
 		if keep {
@@ -277,9 +376,7 @@ func (s *scanner) str(keep bool) (string, *Refusal) {
 			return "", s.bad("invalid control character")
 		case c != '\\':
 			start := s.pos
-			for s.pos < len(s.data) && s.data[s.pos] != '"' && s.data[s.pos] != '\\' && s.data[s.pos] >= 0x20 {
-				s.pos++
-			}
+			s.pos += plainRun(s.data[s.pos:])
 			write(s.data[start:s.pos])
 			continue
 		}

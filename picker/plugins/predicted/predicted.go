@@ -56,7 +56,7 @@ type Parameters struct {
 // capacity estimates, into the forwarded request.
 type Plugin struct {
 	name     fwkplugin.TypedName
-	key      []byte
+	signer   *prediction.Signer // the prediction key, keyed once
 	now      func() time.Time
 	handle   fwkplugin.Handle
 	producer string
@@ -93,7 +93,7 @@ func New(name string, secret []byte, params Parameters, handle fwkplugin.Handle)
 	}
 	return &Plugin{
 		name:     fwkplugin.TypedName{Type: Type, Name: name},
-		key:      prediction.Key(secret),
+		signer:   prediction.NewSigner(prediction.Key(secret)),
 		now:      time.Now,
 		handle:   handle,
 		producer: params.ProducerName,
@@ -260,7 +260,7 @@ func (p *Plugin) PreRequest(_ context.Context, request *scheduling.LLMRequest, r
 	if result != nil {
 		if primary := result.ProfileResults[result.PrimaryProfileName]; primary != nil && len(primary.TargetEndpoints) > 0 {
 			if pred, ok := Of(primary.TargetEndpoints[0]); ok {
-				value = prediction.Sign(p.key, pred, p.now().Unix(), nil)
+				value = p.signer.Sign(pred, p.now().Unix(), nil)
 			}
 		}
 	}

@@ -63,8 +63,8 @@ type Parser struct {
 	*openai.OpenAIParser
 	name     fwkplugin.TypedName
 	settings tenancy.Settings
-	secret   []byte
-	signKey  []byte
+	policy   *tenancy.Policy // the settings and salt key, prepared once
+	signKey  *tenancy.MAC    // the attestation key, keyed once (nil: no account is signed)
 	now      func() time.Time
 }
 
@@ -77,11 +77,11 @@ func New(name string, s tenancy.Settings, secret []byte) *Parser {
 		OpenAIParser: openai.NewOpenAIParser(),
 		name:         fwkplugin.TypedName{Type: Type, Name: name},
 		settings:     s,
-		secret:       secret,
+		policy:       tenancy.NewPolicy(s, secret),
 		now:          time.Now,
 	}
 	if secret != nil && s.ByAccount() {
-		p.signKey = tenancy.AttestationKey(secret)
+		p.signKey = tenancy.NewMAC(tenancy.AttestationKey(secret))
 	}
 	return p
 }
@@ -121,7 +121,7 @@ func (p *Parser) ParseRequest(ctx context.Context, body []byte, headers map[stri
 	if err != nil {
 		return nil, err
 	}
-	d := tenancy.Decide(tenancy.Request{Headers: headers, Body: body}, p.settings, p.secret)
+	d := p.policy.Decide(tenancy.Request{Headers: headers, Body: body})
 	setTypedSalt(parsed, d.Salt)
 	if d.Refusal != nil {
 		// The cache front answers it after the pick; here it only must attract nothing. It
@@ -147,7 +147,7 @@ func (p *Parser) ParseRequest(ctx context.Context, body []byte, headers map[stri
 		if v, ok := headers[lower(p.settings.IsolationHeader)]; ok && p.settings.IsolationHeader != "" {
 			keyValues = []string{v}
 		}
-		headers[tenancy.IdentityHeader] = tenancy.Sign(p.signKey, *d.Account, keyValues, digest, p.now().Unix(), nil)
+		headers[tenancy.IdentityHeader] = tenancy.SignWith(p.signKey, *d.Account, keyValues, digest, p.now().Unix(), nil)
 	}
 	return parsed, nil
 }

@@ -18,7 +18,7 @@ import (
 
 const secret = "  test-salt-key-0123456789abcdef\n" // whitespace around it, as a Secret may hold
 
-func parser(t *testing.T, params string) *Parser {
+func parser(t testing.TB, params string) *Parser {
 	t.Helper()
 	dir := t.TempDir()
 	keyFile := filepath.Join(dir, "salt-key")

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import json
 import sys
 import threading
@@ -42,7 +41,12 @@ from typing import Any
 import yaml
 
 from harness import pytest_cluster
-from harness.engine.cluster_pods import PROCESS_POD_TEMPLATE, run_on_cluster, stop_on_cluster
+from harness.engine.cluster_pods import (
+    PROCESS_POD_TEMPLATE,
+    run_on_cluster,
+    salt_key_of,
+    stop_on_cluster,
+)
 from harness.engine.pods import SERVED_NAME, engine_resource
 from harness.epp.pool import PoolOnCluster
 from harness.epp.process import EppProcess
@@ -155,18 +159,6 @@ class _StatusWatch:
         self._thread.join(timeout=10)
 
 
-def _salt_key(cluster: Any, rendered: Rendered) -> bytes | None:
-    for obj in rendered.objects:
-        if obj.get("kind") != "Deployment":
-            continue
-        for vol in obj["spec"]["template"]["spec"].get("volumes", []):
-            secret = vol.get("secret", {}).get("secretName")
-            if secret:
-                data = cluster.get_json("secret", secret, "-n", rendered.namespace)["data"]
-                return base64.b64decode(data[vol["secret"]["items"][0]["key"]])
-    return None
-
-
 def _scheduled_pods(cluster: Any, rendered: Rendered, timeout_s: float = 120) -> list[str]:
     """The model-server pods once kwok has made them Running with an IP (not Ready: that
     is for their probes to say)."""
@@ -191,7 +183,7 @@ def _run_pods(
 ) -> list[ProcessPod]:
     """Each model-server pod as it is on the API server: cache front + real vLLM."""
     rendered = pool.rendered
-    key = _salt_key(cluster, rendered)
+    key = salt_key_of(cluster, rendered)
     if key is not None:  # the operator's Secret, as the policy step mounts it
         pool.salt_key_file.write_bytes(key)
     pods: list[ProcessPod] = []

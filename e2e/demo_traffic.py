@@ -322,7 +322,7 @@ def show_cache_working(kubeconfig: Path, workdir: Path, say: Callable[[str], Non
                 epp = pool.start_epp(config_text=text, wait_scraped=False)
                 epp.wait_scraped({p.name: 0.0 for p in pods}, timeout_s=60)
                 client = pool.client()
-                pick = picker_router(client, targets)
+                pick = picker_router(client, targets, forward=True)
                 if not runs:
                     say(f"gateway path: {_gateway_path(pool.shim, epp)}")
             else:
@@ -359,11 +359,49 @@ def show_cache_working(kubeconfig: Path, workdir: Path, say: Callable[[str], Non
             f"{lo.ttft(0.99) * 1e3:.0f} ms ({pa.ttft(0.99) / lo.ttft(0.99):.2f}x)",
             flush=True,
         )
+        if picker:
+            _print_ladder(cluster, say)
         say(f"traffic part took {time.monotonic() - t0:.0f} s")
     finally:
         pool.close()
         for pod in pods:
             stop_on_cluster(cluster, NAMESPACE, pod)
+
+
+def ladder_section(described: str) -> str:
+    """The `Cache:` section of `kubectl describe pcd` (the hit-ratio ladder, issue 39), or
+    "" when the status has none."""
+    lines = described.splitlines()
+    for i, line in enumerate(lines):
+        if line.strip() == "Cache:":
+            indent = len(line) - len(line.lstrip())
+            end = next(
+                (
+                    j
+                    for j in range(i + 1, len(lines))
+                    if lines[j].strip() and len(lines[j]) - len(lines[j].lstrip()) <= indent
+                ),
+                len(lines),
+            )
+            return "\n".join(lines[i:end])
+    return ""
+
+
+def _print_ladder(cluster: Any, say: Callable[[str], None], timeout_s: float = 30) -> None:
+    """Why the hit ratio is what it is: the ladder `kubectl describe pcd` prints, over the
+    operator's status window (the prefix-aware run's requests; the load-only run's picker
+    predicts nothing, so the fronts account none of its requests)."""
+    deadline = time.monotonic() + timeout_s
+    section = ""
+    while not section and time.monotonic() < deadline:
+        out = cluster.kubectl("describe", "pcd", NAME, "-n", NAMESPACE, check=False).stdout
+        section = ladder_section(out)
+        if not section:
+            time.sleep(2)
+    if not section:
+        say("no hit-ratio ladder in the status (too few predicted prompt tokens to judge)")
+        return
+    print(f"\nkubectl describe pcd {NAME} (the hit-ratio ladder):\n{section}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

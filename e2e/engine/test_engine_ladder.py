@@ -46,7 +46,13 @@ from harness.epp.binary import find_epp_binary, missing_reason
 from harness.epp.pool import PoolOnCluster
 from harness.epp.rendered import Rendered, deep_merge, render_resource
 from harness.extproc_gateway import envoy_applies
-from harness.operator import condition, get_json, namespaced_operator, wait_for
+from harness.operator import (
+    OperatorProcess,
+    condition,
+    get_json,
+    namespaced_operator,
+    wait_for,
+)
 from harness.pod import ProcessPod
 from harness.pytest_cluster import Cluster
 from harness.vllm.server import START_TIMEOUT_S
@@ -62,8 +68,9 @@ RESYNC_S = 2
 """`namespaced_operator`'s resync period (the operator scrapes the pods at each)."""
 ROOMY_KV_BYTES = 64 << 20
 """~65k tokens of the tiny model (1 KiB a token): the chat workload's ~20k fit."""
-TIGHT_KV_BYTES = 4 << 20
-"""128 blocks of 32, ~4k tokens: what vLLM needs at least for one `maxModelLen` request."""
+TIGHT_KV_BYTES = (4 << 20) + (32 << 10)
+"""129 blocks of 32 tokens, ~4k tokens: what vLLM needs at least for one `maxModelLen`
+request (128 blocks, and the block pool keeps one back: with 4 MiB it refuses to start)."""
 MAX_MODEL_LEN = 4096
 CONVERSATIONS, TURNS = 8, 5
 SYSTEM_CHARS, TURN_CHARS = 2000, 300
@@ -101,7 +108,7 @@ class Served:
     cluster: Cluster
     ns: str
     name: str
-    op: Any
+    op: OperatorProcess
     pool: PoolOnCluster
     kubelet: ProcessKubelet
 
@@ -126,7 +133,9 @@ class Served:
         assert pick.endpoint is not None, pick
         skip = {"host", "content-length", "transfer-encoding"}
         headers = {
-            k: v for k, v in envoy_applies(pick.sent_headers, pick.responses) if k not in skip
+            k: v
+            for k, v in envoy_applies(pick.sent_headers, pick.responses)
+            if not k.startswith(":") and k not in skip
         }
         req = urllib.request.Request(
             f"http://{pick.endpoint}/v1/chat/completions",
@@ -153,25 +162,32 @@ class Served:
         cache = (pcd.get("status") or {}).get("cache")
         return dict(cache) if cache else None
 
-    def settled_ladder(self, accounted: float) -> dict[str, Any]:
-        """`status.cache` once it holds every prompt token the front accounted since the
-        workload began (`accounted`) and nothing else: the window holds this workload whole,
-        and only it."""
-        last: list[dict[str, Any] | None] = [None]
-
-        def settled() -> dict[str, Any] | None:
-            last[0] = cache = self.cache_status()
-            return cache if cache and cache.get("promptTokens") == round(accounted) else None
-
-        found: dict[str, Any] = wait_for(
-            settled,
-            f"{self.name}: status.cache of {accounted:.0f} accounted prompt tokens (last "
-            f"{last[0]})",
-            STATUS_TIMEOUT_S,
-            every=1.0,
-            operator=self.op,
+    def settled_ladder(self, run: Run) -> dict[str, Any]:
+        """`status.cache` once it holds every prompt token the front accounted during `run`
+        and nothing else (the window holds the workload whole, and only it); or, for a
+        workload that lasted longer than the window, once the window is full and was scraped
+        after the workload's last answer (it then holds the workload's last `WINDOW_S`)."""
+        accounted = round(run.accounted[LadderCounter.ACCOUNTED])
+        deadline = time.monotonic() + STATUS_TIMEOUT_S
+        cache = None
+        while time.monotonic() < deadline:
+            assert not self.op.exited(), f"the operator exited:\n{self.op.log_tail()}"
+            cache = self.cache_status()
+            if cache and cache.get("promptTokens") == accounted:
+                return cache
+            if (
+                cache
+                and time.monotonic() - run.ended > 3 * RESYNC_S
+                and 0 < cache.get("promptTokens", 0) < accounted
+                and cache.get("windowSeconds", 0) >= WINDOW_S - RESYNC_S
+            ):
+                print(f"{self.name}: the window holds the last {WINDOW_S} s of {run.seconds:.0f}")
+                return cache
+            time.sleep(1.0)
+        raise AssertionError(
+            f"{self.name}: no status.cache of the {accounted} prompt tokens the front accounted"
+            f" in {run.seconds:.0f} s (last: {cache})\n{self.op.log_tail()}"
         )
-        return found
 
     def described(self) -> str:
         out = self.cluster.kubectl("describe", "pcd", self.name, "-n", self.ns).stdout
@@ -183,11 +199,27 @@ class Served:
         )
 
 
+@dataclass(frozen=True)
+class Run:
+    """A workload played: what the pod's front accounted meanwhile, and when."""
+
+    accounted: dict[LadderCounter, float]
+    ended: float
+    """`time.monotonic()` after the last answer."""
+    seconds: float
+
+    def shares(self) -> str:
+        """The front's own ratios, for the record."""
+        total = self.accounted[LadderCounter.ACCOUNTED] or 1.0
+        ratios = ", ".join(f"{k.name.lower()} {v / total:.2f}" for k, v in self.accounted.items())
+        return f"{total:.0f} prompt tokens in {self.seconds:.0f} s ({ratios})"
+
+
 @dataclass
 class Env:
     cluster: Cluster
     ns: str
-    op: Any
+    op: OperatorProcess
     model: Path
     workdir: Path
 
@@ -260,11 +292,11 @@ def serving(env: Env, name: str, kv_cache_bytes: int) -> Iterator[Served]:
 # --- the workloads ----------------------------------------------------------------------------
 
 
-def chat(served: Served, key: str) -> dict[LadderCounter, float]:
+def chat(served: Served, key: str) -> Run:
     """`CONVERSATIONS` conversations of `TURNS` turns, taking turns (a chat service's many
     users at once), each with its own system prompt and its history resent every turn, as
-    chat clients do. Returns what the front accounted meanwhile."""
-    before = served.counters()
+    chat clients do."""
+    before, started = served.counters(), time.monotonic()
     history = [
         [{"role": "system", "content": words(1000 + c, SYSTEM_CHARS)}] for c in range(CONVERSATIONS)
     ]
@@ -272,41 +304,32 @@ def chat(served: Served, key: str) -> dict[LadderCounter, float]:
         for c, messages in enumerate(history):
             messages.append({"role": "user", "content": words(100 * c + turn, TURN_CHARS)})
             answer = served.ask(messages, key)
-            messages.append(
-                {"role": "assistant", "content": answer["choices"][0]["message"]["content"]}
-            )
-    return increase(served.counters(), before)
+            reply = answer["choices"][0]["message"]["content"]
+            messages.append({"role": "assistant", "content": reply})
+    return played(served, before, started)
 
 
-def nothing_shared(served: Served, key: str) -> dict[LadderCounter, float]:
+def nothing_shared(served: Served, key: str) -> Run:
     """`UNIQUE_PROMPTS` one-turn chats that share no prefix of a block's length."""
-    before = served.counters()
+    before, started = served.counters(), time.monotonic()
     for n in range(UNIQUE_PROMPTS):
         served.ask([{"role": "user", "content": words(50_000 + n, UNIQUE_CHARS)}], key)
-    return increase(served.counters(), before)
+    return played(served, before, started)
 
 
-def increase(
-    after: dict[LadderCounter, float], before: dict[LadderCounter, float]
-) -> dict[LadderCounter, float]:
-    return {k: after[k] - before[k] for k in LadderCounter}
+def played(served: Served, before: dict[LadderCounter, float], started: float) -> Run:
+    ended = time.monotonic()
+    after = served.counters()
+    return Run({k: after[k] - before[k] for k in LadderCounter}, ended, ended - started)
 
 
-def shares(accounted: dict[LadderCounter, float]) -> str:
-    """The front's own ratios, for the record."""
-    total = accounted[LadderCounter.ACCOUNTED] or 1.0
-    return ", ".join(f"{k.name.lower()} {v / total:.2f}" for k, v in accounted.items())
-
-
-def gone_from_window(served: Served) -> None:
-    """Until the status window no longer holds anything the front accounted before now:
-    `status.cache` is absent (too few prompt tokens to judge) at least a window after the
-    last request."""
-    quiet_since = time.monotonic()
+def gone_from_window(served: Served, run: Run) -> None:
+    """Until the status window no longer holds anything of `run`: a window (and two
+    scrapes) after its last answer, when `status.cache` is gone (too few prompt tokens to
+    judge)."""
     wait_for(
         lambda: (
-            time.monotonic() - quiet_since > WINDOW_S + 2 * RESYNC_S
-            and served.cache_status() is None
+            time.monotonic() - run.ended > WINDOW_S + 2 * RESYNC_S and served.cache_status() is None
         ),
         f"{served.name}: the window emptied",
         STATUS_TIMEOUT_S,
@@ -321,13 +344,17 @@ def gone_from_window(served: Served) -> None:
 class TestRoomyPool:
     """One engine with room to spare: a workload that fits, then one that shares nothing."""
 
+    fits: Run | None = None
+
     def test_a_chat_workload_that_fits_loses_nothing_worth_naming(self, roomy: Served) -> None:
-        accounted = chat(roomy, "team-fits")
-        print(f"\nfits: the front accounted {shares(accounted)}")
-        assert accounted[LadderCounter.ESTIMATED] == accounted[LadderCounter.ACCOUNTED], (
+        run = chat(roomy, "team-fits")
+        TestRoomyPool.fits = run
+        print(f"\nfits: the front accounted {run.shares()}")
+        estimated = run.accounted[LadderCounter.ESTIMATED]
+        assert estimated == run.accounted[LadderCounter.ACCOUNTED], (
             "every request carried the picker's workload and capacity estimates"
         )
-        ladder = roomy.settled_ladder(accounted[LadderCounter.ACCOUNTED])
+        ladder = roomy.settled_ladder(run)
         print(f"fits: status.cache {ladder}")
         text = roomy.described()
         assert ladder["largestLoss"] == "None", text
@@ -339,10 +366,11 @@ class TestRoomyPool:
         assert (cond["status"], cond["reason"]) == ("True", "AsPredicted")
 
     def test_a_workload_that_shares_nothing_names_the_workload(self, roomy: Served) -> None:
-        gone_from_window(roomy)
-        accounted = nothing_shared(roomy, "team-unique")
-        print(f"\nnothing shared: the front accounted {shares(accounted)}")
-        ladder = roomy.settled_ladder(accounted[LadderCounter.ACCOUNTED])
+        if TestRoomyPool.fits is not None:  # its requests must have left the window
+            gone_from_window(roomy, TestRoomyPool.fits)
+        run = nothing_shared(roomy, "team-unique")
+        print(f"\nnothing shared: the front accounted {run.shares()}")
+        ladder = roomy.settled_ladder(run)
         print(f"nothing shared: status.cache {ladder}")
         text = roomy.described()
         assert ladder["largestLoss"] == "Workload", text
@@ -353,10 +381,10 @@ class TestRoomyPool:
 
 
 def test_the_same_chat_workload_on_a_small_kv_cache_names_capacity(tight: Served) -> None:
-    accounted = chat(tight, "team-tight")
-    print(f"\ntight: the front accounted {shares(accounted)}")
-    assert accounted[LadderCounter.ESTIMATED] == accounted[LadderCounter.ACCOUNTED]
-    ladder = tight.settled_ladder(accounted[LadderCounter.ACCOUNTED])
+    run = chat(tight, "team-tight")
+    print(f"\ntight: the front accounted {run.shares()}")
+    assert run.accounted[LadderCounter.ESTIMATED] == run.accounted[LadderCounter.ACCOUNTED]
+    ladder = tight.settled_ladder(run)
     print(f"tight: status.cache {ladder}")
     text = tight.described()
     assert ladder["largestLoss"] == "Capacity", text

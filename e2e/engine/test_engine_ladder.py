@@ -21,7 +21,15 @@ into `status.cache`; what is checked is what `kubectl describe pcd` says:
 At most one engine runs at a time: the roomy pool serves the first and the third
 workloads (`TestRoomyPool`, its engine stopped after them), then the tight pool the second.
 
-Cost on this 2-core machine (real engines; `--durations`): TO BE MEASURED.
+What the real engines gave (2026-12-06): fits — workload 71 %, capacity 71 %, routing
+74 %, delivered 75 %, no loss named; tight — 71 %, 2 %, 0 %, 0 %, capacity named (69
+points); nothing shared — 0 % everywhere, workload named.
+
+Cost on this 2-core machine (real engines; `--durations`, 2026-12-06, at load 7-21 with
+another real-engine run beside it): the whole module 10.5 min. Set-up of each pool (one
+engine start, the picker) 1.8 min (roomy) and 4.3 min (tight, under load 21); the chat
+workloads 20 s (roomy) and 70 s (tight: every prompt prefilled whole); waiting for the
+first workload to leave the status window, then the unshared workload, 2.2 min.
 """
 
 from __future__ import annotations

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import json
 import sys
 import threading
@@ -42,7 +41,12 @@ from typing import Any
 import yaml
 
 from harness import pytest_cluster
-from harness.engine.cluster_pods import PROCESS_POD_TEMPLATE, run_on_cluster, stop_on_cluster
+from harness.engine.cluster_pods import (
+    PROCESS_POD_TEMPLATE,
+    run_on_cluster,
+    salt_key_of,
+    stop_on_cluster,
+)
 from harness.engine.pods import SERVED_NAME, engine_resource
 from harness.epp.pool import PoolOnCluster
 from harness.epp.process import EppProcess
@@ -155,18 +159,6 @@ class _StatusWatch:
         self._thread.join(timeout=10)
 
 
-def _salt_key(cluster: Any, rendered: Rendered) -> bytes | None:
-    for obj in rendered.objects:
-        if obj.get("kind") != "Deployment":
-            continue
-        for vol in obj["spec"]["template"]["spec"].get("volumes", []):
-            secret = vol.get("secret", {}).get("secretName")
-            if secret:
-                data = cluster.get_json("secret", secret, "-n", rendered.namespace)["data"]
-                return base64.b64decode(data[vol["secret"]["items"][0]["key"]])
-    return None
-
-
 def _scheduled_pods(cluster: Any, rendered: Rendered, timeout_s: float = 120) -> list[str]:
     """The model-server pods once kwok has made them Running with an IP (not Ready: that
     is for their probes to say)."""
@@ -191,7 +183,7 @@ def _run_pods(
 ) -> list[ProcessPod]:
     """Each model-server pod as it is on the API server: cache front + real vLLM."""
     rendered = pool.rendered
-    key = _salt_key(cluster, rendered)
+    key = salt_key_of(cluster, rendered)
     if key is not None:  # the operator's Secret, as the policy step mounts it
         pool.salt_key_file.write_bytes(key)
     pods: list[ProcessPod] = []
@@ -330,7 +322,7 @@ def show_cache_working(kubeconfig: Path, workdir: Path, say: Callable[[str], Non
                 epp = pool.start_epp(config_text=text, wait_scraped=False)
                 epp.wait_scraped({p.name: 0.0 for p in pods}, timeout_s=60)
                 client = pool.client()
-                pick = picker_router(client, targets)
+                pick = picker_router(client, targets, forward=True)
                 if not runs:
                     say(f"gateway path: {_gateway_path(pool.shim, epp)}")
             else:
@@ -367,11 +359,49 @@ def show_cache_working(kubeconfig: Path, workdir: Path, say: Callable[[str], Non
             f"{lo.ttft(0.99) * 1e3:.0f} ms ({pa.ttft(0.99) / lo.ttft(0.99):.2f}x)",
             flush=True,
         )
+        if picker:
+            _print_ladder(cluster, say)
         say(f"traffic part took {time.monotonic() - t0:.0f} s")
     finally:
         pool.close()
         for pod in pods:
             stop_on_cluster(cluster, NAMESPACE, pod)
+
+
+def ladder_section(described: str) -> str:
+    """The `Cache:` section of `kubectl describe pcd` (the hit-ratio ladder, issue 39), or
+    "" when the status has none."""
+    lines = described.splitlines()
+    for i, line in enumerate(lines):
+        if line.strip() == "Cache:":
+            indent = len(line) - len(line.lstrip())
+            end = next(
+                (
+                    j
+                    for j in range(i + 1, len(lines))
+                    if lines[j].strip() and len(lines[j]) - len(lines[j].lstrip()) <= indent
+                ),
+                len(lines),
+            )
+            return "\n".join(lines[i:end])
+    return ""
+
+
+def _print_ladder(cluster: Any, say: Callable[[str], None], timeout_s: float = 30) -> None:
+    """Why the hit ratio is what it is: the ladder `kubectl describe pcd` prints, over the
+    operator's status window (the prefix-aware run's requests; the load-only run's picker
+    predicts nothing, so the fronts account none of its requests)."""
+    deadline = time.monotonic() + timeout_s
+    section = ""
+    while not section and time.monotonic() < deadline:
+        out = cluster.kubectl("describe", "pcd", NAME, "-n", NAMESPACE, check=False).stdout
+        section = ladder_section(out)
+        if not section:
+            time.sleep(2)
+    if not section:
+        say("no hit-ratio ladder in the status (too few predicted prompt tokens to judge)")
+        return
+    print(f"\nkubectl describe pcd {NAME} (the hit-ratio ladder):\n{section}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

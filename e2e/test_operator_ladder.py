@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from e2e.demo_traffic import ladder_section
 from harness.net import free_port
 from harness.operator import (
     OperatorProcess,
@@ -135,6 +136,11 @@ def test_describe_names_the_largest_loss_and_the_condition_follows(
         cond = condition(get_json(cluster.kubectl, "pcd", "flat", "-n", ns), "CacheDelivering")
         assert (cond["status"], cond["reason"]) == ("True", "AsPredicted")
         assert "no step loses more than 10 points" in described(cluster, ns, "flat")
+        # what the demo prints at its end: the Cache section, message and rungs
+        section = ladder_section(cluster.kubectl("describe", "pcd", "flat", "-n", ns).stdout)
+        assert section.lstrip().startswith("Cache:"), section
+        assert "Largest Loss:" in section, section
+        assert "no step loses more than" in section, section
 
         st = ladder_of(cluster, env, "lost")
         assert st["largestLoss"] == "Delivery"

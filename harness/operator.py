@@ -19,7 +19,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -339,16 +339,19 @@ def apply_yaml(kubectl: Callable[..., Any], *docs: dict[str, Any]) -> None:
 
 
 @contextlib.contextmanager
-def namespaced_operator(cluster: Any, label: str, log_dir: Path) -> Iterator[dict[str, Any]]:
+def namespaced_operator(
+    cluster: Any, label: str, log_dir: Path, extra_args: Sequence[str] = ()
+) -> Iterator[dict[str, Any]]:
     """The CRD installed, a fresh namespace `label-…` and an operator watching only it
-    (no leader election, 2 s resyncs); the operator stopped and the namespace deleted after.
-    `cluster` is harness/pytest_cluster.Cluster. Yields `{"ns": ..., "op": ...}`."""
+    (no leader election, 2 s resyncs, then `extra_args`); the operator stopped and the
+    namespace deleted after. `cluster` is harness/pytest_cluster.Cluster. Yields
+    `{"ns": ..., "op": ...}`."""
     install_crd(cluster.kubectl)
     ns = cluster.create_namespace(label)
     op = OperatorProcess(
         kubeconfig=cluster.kubeconfig,
         log_path=log_dir / "operator.log",
-        args=["-n", ns, "--no-leader-election", "--resync-seconds", "2"],
+        args=["-n", ns, "--no-leader-election", "--resync-seconds", "2", *extra_args],
     ).start()
     try:
         yield {"ns": ns, "op": op}

@@ -30,6 +30,7 @@ from promptcache.contract import Container as Rendered
 
 if TYPE_CHECKING:
     from harness.epp.pool import PoolOnCluster
+    from harness.epp.rendered import Rendered
 
 PROCESS_POD_TEMPLATE = {"metadata": {"annotations": {PROCESS_POD_ANNOTATION: "true"}}}
 """`spec.model.podTemplate` that makes the model-server pods run as processes."""
@@ -83,6 +84,21 @@ def _write_readiness(cluster: Cluster, namespace: str) -> Any:
         )
 
     return write
+
+
+def salt_key_of(cluster: Cluster, rendered: Rendered) -> bytes | None:
+    """The key of the salt Secret the operator made for `rendered`'s pods (as the model
+    server mounts it), or None when the pods mount none: the harness's picker and policy
+    step must read the very key the fronts read, or nothing they sign is believed."""
+    for obj in rendered.objects:
+        if obj.get("kind") != "Deployment":
+            continue
+        for vol in obj["spec"]["template"]["spec"].get("volumes", []):
+            secret = vol.get("secret", {}).get("secretName")
+            if secret:
+                data = cluster.get_json("secret", secret, "-n", rendered.namespace)["data"]
+                return base64.b64decode(data[vol["secret"]["items"][0]["key"]])
+    return None
 
 
 def run_on_cluster(

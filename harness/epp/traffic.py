@@ -25,6 +25,7 @@ from typing import Any
 import aiohttp
 import yaml
 
+from harness.epp.extproc import DESTINATION_HEADER
 from promptcache.api.constants import EPP_MIN_BLOCK_SIZE_TOKENS
 
 GIE_API_VERSION = "inference.networking.x-k8s.io/v1alpha1"
@@ -183,17 +184,30 @@ def oracle_router(targets: Sequence[Target], seed: int) -> Pick:
     return pick
 
 
-def picker_router(client: Any, targets: Sequence[Target]) -> Pick:
-    """The real Endpoint Picker over ext_proc (`client` is an `ExtProcClient`)."""
+def picker_router(client: Any, targets: Sequence[Target], *, forward: bool = False) -> Pick:
+    """The real Endpoint Picker over ext_proc (`client` is an `ExtProcClient`). `forward`:
+    the headers the picker set go into `headers`, which `run_trace` then sends to the pod,
+    as a gateway forwards them (promptcache's signed prediction, which the front counts
+    for the hit-ratio ladder, is one)."""
     by_endpoint = {t.endpoint: t for t in targets}
 
     async def pick(body: dict[str, Any], headers: dict[str, str]) -> Target:
         answer = await asyncio.to_thread(client.pick, body, headers)
         if answer.endpoint not in by_endpoint:
             raise RuntimeError(f"the picker answered {answer}")
+        if forward:
+            headers.update(
+                (k, v)
+                for k, v in answer.set_headers.items()
+                if not k.startswith(":") and k not in _NOT_FORWARDED
+            )
         return by_endpoint[answer.endpoint]
 
     return pick
+
+
+_NOT_FORWARDED = frozenset({"content-length", DESTINATION_HEADER})
+"""What a gateway consumes itself rather than sends to the pod."""
 
 
 # --- picker configurations --------------------------------------------------------------------
@@ -408,8 +422,9 @@ async def run_trace(
                 if last is not None:
                     stats.gaps_s.append(t0 - last)
                 last = t0
-                target = await pick(body, headers)
-                answer = await _turn(http, target, body, headers, t0, stats)
+                sent = dict(headers)  # this turn's own: a pick may add to them
+                target = await pick(body, sent)
+                answer = await _turn(http, target, body, sent, t0, stats)
                 messages.append({"role": "assistant", "content": answer})
                 await asyncio.sleep(pause)
 

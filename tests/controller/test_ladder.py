@@ -72,6 +72,15 @@ def test_the_largest_loss_is_named_with_what_to_change(
     assert st.message.startswith("Of the prompt tokens of the last 5 min")
 
 
+@pytest.mark.parametrize(
+    ("span_s", "said"), [(0.2, "1 s"), (20, "20 s"), (119, "119 s"), (120, "2 min"), (330, "6 min")]
+)
+def test_the_sentence_names_the_span_the_window_covered(span_s: float, said: str) -> None:
+    r = rungs(increases(prompt=10_000, workload=1, capacity=1, predicted=1, delivered=1), span_s)
+    assert r is not None
+    assert status(r).message.startswith(f"Of the prompt tokens of the last {said},")
+
+
 def test_too_few_tokens_give_no_verdict() -> None:
     low = increases(prompt=MIN_PROMPT_TOKENS - 1, workload=1, capacity=1, predicted=1, delivered=0)
     assert rungs(low, 300) is None

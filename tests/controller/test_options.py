@@ -18,6 +18,7 @@ FLAG_OF = {
     "resync_s": "resync_seconds",
     "scrape_port": "scrape_port",
     "scrape_timeout_s": "scrape_timeout",
+    "status_window_s": "status_window_seconds",
     "lease_name": "lease_name",
     "lease_s": "lease_seconds",
 }
@@ -37,5 +38,6 @@ def test_the_parts_default_to_the_same_values() -> None:
     assert HandlerSettings().resync_s == defaults.resync_s
     assert ReconcileSettings().scrape_port == defaults.scrape_port
     assert ReconcileSettings().scrape_timeout_s == defaults.scrape_timeout_s
+    assert ReconcileSettings().status_window_s == defaults.status_window_s
     lease = {f.name: f.default for f in fields(LeaderElector)}
     assert lease["lease_s"] == defaults.lease_s

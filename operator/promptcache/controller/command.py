@@ -25,6 +25,7 @@ from promptcache.controller.options import (
     DEFAULT_RESYNC_SECONDS,
     DEFAULT_SCRAPE_PORT,
     DEFAULT_SCRAPE_TIMEOUT_SECONDS,
+    DEFAULT_STATUS_WINDOW_SECONDS,
     OperatorOptions,
 )
 
@@ -83,6 +84,13 @@ def register(sub: Any) -> None:
         default=DEFAULT_SCRAPE_TIMEOUT_SECONDS,
         help=f"seconds per pod scrape (default {DEFAULT_SCRAPE_TIMEOUT_SECONDS:g})",
     )
+    run.add_argument(
+        "--status-window-seconds",
+        type=float,
+        default=DEFAULT_STATUS_WINDOW_SECONDS,
+        help="window of the status' recent hit ratio and hit-ratio ladder (default "
+        f"{DEFAULT_STATUS_WINDOW_SECONDS:g})",
+    )
     run.add_argument("--no-events", action="store_true", help="do not post Kubernetes Events")
     run.add_argument(
         "--no-leader-election",
@@ -136,6 +144,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if not args.status_window_seconds > 0:
+        print("error: --status-window-seconds must be above 0", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=getattr(logging, args.log_level),
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
@@ -159,6 +170,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         resync_s=args.resync_seconds,
         scrape_port=args.scrape_port,
         scrape_timeout_s=args.scrape_timeout,
+        status_window_s=args.status_window_seconds,
         events=not args.no_events,
         leader_election=args.leader_election,
         lease_namespace=args.lease_namespace

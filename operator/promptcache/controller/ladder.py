@@ -118,11 +118,18 @@ def _pct(x: float | None) -> str:
     return "?" if x is None else f"{round(100 * x)}%"
 
 
+def _span(seconds: float) -> str:
+    """The span the window really covered: in seconds below two minutes (a window that
+    covered 20 s is not "the last 1 min"), else in minutes."""
+    if seconds < 120:
+        return f"{max(1, round(seconds))} s"
+    return f"{round(seconds / 60)} min"
+
+
 def sentence(r: Rungs) -> str:
     """What `kubectl describe` shows: the rungs, then the largest loss and what to change."""
-    minutes = max(1, round(r.span_s / 60))
     head = (
-        f"Of the prompt tokens of the last {minutes} min, a perfect cache could have served "
+        f"Of the prompt tokens of the last {_span(r.span_s)}, a perfect cache could have served "
         f"{_pct(r.workload)}, the pods' KV size {_pct(r.capacity)}, the picker predicted "
         f"{_pct(r.routing)} and the engines served {_pct(r.delivered)} from cache"
     )

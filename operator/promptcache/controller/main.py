@@ -102,6 +102,7 @@ async def serve(options: OperatorOptions) -> int:
         ReconcileSettings(
             scrape_port=options.scrape_port,
             scrape_timeout_s=options.scrape_timeout_s,
+            status_window_s=options.status_window_s,
             defaults=options.defaults,
             scrape_interval_s=options.resync_s / 2,
         ),

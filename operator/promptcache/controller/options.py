@@ -12,6 +12,7 @@ from typing import Final
 
 from promptcache.api import BUILT_IN_DEFAULTS, OperatorDefaults
 from promptcache.contract import SERVING_PORT
+from promptcache.controller.window import WINDOW_S
 
 DEFAULT_BIND_ADDRESS: Final[str] = "0.0.0.0"  # noqa: S104 - probes reach the pod IP
 DEFAULT_HEALTH_PORT: Final[int] = 8080
@@ -20,6 +21,8 @@ DEFAULT_RESYNC_SECONDS: Final[float] = 60.0
 DEFAULT_SCRAPE_PORT: Final[int] = SERVING_PORT
 """The model-server pods' metrics port: the cache front's (or vLLM's without one)."""
 DEFAULT_SCRAPE_TIMEOUT_SECONDS: Final[float] = 2.0
+DEFAULT_STATUS_WINDOW_SECONDS: Final[float] = WINDOW_S
+"""The window of the status' recent hit ratio and hit-ratio ladder (`controller.window`)."""
 DEFAULT_LEASE_NAMESPACE: Final[str] = "default"
 DEFAULT_LEASE_NAME: Final[str] = "promptcache-operator"
 DEFAULT_LEASE_SECONDS: Final[int] = 15
@@ -37,6 +40,7 @@ class OperatorOptions:
     resync_s: float = DEFAULT_RESYNC_SECONDS
     scrape_port: int = DEFAULT_SCRAPE_PORT
     scrape_timeout_s: float = DEFAULT_SCRAPE_TIMEOUT_SECONDS
+    status_window_s: float = DEFAULT_STATUS_WINDOW_SECONDS
     events: bool = True
     leader_election: bool = True
     lease_namespace: str = DEFAULT_LEASE_NAMESPACE

@@ -71,6 +71,9 @@ class PodObserver:
         """Per resource: when its pods were last scraped and what they said, by IP."""
         self.served = ServedModelsCache()
 
+    def _window(self) -> HitWindow:
+        return HitWindow(window_s=self.settings.status_window_s)
+
     def forget(self, uid: str) -> None:
         self.windows.pop(uid, None)
         self.ladders.pop(uid, None)
@@ -91,7 +94,7 @@ class PodObserver:
         await self.observe_adapters(scope, pods)
         if not ips:
             return ScrapedPrefixCache(), WindowedRatio(None, 0.0, 0.0)
-        window = self.windows.setdefault(scope.uid, HitWindow())
+        window = self.windows.setdefault(scope.uid, self._window())
         last = self.scraped.get(scope.uid)
         if (
             last is not None
@@ -113,7 +116,7 @@ class PodObserver:
         self.scraped[scope.uid] = (started, results)
         now = time.monotonic()
         recent = window.add(now, {ip: (m.hits, m.queries) for ip, m in results.items()})
-        ladder = self.ladders.setdefault(scope.uid, HitWindow())
+        ladder = self.ladders.setdefault(scope.uid, self._window())
         ladder.record(now, {ip: m.ladder for ip, m in results.items()})
         return aggregate(list(results.values())), recent
 

@@ -73,6 +73,7 @@ from promptcache.controller.status import (
     selector_string,
     status_differs,
 )
+from promptcache.controller.window import WINDOW_S
 from promptcache.render import (
     GATEWAY_KINDS,
     MONITORING_KINDS,
@@ -108,6 +109,8 @@ class ReconcileSettings:
     defaults: OperatorDefaults = BUILT_IN_DEFAULTS
     """Operator-wide defaults for what a resource leaves empty (`promptcache run` flags)."""
     max_concurrent: int = DEFAULT_MAX_CONCURRENT
+    status_window_s: float = WINDOW_S
+    """The window of the status' recent hit ratio and ladder (`controller.window`)."""
     scrape_interval_s: float = 0.0
     """A resource's pods are scraped at most this often (the same ready pods): a burst of
     child events during a rollout must not become a burst of scrapes. `promptcache run`

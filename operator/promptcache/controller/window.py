@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from typing import Final
 
 WINDOW_S: Final[float] = 300.0
-"""The window the status' `recentHitRatio` covers: five minutes, like a dashboard's rate()."""
+"""The window the status' `recentHitRatio` and ladder cover: five minutes, like a dashboard's
+rate() (`promptcache run --status-window-seconds` sets another)."""
 
 
 @dataclass(frozen=True)

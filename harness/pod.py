@@ -51,9 +51,9 @@ from harness.vllm.cpu import cpu_engine_args, engine_cache_root, engine_env
 from harness.vllm.layer import engine_dir
 from harness.vllm.server import START_TIMEOUT_S
 from harness.vllm.slots import engine_slot
-from promptcache.contract import Container as Rendered
+from promptcache.contract import Container as ContainerName
 
-VLLM_CONTAINER = Rendered.VLLM.value
+VLLM_CONTAINER = ContainerName.VLLM.value
 SecretResolver = Callable[[str, str], bytes]
 """(Secret name, key) -> value."""
 _LOCALHOSTS = ("127.0.0.1", "0.0.0.0")

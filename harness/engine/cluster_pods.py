@@ -26,7 +26,7 @@ from e2e.localcluster.lifecycle import PROCESS_POD_ANNOTATION
 from harness.engine.pods import SaltSecrets
 from harness.pod import ProcessPod
 from harness.pytest_cluster import Cluster
-from promptcache.contract import Container as Rendered
+from promptcache.contract import Container
 
 if TYPE_CHECKING:
     from harness.epp.pool import PoolOnCluster
@@ -176,7 +176,7 @@ def start_pool_pods(
     for i, obj in enumerate(objs):
         mine = json.loads(json.dumps(spec))
         for c in mine["containers"]:
-            if c["name"] == Rendered.VLLM:
+            if c["name"] == Container.VLLM:
                 env = c.setdefault("env", [])
                 env.append(
                     {
@@ -311,7 +311,7 @@ class ProcessKubelet:
         spec = json.loads(json.dumps(obj["spec"]))
         core = self._least_bound_core(name)
         for c in spec["containers"]:
-            if c["name"] == Rendered.VLLM:  # a machine layout: each engine on a core of its own
+            if c["name"] == Container.VLLM:  # a machine layout: each engine on a core of its own
                 c.setdefault("env", []).append(
                     {"name": "VLLM_CPU_OMP_THREADS_BIND", "value": str(core)}
                 )

@@ -716,6 +716,9 @@ class StandinUpstream:
     chunks: int = 3
     """Generated tokens (stream chunks) while `usage_from_engine` is off."""
     chunk_delay: float = 0.0
+    hold_streams: asyncio.Event | None = None
+    """When set to an event, each stream pauses after its first chunk until the event is
+    set: a stream stays in flight exactly as long as a test needs, however slow the machine."""
     response_delay: float = 0.0
     healthy: bool = True
     fail_next: tuple[int, bytes] | None = None
@@ -890,6 +893,8 @@ class StandinUpstream:
             )
             chunk = {"id": "cmpl-standin", "object": chunk_object, "choices": [delta]}
             await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            if i == 0 and self.hold_streams is not None:
+                await self.hold_streams.wait()
             if self.chunk_delay and step:
                 await asyncio.sleep(self.chunk_delay)
         options = req.get("stream_options") or {}

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
 import pytest
 
 from harness.extproc_gateway import eventually
+from harness.front_process import end_front, log_tail, start_front, wait_ready
 from harness.net import free_port
 from harness.standin import StandinUpstream
 from promptcache.contract import FrontEnv, IsolationMode
@@ -158,34 +159,15 @@ async def test_real_process_serves_and_stops_on_sigterm(
         FrontEnv.SALT_KEY_FILE: str(tmp_path / "salt-key"),
         "SG_PROMPT_EMBEDS_CACHE_GIB": "0.01",
     }
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "promptcache.front",
-        "--upstream",
-        upstream_url,
-        "--listen",
-        f"127.0.0.1:{port}",
-        "--workers",
-        str(workers),
-        env=env,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    log = tmp_path / "front.log"
+    proc = await start_front(
+        ["--upstream", upstream_url, "--listen", f"127.0.0.1:{port}", "--workers", str(workers)],
+        env, log,
+    )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     try:
+        await wait_ready(base, proc, log)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
-            for _ in range(600):
-                try:
-                    async with http.get(base + "/readyz") as resp:
-                        if resp.status == 200:
-                            break
-                except aiohttp.ClientConnectionError:
-                    pass
-                assert proc.returncode is None, "the front exited during start-up"
-                await asyncio.sleep(0.1)
-            else:
-                pytest.fail("the front never became ready")
             for _ in range(2 * workers):  # new connections: each may reach another process
                 async with (
                     aiohttp.ClientSession() as fresh,
@@ -219,13 +201,39 @@ async def test_real_process_serves_and_stops_on_sigterm(
             if line.startswith("promptcache_front_prompt_embeds_cache_capacity_bytes ")
         )
         assert float(capacity.split()[1]) == int(0.01 * (1 << 30))
-    finally:
         proc.send_signal(signal.SIGTERM)
         await asyncio.wait_for(proc.wait(), 60)
-    assert proc.returncode == 0
-    # every process it started ended with it (a JSON worker left waiting for a stop sentinel
-    # kept a --workers child, and so the whole front, from exiting)
-    await eventually(lambda: _still_running(spawned) == [], within_s=10)
+        # every process it started ended with it (a JSON worker left waiting for a stop
+        # sentinel kept a --workers child, and so the whole front, from exiting)
+        await eventually(lambda: _still_running(spawned) == [], within_s=10)
+    finally:
+        await end_front(proc)
+    assert proc.returncode == 0, log_tail(log)
+
+
+async def test_workers_exit_when_the_first_process_is_killed(
+    tmp_path: Path, standin: tuple[StandinUpstream, str]
+) -> None:
+    """A SIGKILL of the front's first process (no lame duck, no terminate for its workers)
+    still ends every process it started: outside a pod's PID namespace nothing else would,
+    and a worker left serving the port would hold it from the next front."""
+    port = free_port()
+    log = tmp_path / "front.log"
+    proc = await start_front(
+        ["--upstream", standin[1], "--listen", f"127.0.0.1:{port}", "--workers", "2",
+         "--lame-duck-seconds", "0"],
+        _env(), log,
+    )  # fmt: skip
+    try:
+        await wait_ready(f"http://127.0.0.1:{port}", proc, log)
+        spawned = _descendants(proc.pid)
+        assert spawned, "no --workers child"
+        proc.kill()
+        await asyncio.wait_for(proc.wait(), 30)
+        await eventually(lambda: _still_running(spawned) == [], within_s=60)
+        assert "supervising process is gone" in log.read_text()
+    finally:
+        await end_front(proc)
 
 
 def _descendants(pid: int) -> list[int]:
@@ -276,6 +284,9 @@ async def _connects(host: str, port: int) -> bool:
     return True
 
 
+LAME_DUCK_S = 5  # long enough for a request to arrive in it on a busy machine
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 async def test_sigterm_serves_through_the_lame_duck_then_drains_streams(
     tmp_path: Path, standin: tuple[StandinUpstream, str], workers: int
@@ -284,28 +295,28 @@ async def test_sigterm_serves_through_the_lame_duck_then_drains_streams(
     after SIGTERM a stream in flight is answered whole, a request that arrives during the
     lame duck is still served (with `Connection: close`) while /readyz says 503; then the
     port refuses, and the lifecycle socket the vllm preStop waits on closes only when the
-    process has exited, after the stream's last byte."""
+    process has exited, after the stream's last byte.
+
+    Every step waits for an event, not for a time: the stream is held open by the stand-in
+    until the test has seen the port close, and the lame duck is long enough that a request
+    sent once /readyz says 503 arrives inside it."""
     upstream, upstream_url = standin
-    upstream.chunks, upstream.chunk_delay = 30, 0.1  # a 3-second stream
+    upstream.chunks = 30
+    upstream.hold_streams = held = asyncio.Event()
     port, lifecycle = free_port(), free_port()
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "promptcache.front", "--upstream", upstream_url,
-        "--listen", f"127.0.0.1:{port}", "--workers", str(workers),
-        "--lifecycle-listen", f"127.0.0.1:{lifecycle}", "--lame-duck-seconds", "1",
-        env=_env(), stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    log = tmp_path / "front.log"
+    proc = await start_front(
+        ["--upstream", upstream_url, "--listen", f"127.0.0.1:{port}",
+         "--workers", str(workers), "--lifecycle-listen", f"127.0.0.1:{lifecycle}",
+         "--lame-duck-seconds", str(LAME_DUCK_S)],
+        _env(), log,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     body = {"model": "m", "messages": [], "stream": True}
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
-            for _ in range(600):
-                with contextlib.suppress(aiohttp.ClientConnectionError):
-                    async with http.get(base + "/readyz") as resp:
-                        if resp.status == 200:
-                            break
-                assert proc.returncode is None, "the front exited during start-up"
-                await asyncio.sleep(0.1)
-            assert await _connects("127.0.0.1", lifecycle)
+        await wait_ready(base, proc, log)
+        assert await _connects("127.0.0.1", lifecycle)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http:
 
             async def stream() -> tuple[int, str]:
                 async with http.post(base + "/v1/chat/completions", json=body) as resp:
@@ -313,29 +324,46 @@ async def test_sigterm_serves_through_the_lame_duck_then_drains_streams(
 
             upstream.started.clear()
             in_flight = asyncio.create_task(stream())
-            await upstream.started.wait()
+            await asyncio.wait_for(upstream.started.wait(), 60)
             proc.send_signal(signal.SIGTERM)
-            await asyncio.sleep(0.3)
-            async with aiohttp.ClientSession() as fresh:
-                async with fresh.get(base + "/readyz") as resp:
-                    assert resp.status == 503, "not ready while stopping"
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as fresh:
+
+                async def readiness() -> int:
+                    async with fresh.get(base + "/readyz") as resp:
+                        return resp.status
+
+                await _until(readiness, 503, "not ready while stopping", log)
                 upstream.chunks = 3  # the stream in flight keeps its 30
                 async with fresh.post(
                     base + "/v1/chat/completions", json={**body, "stream": False}
                 ) as resp:
                     assert resp.status == 200, "a request in the lame duck is served"
                     assert resp.headers.get("Connection", "").lower() == "close"
-            await asyncio.sleep(1.5)
-            assert not await _connects("127.0.0.1", port), "stopped listening after it"
+            await _until(
+                lambda: _connects("127.0.0.1", port), False, "stopped listening after it", log
+            )
+            assert not in_flight.done(), "the held stream ended before it was released"
             assert await _connects("127.0.0.1", lifecycle), "alive while draining"
+            held.set()
             status, text = await in_flight
             assert status == 200
             assert "tok29" in text, text[-200:]
             assert text.rstrip().endswith("data: [DONE]"), text[-200:]
-            await asyncio.wait_for(proc.wait(), 30)
+            await asyncio.wait_for(proc.wait(), 60)
             assert not await _connects("127.0.0.1", lifecycle), "closed once the process exited"
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert proc.returncode == 0
+        await end_front(proc)
+    assert proc.returncode == 0, log_tail(log)
+
+
+async def _until(
+    probe: Callable[[], Awaitable[object]], want: object, what: str, log: Path
+) -> None:
+    """Until `probe()` returns `want`; fail naming `what`, with the front's log, after a
+    minute (what a stopping front does within a second, given the CPU)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 60
+    while (got := await probe()) != want:
+        if loop.time() > deadline:
+            raise AssertionError(f"{what}: still {got!r} after 60 s\n{log_tail(log)}")
+        await asyncio.sleep(0.05)

@@ -26,7 +26,7 @@ from promptcache.front.settings import (
     parse_listen,
     read_mounted_salt_key,
 )
-from promptcache.stopping import stop_event
+from promptcache.stopping import stop_event, stop_when_orphaned
 
 log = logging.getLogger("promptcache.front")
 SHUTDOWN_TIMEOUT_SECONDS: Final = FRONT_DRAIN_SECONDS
@@ -84,6 +84,7 @@ async def _run(
         settings.cache_capacity_bytes,
     )
     stop = stop_event()
+    stop_when_orphaned(stop, "a cache-front worker")
     try:
         await stop.wait()
         for child in children:

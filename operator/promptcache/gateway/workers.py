@@ -33,7 +33,7 @@ from typing import Final
 
 from promptcache.contract.settings import split_host_port
 from promptcache.gateway.settings import GatewayPolicySettings
-from promptcache.stopping import STOP_SIGNALS, stop_event
+from promptcache.stopping import STOP_SIGNALS, stop_event, stop_when_orphaned
 
 log = logging.getLogger("promptcache.gateway_policy")
 
@@ -74,26 +74,12 @@ async def _serve_worker(
         ready.send(str(error))
         return
     stopping = stop_event()
-    loop = asyncio.get_running_loop()
-    # In a pod the kernel ends every process of the container with its first one; anywhere
-    # else (a supervisor killed by SIGKILL, a test, a process manager without PID
-    # namespaces) a worker would go on serving the port alone, unsupervised, holding it
-    # from the next step. The supervisor's sentinel becomes readable when it is gone.
-    supervisor = multiprocessing.parent_process()
-    if supervisor is not None:
-        loop.add_reader(supervisor.sentinel, _orphaned, stopping)
+    stop_when_orphaned(stopping, "a policy-step worker")
     ready.send(None)
     try:
         await stopping.wait()
     finally:
-        if supervisor is not None:
-            loop.remove_reader(supervisor.sentinel)
         await running.stop()
-
-
-def _orphaned(stopping: asyncio.Event) -> None:
-    log.warning("the supervising policy step is gone; this worker drains and exits")
-    stopping.set()
 
 
 def _start_workers(

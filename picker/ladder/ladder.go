@@ -43,6 +43,45 @@ func Blocks(model, salt string, input []byte, blockChars, maxBlocks int) []uint6
 	return out
 }
 
+// Tracked is which of a prompt's total blocks the rungs look up and store: every stride-th
+// (indices stride-1, 2*stride-1, ...) and the last. A block's hash names the whole prefix
+// up to it, so a tracked block found means every block before it was there too; tracking
+// 1/stride of them bounds the work and the memory, and the last one makes a prompt seen
+// whole (a retry, a shared document) count exactly, however short it is.
+func Tracked(total, stride int) []int {
+	if total <= 0 {
+		return nil
+	}
+	stride = max(stride, 1)
+	out := make([]int, 0, total/stride+1)
+	for i := stride - 1; i < total; i += stride {
+		out = append(out, i)
+	}
+	if len(out) == 0 || out[len(out)-1] != total-1 {
+		out = append(out, total-1)
+	}
+	return out
+}
+
+// Credited is the blocks a rung credits a prompt with when the first found of its tracked
+// blocks (Tracked) were there: all of them when all were (the last block names the whole
+// prompt); none when the first was not (no evidence of any repeat); otherwise the true
+// prefix ends between the last tracked block found and the first not found, and the
+// middle of that gap is credited (rounded down). Once a tracked block was found the error
+// is at most half a gap, stride/2 whole blocks, either way, where counting only the tracked blocks
+// found would always undercount by up to stride-1 (on the short prompts of a chat, half of
+// what a cache delivers); before that, less than a stride shared is credited as nothing.
+func Credited(tracked []int, found int) int {
+	switch {
+	case found <= 0:
+		return 0
+	case found >= len(tracked):
+		return tracked[len(tracked)-1] + 1
+	}
+	surely, atMost := tracked[found-1]+1, tracked[found]
+	return (surely + atMost) / 2
+}
+
 // Window is the workload rung's perfect cache: every block hash seen in the last span to
 // 2 x span (two generations of at most limit hashes each; a full generation starts the
 // next early, so under a flood the window shortens rather than memory growing).

@@ -1,6 +1,7 @@
 package ladder
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -118,5 +119,54 @@ func BenchmarkObserve(b *testing.B) {
 		h := Blocks("m", "", input, 64, 2048)
 		w.Observe(h, now)
 		l.Observe(h, 1<<17)
+	}
+}
+
+func TestTrackedIsEveryStrideThBlockAndTheLast(t *testing.T) {
+	cases := []struct {
+		total, stride int
+		want          []int
+	}{
+		{0, 4, nil}, {1, 4, []int{0}}, {3, 4, []int{2}}, {4, 4, []int{3}}, {7, 4, []int{3, 6}},
+		{8, 4, []int{3, 7}}, {9, 4, []int{3, 7, 8}}, {3, 1, []int{0, 1, 2}}, {3, 0, []int{0, 1, 2}},
+	}
+	for _, c := range cases {
+		if got := Tracked(c.total, c.stride); fmt.Sprint(got) != fmt.Sprint(c.want) {
+			t.Errorf("Tracked(%d, %d) = %v, want %v", c.total, c.stride, got, c.want)
+		}
+	}
+}
+
+// For every prompt length and every true shared prefix, what a rung credits is within
+// half a stride of the truth once a tracked block was found (nothing before that: less
+// than a stride shared), exact when nothing or everything is shared, and never more than
+// the prompt.
+func TestCreditedIsWithinHalfAStrideOfTheTruth(t *testing.T) {
+	for stride := 1; stride <= 8; stride++ {
+		for total := 1; total <= 40; total++ {
+			tracked := Tracked(total, stride)
+			for shared := 0; shared <= total; shared++ {
+				found := 0 // a tracked block is found when the whole prefix up to it is shared
+				for found < len(tracked) && tracked[found] < shared {
+					found++
+				}
+				got := Credited(tracked, found)
+				if got < 0 || got > total {
+					t.Fatalf("stride %d, %d blocks, %d shared: credited %d", stride, total, shared, got)
+				}
+				if (shared == 0 || shared == total) && got != shared {
+					t.Fatalf("stride %d, %d blocks, %d shared: credited %d, want exact", stride, total, shared, got)
+				}
+				if found == 0 { // no tracked block found: no evidence, nothing credited
+					if got != 0 || shared > tracked[0] {
+						t.Fatalf("stride %d, %d blocks, %d shared: credited %d", stride, total, shared, got)
+					}
+					continue
+				}
+				if diff := got - shared; diff > stride/2 || -diff > stride/2 {
+					t.Fatalf("stride %d, %d blocks, %d shared: credited %d, more than half a stride off", stride, total, shared, got)
+				}
+			}
+		}
 	}
 }

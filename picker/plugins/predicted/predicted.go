@@ -206,18 +206,19 @@ func (p *Plugin) PrepareRequestData(_ context.Context, request *scheduling.LLMRe
 	if capacity == 0 {
 		return nil // the pods' KV size is not known yet
 	}
-	// Every stride-th block only: its hash names the whole prefix up to it, so the prefix
-	// held is found to within stride-1 blocks (never more than held), at 1/stride of the
-	// work and the memory; the cache simulated holds capacity/stride of them.
-	k := p.stride
-	hashes := make([]uint64, 0, len(ctxState.PrefixHashes)/k)
-	for i := k - 1; i < len(ctxState.PrefixHashes); i += k {
-		hashes = append(hashes, uint64(ctxState.PrefixHashes[i]))
+	// Every stride-th block and the last only (ladder.Tracked): the prefix is found to
+	// within half a stride either way (ladder.Credited), at about 1/stride of the work and
+	// the memory; the cache simulated holds capacity/stride of them.
+	total := len(ctxState.PrefixHashes)
+	tracked := ladder.Tracked(total, p.stride)
+	hashes := make([]uint64, len(tracked))
+	for i, at := range tracked {
+		hashes[i] = uint64(ctxState.PrefixHashes[at])
 	}
 	e := &estimate{
-		seen:  k * p.window.Observe(hashes, p.now()),
-		held:  k * p.lru.Observe(hashes, capacity/k),
-		total: len(ctxState.PrefixHashes),
+		seen:  ladder.Credited(tracked, p.window.Observe(hashes, p.now())),
+		held:  ladder.Credited(tracked, p.lru.Observe(hashes, capacity/p.stride)),
+		total: total,
 	}
 	for _, pod := range pods {
 		pod.Put(estimateKey, e)

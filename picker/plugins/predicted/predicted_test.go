@@ -71,12 +71,17 @@ func TestWorkloadAndCapacityOnTheProducersBlocks(t *testing.T) {
 	if got := pick(first, ""); strings.Join(got[3:], ".") != "4.0" {
 		t.Fatalf("still in the window, no longer in a pool-sized cache: %v", got)
 	}
-	// every second block only: the prefix held to within one block, never more
+	// every second block and the last: a prompt seen whole counts whole; one that shares
+	// 4 of its 7 blocks is found to share 4 or 5 (blocks 1 and 3 found, 5 not) and is
+	// credited the middle, rounded down
 	p.stride = 2
 	seven := strings.Repeat("abcdefghijklmnop", 7)
 	pick(seven, "")
-	if got := pick(seven, ""); strings.Join(got[1:], ".") != "7.4.6.6" {
-		t.Fatalf("7 blocks, stride 2: 6 seen and held, got %v", got)
+	if got := pick(seven, ""); strings.Join(got[1:], ".") != "7.4.7.7" {
+		t.Fatalf("7 blocks, stride 2, seen whole: 7 seen and held, got %v", got)
+	}
+	if got := pick(seven[:4*16]+strings.Repeat("Q", 3*16), ""); strings.Join(got[3:], ".") != "4.4" {
+		t.Fatalf("4 of 7 blocks shared, stride 2: credited 4, got %v", got)
 	}
 }
 

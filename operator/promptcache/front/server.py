@@ -19,7 +19,7 @@ from typing import Final
 from promptcache.contract import FRONT_DRAIN_SECONDS
 from promptcache.embeds.cache import PromptEmbedsCache
 from promptcache.front import heap
-from promptcache.front.app import create_runner, listening_site
+from promptcache.front.http_server import create_runner, listening_site
 from promptcache.front.settings import (
     FrontSettings,
     SettingsError,

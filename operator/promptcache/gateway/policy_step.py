@@ -713,7 +713,7 @@ class GatewayPolicyServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[
         that message whole first, and gRPC had received, copied and parsed it (a 4 MiB piece
         per retry under `bench/hostile_load.py --attacks hold`, CPU and memory the
         well-behaved tenants' requests waited behind). The front charges a declared body on
-        its head too (`front.app._read_body`). A body with no Content-Length (chunked) is
+        its head too (`front.body.read_body`). A body with no Content-Length (chunked) is
         still refused at its first message, as before. A request whose headers end it holds
         no body and is not checked."""
         if inspector.held.request_headers.end_of_stream:

@@ -33,7 +33,7 @@ from promptcache.contract import IsolationMode
 from promptcache.embeds.cache import PromptEmbedsCache
 from promptcache.front.http_server import create_runner
 from promptcache.front.settings import FrontSettings
-from promptcache.gateway.policy_step import RunningGatewayPolicy, start
+from promptcache.gateway.server import RunningGatewayPolicy, start
 from promptcache.gateway.settings import GatewayPolicySettings
 
 CHAT = "/v1/chat/completions"

@@ -7,6 +7,12 @@ canonicalised once (`routes.canonical_target`) and classified
 rules, read-only routes pass, everything else is refused with a JSON error.
 What is forwarded to vLLM on localhost is exactly the target that was checked;
 vLLM's answer (status and body) is passed back, streamed when vLLM streams.
+
+This module is the request pipeline; its pieces, on the policy step's seams: reading the
+body (`front.body`), the salted JSON pipeline (`front.salted`), forwarding under the
+concurrency cap (`front.forwarding`), the front's own paths (`front.endpoints`), the
+refusals (`front.refusals`) and the HTTP server (`front.http_server`, where
+`create_runner` and `listening_site` live).
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ async def _serve_worker(
 ) -> None:
     # Imported here, in the spawned process, after the supervisor set the metrics directory:
     # prometheus_client reads it when first imported.
-    from promptcache.gateway.policy_step import start  # noqa: PLC0415
+    from promptcache.gateway.server import start  # noqa: PLC0415
 
     try:
         running = await start(settings, secret, reuse_port=True)

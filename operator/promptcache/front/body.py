@@ -13,8 +13,9 @@ from aiohttp.http_exceptions import (
 )
 from aiohttp.web_protocol import RequestPayloadError
 
-from promptcache.front.refusals import parse_refusal, too_large
+from promptcache.front.refusals import parse_refusal
 from promptcache.front.state import Charge, FrontState
+from promptcache.runtime.refusals import body_timeout, too_large
 from promptcache.tenancy import errors
 from promptcache.tenancy.canonical import (
     JsonScan,
@@ -54,11 +55,7 @@ async def read_body(
         raise _framing_refusal(exc) from None
     except TimeoutError:
         state.metrics.deadline_fired("body")
-        raise FrontError(
-            408,
-            errors.BODY_TIMEOUT,
-            f"the request body did not arrive within {settings.body_timeout_seconds:g} seconds",
-        ) from None
+        raise body_timeout(settings.body_timeout_seconds) from None
     finally:
         state.reads.give(charge.key, 1)
 

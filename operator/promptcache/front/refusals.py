@@ -32,15 +32,6 @@ def json_error(exc: FrontError) -> web.Response:
     )
 
 
-def too_large(size: int, limit: int) -> FrontError:
-    return FrontError(
-        413,
-        errors.REQUEST_TOO_LARGE,
-        f"the request body has at least {size} bytes; this server accepts at most {limit}. "
-        "Send prompt embeddings the server has seen by identifier instead of inline",
-    )
-
-
 _DUPLICATE: Final = re.compile(r"Duplicate '?([A-Za-z0-9!#$%&*+.^_`|~-]{1,64})'?")
 _DETAIL_CHARS: Final = 100
 

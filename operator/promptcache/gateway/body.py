@@ -14,7 +14,8 @@ from promptcache.contract import (
     IDENTITY_ATTESTATION_HEADER,
 )
 from promptcache.gateway.decision import Decision
-from promptcache.gateway.refusals import busy, parse_too_large, protocol_error, too_large
+from promptcache.gateway.refusals import busy, parse_too_large, protocol_error
+from promptcache.runtime.refusals import too_large
 from promptcache.tenancy.canonical import (
     JsonScan,
 )

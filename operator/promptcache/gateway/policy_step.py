@@ -40,10 +40,8 @@ import asyncio
 import contextlib
 import functools
 import logging
-import multiprocessing
-import os
 from collections.abc import AsyncIterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Executor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Final
 
@@ -59,8 +57,10 @@ from promptcache.contract import (
 from promptcache.gateway.body import Inspector, body_budget, declared_length
 from promptcache.gateway.decision import Decision, check_head, decide, step_identity
 from promptcache.gateway.metrics import PolicyMetrics
-from promptcache.gateway.refusals import body_timeout, ended_early, immediate, internal_error
+from promptcache.gateway.refusals import ended_early, immediate
 from promptcache.gateway.settings import GatewayPolicySettings
+from promptcache.runtime.refusals import body_timeout, internal_error
+from promptcache.runtime.spawn import SpawnPool
 from promptcache.tenancy import errors as front_errors
 from promptcache.tenancy.attestation import Attester
 from promptcache.tenancy.canonical import (
@@ -75,9 +75,6 @@ log = logging.getLogger("promptcache.gateway_policy")
 
 _DECIDE_WORKERS: Final[int] = 2
 """Worker processes deciding large bodies: bounded, so a burst cannot take every core."""
-_WORKER_NICENESS: Final[int] = 10
-"""The workers run nicer than the loop that routes every tenant (the front's reason too,
-`front.state.WORKER_NICENESS`): an attacker's bodies get the CPU the loop leaves."""
 _NOT_FORWARDED_METADATA: Final[frozenset[str]] = frozenset(
     {"content-type", "te", "user-agent", "host", "content-length", "accept-encoding"}
 )
@@ -143,30 +140,21 @@ class GatewayPolicyServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[
         self.share = FairShare(
             settings.fair_share_bytes_per_second, on_wait=self.metrics.waited_for_share
         )
-        self._processes: ProcessPoolExecutor | None = None
+        self.workers = SpawnPool(_DECIDE_WORKERS)
         self.attester = (
             Attester(secret, self.policy.isolation_header)
             if secret is not None and identity_enabled(self.policy)
             else None
         )
 
-    def _pool(self) -> ProcessPoolExecutor:
-        """Worker processes for large bodies, started on first use (spawned: no fork of a
-        process running gRPC). Parsing in a thread would hold this process's GIL for
-        seconds; in a worker it costs only CPU, and other tenants keep being routed."""
-        if self._processes is None:
-            self._processes = ProcessPoolExecutor(
-                max_workers=_DECIDE_WORKERS,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=os.nice,
-                initargs=(_WORKER_NICENESS,),
-            )
-        return self._processes
+    def _pool(self) -> Executor:
+        """Worker processes for large bodies (`runtime.spawn.SpawnPool`: started on first use,
+        spawned, bounded, nicer than the loop). Parsing in a thread would hold this process's
+        GIL for seconds; in a worker it costs only CPU, and other tenants keep being routed."""
+        return self.workers.executor()
 
     def close(self) -> None:
-        if self._processes is not None:
-            self._processes.shutdown(wait=False, cancel_futures=True)
-            self._processes = None
+        self.workers.drop()
 
     @staticmethod
     def _head(inspector: Inspector) -> tuple[str, str, CIMultiDict[str]]:
@@ -196,7 +184,7 @@ class GatewayPolicyServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[
             try:
                 return await asyncio.get_running_loop().run_in_executor(self._pool(), run)
             except BrokenProcessPool:
-                self._processes = None  # a worker died (killed, out of memory): a new pool
+                self.workers.drop()  # a worker died (killed, out of memory): a new pool
                 raise
         return run()
 

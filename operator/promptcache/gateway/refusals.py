@@ -11,20 +11,11 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.type.v3 import http_status_pb2
 
+from promptcache.runtime.refusals import internal_error
 from promptcache.tenancy import errors as front_errors
 from promptcache.tenancy.errors import FrontError
 
 log = logging.getLogger("promptcache.gateway_policy")
-
-
-def too_large(size: int, limit: int) -> FrontError:
-    """The front's 413, said at the gateway (what the front would answer anyway)."""
-    return FrontError(
-        413,
-        front_errors.REQUEST_TOO_LARGE,
-        f"the request body has at least {size} bytes; this server accepts at most {limit}. "
-        "Send prompt embeddings the server has seen by identifier instead of inline",
-    )
 
 
 def busy() -> FrontError:
@@ -45,15 +36,6 @@ def parse_too_large(need: int, limit: int) -> FrontError:
     )
 
 
-def body_timeout(seconds: float) -> FrontError:
-    """The front's 408 for a body that arrives too slowly."""
-    return FrontError(
-        408,
-        front_errors.BODY_TIMEOUT,
-        f"the request body did not arrive within {seconds:g} seconds",
-    )
-
-
 def ended_early() -> FrontError:
     return FrontError(
         400,
@@ -65,11 +47,6 @@ def ended_early() -> FrontError:
 def protocol_error(kind: str | None) -> FrontError:
     log.error("refused a request: the gateway sent %s while its body was incomplete", kind)
     return internal_error()
-
-
-def internal_error() -> FrontError:
-    """The front's 500 (its very message): the step failed, so it refuses (fails closed)."""
-    return front_errors.internal_error()
 
 
 def immediate(error: FrontError) -> Any:

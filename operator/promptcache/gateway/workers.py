@@ -33,7 +33,8 @@ from typing import Final
 
 from promptcache.contract.settings import split_host_port
 from promptcache.gateway.settings import GatewayPolicySettings
-from promptcache.stopping import STOP_SIGNALS, stop_event, stop_when_orphaned
+from promptcache.runtime.supervision import stop_processes, stop_when_orphaned
+from promptcache.stopping import STOP_SIGNALS, stop_event
 
 log = logging.getLogger("promptcache.gateway_policy")
 
@@ -116,19 +117,6 @@ def _start_workers(
     return procs, None
 
 
-def _stop_workers(procs: list[BaseProcess], grace_s: float) -> None:
-    """SIGTERM each (they drain their open streams), then SIGKILL what outlives the grace."""
-    for proc in procs:
-        if proc.is_alive():
-            proc.terminate()
-    deadline = time.monotonic() + grace_s
-    for proc in procs:
-        proc.join(max(deadline - time.monotonic(), 0))
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
-
-
 def _serve_metrics(settings: GatewayPolicySettings, directory: str) -> None:
     from prometheus_client import CollectorRegistry, start_http_server  # noqa: PLC0415
     from prometheus_client.multiprocess import MultiProcessCollector  # noqa: PLC0415
@@ -195,7 +183,7 @@ def serve_workers(settings: GatewayPolicySettings, secret: bytes | None = None) 
         )
         return 0
     finally:
-        _stop_workers(procs, settings.drain_seconds + 5)
+        stop_processes(procs, settings.drain_seconds + 5)  # each drains its open streams
         signal.set_wakeup_fd(-1)
         wake_read.close()
         wake_write.close()

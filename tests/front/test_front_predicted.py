@@ -16,8 +16,8 @@ from aiohttp import web
 from harness.standin import StandinUpstream
 from promptcache.contract import PREDICTED_MATCH_HEADER, SCOPE_CLASSES, IsolationMode
 from promptcache.embeds.cache import PromptEmbedsCache
-from promptcache.front.app import create_runner
 from promptcache.front.hits import ScopeClass
+from promptcache.front.http_server import create_runner
 from promptcache.front.settings import FrontSettings
 from promptcache.tenancy.prediction import Prediction, prediction_key, sign
 

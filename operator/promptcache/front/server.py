@@ -19,14 +19,15 @@ from typing import Final
 from promptcache.contract import FRONT_DRAIN_SECONDS
 from promptcache.embeds.cache import PromptEmbedsCache
 from promptcache.front import heap
-from promptcache.front.app import create_runner, listening_site
+from promptcache.front.http_server import create_runner, listening_site
 from promptcache.front.settings import (
     FrontSettings,
     SettingsError,
     parse_listen,
     read_mounted_salt_key,
 )
-from promptcache.stopping import stop_event, stop_when_orphaned
+from promptcache.runtime.supervision import stop_processes, stop_when_orphaned
+from promptcache.stopping import stop_event
 
 log = logging.getLogger("promptcache.front")
 SHUTDOWN_TIMEOUT_SECONDS: Final = FRONT_DRAIN_SECONDS
@@ -157,11 +158,6 @@ def serve(settings: FrontSettings) -> int:
         )
         return 1
     finally:
-        for proc in children:
-            proc.terminate()
-        for proc in children:
-            proc.join(timeout=SHUTDOWN_TIMEOUT_SECONDS)
-            if proc.is_alive():  # not daemonic (they start JSON workers): never wait forever
-                proc.kill()
-                proc.join()
+        # not daemonic (they start JSON workers): ended here, never waited for forever
+        stop_processes(children, SHUTDOWN_TIMEOUT_SECONDS)
     return 0

@@ -593,14 +593,7 @@ def _salting_picker(pool: Any, binary: Path, workdir: Path) -> Any:
         pool_namespace=pool.rendered.namespace,
         extra_args=pool.rendered.epp_args,
         kubeconfig=pool.service_account_kubeconfig(),
-    )
-    # The container's own environment as rendered (GOMEMLIMIT above all: without it the Go
-    # heap grows to twice its live data before collecting, and the memory cell would measure
-    # a picker no pod runs).
-    picker.env.update(
-        {e["name"]: e["value"] for e in rendered.epp_container.get("env", []) if "value" in e}
-    )
-    picker.start()
+    ).start()
     picker.wait_ready()
     picker.wait_scraped({p.name: float(p.server.snapshot().waiting) for p in pool.pods})
     return picker

@@ -98,7 +98,10 @@ def test_the_reader_and_check_agree_on_every_outcome() -> None:
 
 
 def test_the_ladder_is_the_three_token_figures() -> None:
-    for p in (Prediction(3, 8, 16, 8, 5), Prediction(3, 8, 16), Prediction(0, 0, 16, 0, 0)):
+    """`ladder` skips the clamps only where the shares are within [0, 1]."""
+    made_here = Prediction(9, 8, 16, 12, -1)  # never verified: only a caller makes it
+    cases = (Prediction(3, 8, 16, 8, 5), Prediction(3, 8, 16), Prediction(0, 0, 16, 0, 0))
+    for p in (*cases, made_here):
         for prompt in (-1, 0, 1, 7, 100, 801):
             assert p.ladder(prompt) == (
                 p.tokens(prompt),

@@ -47,11 +47,12 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import signal
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -207,6 +208,49 @@ async def _counted(http: aiohttp.ClientSession, url: str) -> dict[str, float]:
     return out
 
 
+@contextlib.asynccontextmanager
+async def _front(
+    module: str, secret: bytes
+) -> AsyncIterator[tuple[aiohttp.ClientSession, str, asyncio.subprocess.Process]]:
+    """A stand-in vLLM, then the front (`python -m MODULE`, PerKey, a salt key) before it, as
+    a pod runs it; a session, the front's URL and process. The front's port is chosen once
+    the stand-in listens, and what answers on it must be the front (the stand-in answers
+    every path, so a port the front failed to bind would otherwise measure the stand-in)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        salt = Path(tmp) / "salt-key"
+        salt.write_bytes(secret)
+        timeout = aiohttp.ClientTimeout(total=120)
+        async with aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), timeout=timeout
+        ) as http:
+            standin_port = free_port()
+            direct = f"http://127.0.0.1:{standin_port}"
+            standin = await start("-m", "harness.standin", str(standin_port))
+            procs = [standin]
+            try:
+                await wait_ok(http, direct + "/health", standin)
+                front_port = free_port()
+                url = f"http://127.0.0.1:{front_port}"
+                front = await start(
+                    "-m", module, "--upstream", direct, "--listen", f"127.0.0.1:{front_port}",
+                    "--isolation-mode", "PerKey", "--salt-key-file", str(salt),
+                    "--tenant-share-percent", "100",
+                )  # fmt: skip
+                procs.append(front)
+                await wait_ok(http, url + "/readyz", front)
+                async with http.get(url + "/metrics") as resp:
+                    if b"promptcache_front_" not in await resp.read():
+                        raise SystemExit(f"{url} is not the front (its port was taken)")
+                yield http, url, front
+                if front.returncode is not None:
+                    raise SystemExit(f"the front exited ({front.returncode}) during the run")
+            finally:
+                for proc in reversed(procs):
+                    if proc.returncode is None:
+                        proc.terminate()
+                    await proc.wait()
+
+
 @dataclass
 class Arm:
     """One arm's totals over its rounds, and its CPU per request in each round."""
@@ -225,48 +269,27 @@ async def end_to_end(args: argparse.Namespace) -> float:
     once with usage (prompt and cached tokens), on real sockets: rounds of the same 2 KiB chat
     requests, alternately all with a valid signed prediction and all without the header, and
     the front process's CPU per request in each."""
-    standin_port, front_port = free_port(), free_port()
-    direct, url = f"http://127.0.0.1:{standin_port}", f"http://127.0.0.1:{front_port}"
     arms = {True: Arm(), False: Arm()}
-    with tempfile.TemporaryDirectory() as tmp:
-        secret = os.urandom(32)
-        salt = Path(tmp) / "salt-key"
-        salt.write_bytes(secret)
-        standin = await start("-m", "harness.standin", str(standin_port))
-        front = await start(
-            "-m", "promptcache.front", "--upstream", direct, "--listen",
-            f"127.0.0.1:{front_port}", "--isolation-mode", "PerKey", "--salt-key-file",
-            str(salt), "--tenant-share-percent", "100",
-        )  # fmt: skip
-        loads = [os.getloadavg()[0]]
-        timeout = aiohttp.ClientTimeout(total=120)
-        try:
-            async with aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0), timeout=timeout
-            ) as http:
-                await wait_ok(http, direct + "/health", standin)
-                await wait_ok(http, url + "/readyz", front)
-                for signed in (True, False):  # warm both paths and every connection
-                    await _round(http, url, header_sets(secret, 500, signed=signed), args.conc)
-                before = await _counted(http, url)
-                for r in range(args.e2e_rounds):
-                    for signed in (True, False) if r % 2 == 0 else (False, True):
-                        headers = header_sets(secret, args.e2e_requests, signed=signed)
-                        cpu0 = front_cpu_seconds(front.pid)
-                        failed = await _round(http, url, headers, args.conc)
-                        cpu = front_cpu_seconds(front.pid) - cpu0
-                        if failed:
-                            raise SystemExit(f"{failed} requests failed through the front")
-                        arm = arms[signed]
-                        arm.requests += len(headers)
-                        arm.cpu += cpu
-                        arm.per_round.append(1e6 * cpu / len(headers))
-                    loads.append(os.getloadavg()[0])
-                after = await _counted(http, url)
-        finally:
-            for proc in (front, standin):
-                proc.terminate()
-                await proc.wait()
+    secret = secrets.token_hex(32).encode()  # as a salt file holds it: no edge whitespace
+    loads = [os.getloadavg()[0]]
+    async with _front("promptcache.front", secret) as (http, url, front):
+        for signed in (True, False):  # warm both paths and every connection
+            await _round(http, url, header_sets(secret, 500, signed=signed), args.conc)
+        before = await _counted(http, url)
+        for r in range(args.e2e_rounds):
+            for signed in (True, False) if r % 2 == 0 else (False, True):
+                headers = header_sets(secret, args.e2e_requests, signed=signed)
+                cpu0 = front_cpu_seconds(front.pid)
+                failed = await _round(http, url, headers, args.conc)
+                cpu = front_cpu_seconds(front.pid) - cpu0
+                if failed:
+                    raise SystemExit(f"{failed} requests failed through the front")
+                arm = arms[signed]
+                arm.requests += len(headers)
+                arm.cpu += cpu
+                arm.per_round.append(1e6 * cpu / len(headers))
+            loads.append(os.getloadavg()[0])
+        after = await _counted(http, url)
     _report(arms, before, after, loads, args)
     return arms[False].us
 
@@ -309,43 +332,28 @@ async def in_situ(args: argparse.Namespace) -> list[float]:
     """The accounting's steps timed inside the front (`bench/ladder_in_situ.py`): rounds of
     requests with and without the signed header interleaved one by one, so both see the
     same moments; per round, the with-minus-without thread CPU time of the two steps."""
-    standin_port, front_port = free_port(), free_port()
-    direct, url = f"http://127.0.0.1:{standin_port}", f"http://127.0.0.1:{front_port}"
+    secret = secrets.token_hex(32).encode()  # as a salt file holds it: no edge whitespace
     with tempfile.TemporaryDirectory() as tmp:
-        secret = os.urandom(32)
-        salt = Path(tmp) / "salt-key"
-        salt.write_bytes(secret)
         out = Path(tmp) / "in-situ"
         os.environ["LADDER_IN_SITU_OUT"] = str(out)
-        standin = await start("-m", "harness.standin", str(standin_port))
-        front = await start(
-            "-m", "bench.ladder_in_situ", "--upstream", direct, "--listen",
-            f"127.0.0.1:{front_port}", "--isolation-mode", "PerKey", "--salt-key-file",
-            str(salt), "--tenant-share-percent", "100",
-        )  # fmt: skip
-        timeout = aiohttp.ClientTimeout(total=120)
-        try:
-            async with aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0), timeout=timeout
-            ) as http:
-                await wait_ok(http, direct + "/health", standin)
-                await wait_ok(http, url + "/readyz", front)
-                for r in range(args.in_situ_rounds + 1):  # the first warms, not counted
-                    n = args.e2e_requests // 2
-                    signed = header_sets(secret, n, signed=True)
-                    plain = header_sets(secret, n, signed=False)
-                    mixed = [h for pair in zip(signed, plain, strict=True) for h in pair]
-                    if await _round(http, url, mixed, args.conc):
-                        raise SystemExit("requests failed through the front")
-                    front.send_signal(signal.SIGUSR1)
-                    for _ in range(100):  # until the front has written round r's line
-                        await asyncio.sleep(0.05)
-                        if out.exists() and len(out.read_text().splitlines()) > r:
-                            break
-        finally:
-            for proc in (front, standin):
-                proc.terminate()
-                await proc.wait()
+        async with _front("bench.ladder_in_situ", secret) as (http, url, front):
+            before = await _counted(http, url)
+            for r in range(args.in_situ_rounds + 1):  # the first warms, not counted
+                n = args.e2e_requests // 2
+                signed = header_sets(secret, n, signed=True)
+                plain = header_sets(secret, n, signed=False)
+                mixed = [h for pair in zip(signed, plain, strict=True) for h in pair]
+                if await _round(http, url, mixed, args.conc):
+                    raise SystemExit("requests failed through the front")
+                front.send_signal(signal.SIGUSR1)
+                for _ in range(100):  # until the front has written round r's line
+                    await asyncio.sleep(0.05)
+                    if out.exists() and len(out.read_text().splitlines()) > r:
+                        break
+            valid = (await _counted(http, url)).get(VALID, 0.0) - before.get(VALID, 0.0)
+            sent = (args.in_situ_rounds + 1) * (args.e2e_requests // 2)
+            if valid != sent:
+                raise SystemExit(f"in situ: the front believed {valid:.0f} of {sent} signed")
         lines = [_in_situ_line(line) for line in out.read_text().splitlines()[1:]]
     return [
         (x["tally_with"] - x["tally_without"]) + (x["usage_with"] - x["usage_without"])

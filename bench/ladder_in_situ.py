@@ -2,7 +2,7 @@
 
 Runs `python -m promptcache.front FLAGS` with the thread CPU time (`time.thread_time_ns`)
 taken around the two steps the predicted/delivered accounting adds to a request
-(`front.app._tally`: the header's check and its count; `FrontMetrics.observe_usage`: the
+(`front.salted._tally`: the header's check and its count; `FrontMetrics.observe_usage`: the
 usage's count), summed apart for requests that carried a prediction header and those that
 did not. On SIGUSR1 it appends the means since the last signal to the file named by
 `LADDER_IN_SITU_OUT` and starts again:
@@ -27,7 +27,7 @@ from typing import Any
 
 from multidict import CIMultiDictProxy
 
-import promptcache.front.app as app
+import promptcache.front.salted as salted
 from promptcache.contract import PREDICTED_MATCH_HEADER
 from promptcache.front.__main__ import main
 from promptcache.front.hits import Tally
@@ -37,7 +37,7 @@ _sums: dict[str, list[int]] = {
     key: [0, 0] for key in ("tally_with", "tally_without", "usage_with", "usage_without")
 }
 _clock = time.thread_time_ns
-_tally = app._tally  # the step timed
+_tally = salted._tally  # the step timed
 _observe = FrontMetrics.observe_usage
 
 
@@ -73,7 +73,7 @@ def _dump(*_: object) -> None:
 
 
 if __name__ == "__main__":
-    app._tally = _timed_tally
+    salted._tally = _timed_tally
     FrontMetrics.observe_usage = _timed_observe  # type: ignore[method-assign]
     signal.signal(signal.SIGUSR1, _dump)
     sys.exit(main(sys.argv[1:]))

@@ -37,9 +37,9 @@ from promptcache.controller.adapters import (
 )
 from promptcache.controller.metrics import OperatorMetrics
 from promptcache.controller.observation import Observation
+from promptcache.controller.options import ReconcileSettings
 from promptcache.controller.plan import Plan, plan
 from promptcache.controller.pod_observer import PodObserver
-from promptcache.controller.reconcile import ReconcileSettings
 from promptcache.controller.scope import Outcome, Scope
 from promptcache.render import render
 from promptcache.render.model_server import VLLM_CONTAINER

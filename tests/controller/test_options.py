@@ -8,8 +8,7 @@ from dataclasses import fields
 from promptcache.controller.command import register
 from promptcache.controller.handlers import HandlerSettings
 from promptcache.controller.leader import LeaderElector
-from promptcache.controller.options import OperatorOptions
-from promptcache.controller.reconcile import ReconcileSettings
+from promptcache.controller.options import OperatorOptions, ReconcileSettings
 
 FLAG_OF = {
     "bind_address": "bind_address",

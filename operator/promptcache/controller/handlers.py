@@ -33,8 +33,8 @@ from promptcache.controller.diagnose import NOT_READY_WARNINGS
 from promptcache.controller.errors import ApiError, TooManyRequestsError
 from promptcache.controller.events import post_event
 from promptcache.controller.kube import Kube
-from promptcache.controller.options import DEFAULT_RESYNC_SECONDS
-from promptcache.controller.reconcile import DEFAULT_MAX_CONCURRENT, Reconciler
+from promptcache.controller.options import DEFAULT_MAX_CONCURRENT, DEFAULT_RESYNC_SECONDS
+from promptcache.controller.reconcile import Reconciler
 from promptcache.controller.resync import Resyncer
 from promptcache.controller.scope import Outcome
 

@@ -23,8 +23,8 @@ from promptcache.controller.handlers import HandlerSettings, build_registry
 from promptcache.controller.kube import Kube, by_kind, load_config
 from promptcache.controller.leader import LeaderElector, LeadershipLostError
 from promptcache.controller.metrics import OperatorMetrics
-from promptcache.controller.options import OperatorOptions
-from promptcache.controller.reconcile import Reconciler, ReconcileSettings
+from promptcache.controller.options import OperatorOptions, ReconcileSettings
+from promptcache.controller.reconcile import Reconciler
 from promptcache.controller.server import HealthState, start_servers, stop_on_signal
 from promptcache.render.names import MANAGED_BY, Component
 

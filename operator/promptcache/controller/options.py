@@ -26,6 +26,8 @@ DEFAULT_STATUS_WINDOW_SECONDS: Final[float] = WINDOW_S
 DEFAULT_LEASE_NAMESPACE: Final[str] = "default"
 DEFAULT_LEASE_NAME: Final[str] = "promptcache-operator"
 DEFAULT_LEASE_SECONDS: Final[int] = 15
+DEFAULT_MAX_CONCURRENT: Final[int] = 16
+"""Reconciles in flight at once, all triggers together."""
 
 
 @dataclass(frozen=True)
@@ -49,3 +51,21 @@ class OperatorOptions:
     identity: str = DEFAULT_LEASE_NAME
     defaults: OperatorDefaults = field(default_factory=lambda: BUILT_IN_DEFAULTS)
     """Operator-wide defaults for what a resource leaves empty (`promptcache run` flags)."""
+
+
+@dataclass(frozen=True)
+class ReconcileSettings:
+    """What the reconciler and the pod observer are told (from `OperatorOptions`); here,
+    not in `reconcile`, so the observer needs no import of the reconciler that owns it."""
+
+    scrape_port: int = DEFAULT_SCRAPE_PORT
+    scrape_timeout_s: float = DEFAULT_SCRAPE_TIMEOUT_SECONDS
+    defaults: OperatorDefaults = BUILT_IN_DEFAULTS
+    """Operator-wide defaults for what a resource leaves empty (`promptcache run` flags)."""
+    max_concurrent: int = DEFAULT_MAX_CONCURRENT
+    status_window_s: float = WINDOW_S
+    """The window of the status' recent hit ratio and ladder (`controller.window`)."""
+    scrape_interval_s: float = 0.0
+    """A resource's pods are scraped at most this often (the same ready pods): a burst of
+    child events during a rollout must not become a burst of scrapes. `promptcache run`
+    sets half the resync period."""

@@ -42,7 +42,7 @@ from promptcache.controller.window import HitWindow, WindowedRatio
 from promptcache.render.names import Component, selector_labels
 
 if TYPE_CHECKING:
-    from promptcache.controller.reconcile import ReconcileSettings
+    from promptcache.controller.options import ReconcileSettings
 
 POD = by_kind("Pod")
 SCRAPES_AT_ONCE = 16

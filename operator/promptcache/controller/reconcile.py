@@ -29,16 +29,13 @@ import copy
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
 from promptcache.api import (
     API_VERSION,
-    BUILT_IN_DEFAULTS,
     KIND,
-    OperatorDefaults,
     ceiling_of,
 )
 from promptcache.api.status import ConditionType, Reason
@@ -61,7 +58,7 @@ from promptcache.controller.ladder import delivering
 from promptcache.controller.ladder import status as ladder_status
 from promptcache.controller.metrics import OperatorMetrics
 from promptcache.controller.observation import Observation, Problem
-from promptcache.controller.options import DEFAULT_SCRAPE_PORT, DEFAULT_SCRAPE_TIMEOUT_SECONDS
+from promptcache.controller.options import ReconcileSettings
 from promptcache.controller.plan import PlanMemo
 from promptcache.controller.pod_observer import PodObserver
 from promptcache.controller.router_exit import RouterExit
@@ -73,7 +70,6 @@ from promptcache.controller.status import (
     selector_string,
     status_differs,
 )
-from promptcache.controller.window import WINDOW_S
 from promptcache.render import (
     GATEWAY_KINDS,
     MONITORING_KINDS,
@@ -96,25 +92,8 @@ CONFIG_MAP = by_kind("ConfigMap")
 PCD_KIND = by_kind(KIND)
 OPTIONAL_KINDS = GATEWAY_KINDS | MONITORING_KINDS
 """Kinds whose CRDs a cluster may lack: applied only while discovery says they are served."""
-DEFAULT_MAX_CONCURRENT = 16
-"""Reconciles in flight at once, all triggers together."""
 STATUS_ECHO_S = 10.0
 """How long a just-written status is trusted over a body that may not show it yet."""
-
-
-@dataclass(frozen=True)
-class ReconcileSettings:
-    scrape_port: int = DEFAULT_SCRAPE_PORT
-    scrape_timeout_s: float = DEFAULT_SCRAPE_TIMEOUT_SECONDS
-    defaults: OperatorDefaults = BUILT_IN_DEFAULTS
-    """Operator-wide defaults for what a resource leaves empty (`promptcache run` flags)."""
-    max_concurrent: int = DEFAULT_MAX_CONCURRENT
-    status_window_s: float = WINDOW_S
-    """The window of the status' recent hit ratio and ladder (`controller.window`)."""
-    scrape_interval_s: float = 0.0
-    """A resource's pods are scraped at most this often (the same ready pods): a burst of
-    child events during a rollout must not become a burst of scrapes. `promptcache run`
-    sets half the resync period."""
 
 
 async def apply_in_order(

@@ -3,8 +3,9 @@
 Runs `python -m promptcache.front FLAGS` with the thread CPU time (`time.thread_time_ns`)
 taken around the two steps the predicted/delivered accounting adds to a request
 (`front.salted._tally`: the header's check and its count; `FrontMetrics.observe_usage`: the
-usage's count), summed apart for requests that carried a prediction header and those that
-did not. On SIGUSR1 it appends the means since the last signal to the file named by
+usage's count), summed apart for requests that carried a prediction header (checked or left
+unchecked by the sampler, `front.sampling`) and those that did not. On SIGUSR1 it appends
+the means since the last signal to the file named by
 `LADDER_IN_SITU_OUT` and starts again:
 
     tally_with=<us> tally_without=<us> usage_with=<us> usage_without=<us> n_with=<n> n_without=<n>
@@ -57,8 +58,10 @@ def _timed_observe(
     start = _clock()
     _observe(self, prompt_tokens, cached_tokens, tally)
     spent = _clock() - start
-    predicted = tally is not None and tally.prediction is not None
-    sums = _sums["usage_with" if predicted else "usage_without"]
+    # A request that carried the header: its prediction checked and believed, or left
+    # unchecked by the sampler (`front.sampling`: weight 0), which is part of its cost too.
+    carried = tally is not None and (tally.prediction is not None or tally.weight == 0.0)
+    sums = _sums["usage_with" if carried else "usage_without"]
     sums[0] += 1
     sums[1] += spent
 

@@ -328,21 +328,22 @@ class FrontMetrics:
         self.cached_prompt_tokens.inc(max(0, cached_tokens))
         if tally is None or tally.prediction is None:
             return
-        p = tally.prediction
+        p, w = tally.prediction, tally.weight
         predicted, workload, capacity = p.ladder(prompt)
         totals = self.ladder[tally.scope]
-        totals[_ACCOUNTED] += prompt
-        totals[_PREDICTED] += predicted
-        totals[_DELIVERED] += cached
+        totals[_ACCOUNTED] += w * prompt
+        totals[_PREDICTED] += w * predicted
+        totals[_DELIVERED] += w * cached
         if p.seen_blocks is not None and p.held_blocks is not None:  # p.estimated
-            totals[_ESTIMATED] += prompt
-            totals[_WORKLOAD] += workload
-            totals[_CAPACITY] += capacity
+            totals[_ESTIMATED] += w * prompt
+            totals[_WORKLOAD] += w * workload
+            totals[_CAPACITY] += w * capacity
 
-    def predicted(self, outcome: str) -> None:
-        """Count what the front made of one request's predicted-match header."""
+    def predicted(self, outcome: str, weight: float = 1.0) -> None:
+        """Count what the front made of one request's predicted-match header (`weight`:
+        the requests it stands for, `front.sampling`)."""
         counts = self.predictions.counts
-        counts[outcome] = counts.get(outcome, 0.0) + 1.0
+        counts[outcome] = counts.get(outcome, 0.0) + weight
 
     def render(self) -> bytes:
         """The front's own exposition text."""

@@ -320,17 +320,21 @@ async def _forward_json(
 def _tally(state: FrontState, headers: CIMultiDictProxy[str], plan: Plan) -> Tally | None:
     """The request's scope class and the picker's prediction, verified (`front.hits`): only
     a header signed with the salt key counts; whatever else arrives is counted by its
-    verdict and dropped (`forward_headers` never passes it to vLLM)."""
+    verdict and dropped (`forward_headers` never passes it to vLLM). Above a modest rate
+    only a weighted random sample is checked and counted (`front.sampling`)."""
     values = headers.getall(PREDICTED_MATCH_HEADER, ())
-    prediction = None
+    prediction, weight = None, 1.0
     if state.predictions is not None:
-        verdict = state.predictions.read(values)
-        state.metrics.predicted(verdict.outcome.value)
-        prediction = verdict.prediction
+        if values:  # a sample above `sampling.CHECKS_PER_SECOND`: the rest stay unchecked
+            weight = state.sampler.weight()
+        if weight:
+            verdict = state.predictions.read(values)
+            state.metrics.predicted(verdict.outcome.value, weight)
+            prediction = verdict.prediction
     elif any(v.strip(" \t") for v in values):
         state.metrics.predicted("unverifiable")
     scope = scope_class(plan.isolation)
-    return None if scope is None else Tally(scope, prediction)
+    return None if scope is None else Tally(scope, prediction, weight)
 
 
 async def _salted_here(

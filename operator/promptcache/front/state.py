@@ -18,6 +18,7 @@ from promptcache.embeds.cache import PromptEmbedsCache
 from promptcache.front.metrics import FrontMetrics
 from promptcache.front.pool import UpstreamPool
 from promptcache.front.references import KindIndex
+from promptcache.front.sampling import PredictionSampler
 from promptcache.front.settings import FrontSettings
 from promptcache.runtime.spawn import SpawnPool
 from promptcache.tenancy import errors
@@ -59,6 +60,8 @@ class FrontState:
     predictions: PredictionReader | None = None
     """Checks promptcache's picker's signed prediction (None: no salt key to check it with,
     so none is believed)."""
+    sampler: PredictionSampler = field(default_factory=PredictionSampler)
+    """Which predictions `predictions` checks above a modest rate (`front.sampling`)."""
     slots: Ledger = field(init=False)
     """Each client identity's share of `max_in_flight` (`tenancy.shares`)."""
     reads: Ledger = field(init=False)

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from harness.standin import StandinUpstream, start_standin
 from promptcache.embeds.cache import PromptEmbedsCache
-from promptcache.front.app import FrontRunner, create_runner
+from promptcache.front.http_server import FrontRunner, create_runner
 from promptcache.front.settings import FrontSettings
 from promptcache.front.state import FrontState
 

@@ -19,7 +19,7 @@ from harness.executors import CountingExecutor
 from harness.standin import StandinUpstream
 from promptcache.contract import IsolationMode
 from promptcache.front.client import EmbedsPayload
-from promptcache.front.state import WORKER_NICENESS
+from promptcache.runtime.spawn import WORKER_NICENESS
 from promptcache.tenancy.canonical import LOOP_TOKENS, json_work
 
 from .conftest import MakeFront

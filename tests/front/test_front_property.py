@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from harness.standin import StandinUpstream, start_standin
 from promptcache.contract import IsolationMode
 from promptcache.embeds.cache import PromptEmbedsCache
-from promptcache.front.app import create_runner
+from promptcache.front.http_server import create_runner
 from promptcache.front.settings import FrontSettings
 from promptcache.tenancy.errors import FrontError
 from promptcache.tenancy.routes import ROUTES, RouteClass, canonical_target, check_route

@@ -26,7 +26,7 @@ from harness.extproc_gateway import (
     read_rest,
     start_upstream,
 )
-from promptcache.gateway.policy_step import RunningGatewayPolicy, start
+from promptcache.gateway.server import RunningGatewayPolicy, start
 from promptcache.gateway.settings import GatewayPolicySettings
 
 __all__ = [

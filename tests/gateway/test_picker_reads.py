@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from multidict import CIMultiDict
 
 from promptcache.contract import IsolationMode
-from promptcache.gateway.policy_step import decide
+from promptcache.gateway.decision import decide
 from promptcache.tenancy.attestation import Attester, Outcome, ReplayGuard
 from promptcache.tenancy.canonical import GO_FOLDS_TO_ASCII, parse_body
 from promptcache.tenancy.salt import derive_salt

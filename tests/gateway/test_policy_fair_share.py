@@ -23,7 +23,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from harness.busy import kept_asking
 from harness.extproc_gateway import eventually
 from promptcache.contract import IsolationMode
-from promptcache.gateway.policy_step import RunningGatewayPolicy
+from promptcache.gateway.server import RunningGatewayPolicy
 from promptcache.tenancy import errors
 from promptcache.tenancy.fair_share import MAX_WAITERS
 from promptcache.tenancy.shares import identity_key

@@ -21,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from promptcache.contract.session import MAX_SESSION_ID_CHARS
-from promptcache.gateway.policy_step import (
+from promptcache.gateway.decision import (
     decide,
     decide_cost,
     session_from_body,

@@ -21,7 +21,7 @@ from promptcache.contract import (
     GatewayPolicyEnv,
     IsolationMode,
     SessionShimEnv,
-    SettingInputError,
+    SettingsError,
     format_cache_gib,
     is_header_name,
     needs_salt_key,
@@ -30,7 +30,6 @@ from promptcache.contract import (
 from promptcache.embeds import build_cache_from_env
 from promptcache.embeds.cache import cache_capacity_from_env
 from promptcache.front.command import settings_from as front_settings
-from promptcache.front.settings import SettingsError
 from promptcache.gateway.command import settings_from as gateway_policy_settings
 from promptcache.render import render
 from promptcache.render.front import FRONT_CONTAINER
@@ -151,7 +150,7 @@ def test_the_rendered_cache_size_reads_back_exactly(gib: float) -> None:
 def test_the_api_bound_on_the_cache_size_is_the_contract_bound() -> None:
     with pytest.raises(ValidationError, match="less than or equal to 1024"):
         _pcd(promptEmbeds={"enabled": True, "cacheGiB": 1025})
-    with pytest.raises(SettingInputError):
+    with pytest.raises(SettingsError):
         parse_cache_gib("x", "1025")
 
 

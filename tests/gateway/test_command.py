@@ -16,7 +16,7 @@ import pytest
 from promptcache.cli import build_parser
 from promptcache.contract import EPP_EXT_PROC_PORT, EPP_LOCAL_GRPC_PORT, GatewayPolicyEnv
 from promptcache.gateway.command import settings_from
-from promptcache.gateway.settings import GatewayPolicySettings, GatewayPolicySettingsError
+from promptcache.gateway.settings import GatewayPolicySettings, SettingsError
 
 from .conftest import TIMEOUT
 
@@ -96,7 +96,7 @@ def test_environment_then_flags_win() -> None:
     ],
 )  # fmt: skip
 def test_bad_settings_name_the_setting(argv: list[str], env: dict[str, str], message: str) -> None:
-    with pytest.raises(GatewayPolicySettingsError) as caught:
+    with pytest.raises(SettingsError) as caught:
         settings_from(parse(*argv), env)
     assert str(caught.value) == message
 

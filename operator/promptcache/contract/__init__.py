@@ -122,7 +122,7 @@ from promptcache.contract.session import (
     request_session,
     session_sources,
 )
-from promptcache.contract.settings import Setting, SettingInputError, format_bool, format_float
+from promptcache.contract.settings import Setting, SettingsError, format_bool, format_float
 
 __all__ = [
     "API_GROUP",
@@ -196,7 +196,7 @@ __all__ = [
     "SessionShimEnv",
     "SessionSource",
     "Setting",
-    "SettingInputError",
+    "SettingsError",
     "TenantSaltParam",
     "VllmFlag",
     "cache_gib_from_env",

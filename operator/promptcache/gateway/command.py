@@ -15,9 +15,9 @@ import sys
 from collections.abc import Mapping
 
 from promptcache.contract.gateway_policy import GATEWAY_POLICY_SETTINGS
-from promptcache.contract.settings import add_flags, collect
-from promptcache.gateway.settings import GatewayPolicySettings, GatewayPolicySettingsError
-from promptcache.tenancy.settings import SettingsError, read_salt_key
+from promptcache.contract.settings import SettingsError, add_flags, collect
+from promptcache.gateway.settings import GatewayPolicySettings
+from promptcache.tenancy.settings import read_salt_key
 
 EXIT_BAD_SETTINGS = 2
 EXIT_MISSING_EXTRA = 3
@@ -27,9 +27,7 @@ DEPRECATED_ALIAS = "session-shim"
 
 def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> GatewayPolicySettings:
     """Flags over environment over built-in defaults, validated."""
-    return GatewayPolicySettings(
-        **collect(GATEWAY_POLICY_SETTINGS, args, environ, error=GatewayPolicySettingsError)
-    )
+    return GatewayPolicySettings(**collect(GATEWAY_POLICY_SETTINGS, args, environ))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = settings_from(args, os.environ)
         secret = read_salt_key(settings.policy())
-    except (GatewayPolicySettingsError, SettingsError) as error:
+    except SettingsError as error:
         print(f"promptcache {COMMAND}: {error}", file=sys.stderr)
         return EXIT_BAD_SETTINGS
     try:

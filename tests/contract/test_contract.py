@@ -20,7 +20,6 @@ from promptcache.contract import (
     FrontEnv,
     GatewayPolicyEnv,
     IsolationMode,
-    SessionShimEnv,
     SettingsError,
     format_cache_gib,
     is_header_name,
@@ -214,12 +213,13 @@ def test_every_front_default_parses_as_its_own_variable() -> None:
 
 def test_the_gateway_policy_step_has_one_image_flag() -> None:
     """`--session-shim-image`, the deprecated old name, was removed with the resource's
-    `sessionShimImage` (CHANGELOG); `SessionShimEnv` is the process' own alias."""
+    `sessionShimImage`, and `SessionShimEnv` with `promptcache session-shim` (CHANGELOG)."""
     import argparse
 
+    import promptcache.contract
     from promptcache.api.defaults import add_default_flags, defaults_from_args
 
-    assert SessionShimEnv is GatewayPolicyEnv
+    assert not hasattr(promptcache.contract, "SessionShimEnv")
     parser = argparse.ArgumentParser()
     add_default_flags(parser)
     args = parser.parse_args(["--gateway-policy-image", "mirror.example/op:1"])

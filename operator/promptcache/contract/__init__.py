@@ -42,7 +42,6 @@ from promptcache.contract.front import FRONT_SETTINGS, FrontEnv
 from promptcache.contract.gateway_policy import (
     GATEWAY_POLICY_SETTINGS,
     GatewayPolicyEnv,
-    SessionShimEnv,
 )
 from promptcache.contract.grammar import (
     BODY_FIELD_PATTERN,
@@ -193,7 +192,6 @@ __all__ = [
     "PickerTarget",
     "PredictedMatchParam",
     "SessionParam",
-    "SessionShimEnv",
     "SessionSource",
     "Setting",
     "SettingsError",

@@ -5,8 +5,6 @@ The renderer writes these variables into the Endpoint Picker pod's `gateway-poli
 container; `promptcache gateway-policy` reads them (flags winning) into `GatewayPolicySettings`.
 The isolation settings are the cache front's own declarations (same variables, parsers and
 defaults), so the step and the front derive the same salt from the same configuration.
-(The step was the "session shim": `SessionShimEnv` and `promptcache session-shim` remain
-as deprecated names.)
 """
 
 from __future__ import annotations
@@ -82,9 +80,6 @@ class GatewayPolicyEnv:
     IDENTITY_BEARER: Final[str] = FrontEnv.IDENTITY_BEARER
     IDENTITY_REQUIRED: Final[str] = FrontEnv.IDENTITY_REQUIRED
 
-
-SessionShimEnv = GatewayPolicyEnv
-"""Deprecated name of `GatewayPolicyEnv`."""
 
 DEFAULT_GATEWAY_POLICY_LISTEN: Final[str] = f"0.0.0.0:{EPP_EXT_PROC_PORT}"
 """Where the gateway dials: the port the EPP Service targets."""

@@ -30,7 +30,7 @@ FROM build-base AS build-operator
 COPY pyproject.toml README.md ./
 COPY operator/ operator/
 # The `gateway` extra (grpcio) too: the renderer runs the Endpoint Picker's gateway policy step
-# (`promptcache session-shim`) from this image.
+# (`promptcache gateway-policy`) from this image.
 RUN /opt/promptcache/bin/pip install ".[gateway]"
 
 # ---------------------------------------------------------------------------- runtime base

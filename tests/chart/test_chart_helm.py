@@ -269,11 +269,8 @@ def test_default_images_follow_the_registry_and_may_be_pinned() -> None:
         "--gateway-policy-image=other.example/shim:7",
         "ghcr.io/promptcache/promptcache-operator:0.1.0",
     ]  # fmt: skip
-    # The deprecated old name of the value still works where the new one is empty.
-    assert args(
-        "--set", "defaultImages.sessionShim.repository=old",
-        "--set-string", "defaultImages.sessionShim.tag=3",
-    )[1] == "--gateway-policy-image=ghcr.io/promptcache/old:3"  # fmt: skip
+    # The old name of the value was removed (CHANGELOG): refused, never silently ignored.
+    assert "sessionShim" in template_error("defaultImages.sessionShim.repository=old")
     (container,) = one(render("--set", "modelServerUser=null"), "Deployment")["spec"]["template"][
         "spec"
     ]["containers"]

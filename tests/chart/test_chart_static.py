@@ -121,13 +121,16 @@ def test_dockerfile_keeps_torch_out_of_the_operator_image() -> None:
     assert 'pip install ".[gateway]"' in stages["build-operator"]
 
 
-def test_session_shim_runs_from_the_operator_image() -> None:
-    """The renderer's default shim image is the operator image, which carries its extra."""
+def test_the_gateway_policy_step_runs_from_the_operator_image() -> None:
+    """The renderer's default policy-step image is the operator image, which carries its
+    extra; the step's removed old command name is not a command."""
     from promptcache.api.constants import DEFAULT_GATEWAY_POLICY_IMAGE
     from promptcache.cli import build_parser
 
     assert f"{OPERATOR_IMAGE}:{__version__}" == DEFAULT_GATEWAY_POLICY_IMAGE
-    assert build_parser().parse_args(["session-shim"]).command == "session-shim"
+    assert build_parser().parse_args(["gateway-policy"]).command == "gateway-policy"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["session-shim"])
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
         "optional-dependencies"
     ]

@@ -20,8 +20,7 @@ from promptcache.contract import (
     FrontEnv,
     GatewayPolicyEnv,
     IsolationMode,
-    SessionShimEnv,
-    SettingInputError,
+    SettingsError,
     format_cache_gib,
     is_header_name,
     needs_salt_key,
@@ -30,7 +29,6 @@ from promptcache.contract import (
 from promptcache.embeds import build_cache_from_env
 from promptcache.embeds.cache import cache_capacity_from_env
 from promptcache.front.command import settings_from as front_settings
-from promptcache.front.settings import SettingsError
 from promptcache.gateway.command import settings_from as gateway_policy_settings
 from promptcache.render import render
 from promptcache.render.front import FRONT_CONTAINER
@@ -151,7 +149,7 @@ def test_the_rendered_cache_size_reads_back_exactly(gib: float) -> None:
 def test_the_api_bound_on_the_cache_size_is_the_contract_bound() -> None:
     with pytest.raises(ValidationError, match="less than or equal to 1024"):
         _pcd(promptEmbeds={"enabled": True, "cacheGiB": 1025})
-    with pytest.raises(SettingInputError):
+    with pytest.raises(SettingsError):
         parse_cache_gib("x", "1025")
 
 
@@ -215,12 +213,13 @@ def test_every_front_default_parses_as_its_own_variable() -> None:
 
 def test_the_gateway_policy_step_has_one_image_flag() -> None:
     """`--session-shim-image`, the deprecated old name, was removed with the resource's
-    `sessionShimImage` (CHANGELOG); `SessionShimEnv` is the process' own alias."""
+    `sessionShimImage`, and `SessionShimEnv` with `promptcache session-shim` (CHANGELOG)."""
     import argparse
 
+    import promptcache.contract
     from promptcache.api.defaults import add_default_flags, defaults_from_args
 
-    assert SessionShimEnv is GatewayPolicyEnv
+    assert not hasattr(promptcache.contract, "SessionShimEnv")
     parser = argparse.ArgumentParser()
     add_default_flags(parser)
     args = parser.parse_args(["--gateway-policy-image", "mirror.example/op:1"])

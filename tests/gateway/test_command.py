@@ -1,4 +1,4 @@
-"""`promptcache session-shim`: flags over environment, the messages a user sees, the
+"""`promptcache gateway-policy`: flags over environment, the messages a user sees, the
 process's start-up line and graceful stop, and the CLI without the `gateway` extra."""
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import pytest
 from promptcache.cli import build_parser
 from promptcache.contract import EPP_EXT_PROC_PORT, EPP_LOCAL_GRPC_PORT, GatewayPolicyEnv
 from promptcache.gateway.command import settings_from
-from promptcache.gateway.settings import GatewayPolicySettings, GatewayPolicySettingsError
+from promptcache.gateway.settings import GatewayPolicySettings, SettingsError
 
 from .conftest import TIMEOUT
 
 
 def parse(*argv: str) -> argparse.Namespace:
-    return build_parser().parse_args(["session-shim", *argv])
+    return build_parser().parse_args(["gateway-policy", *argv])
 
 
 def test_defaults_are_the_rendered_pod_shape() -> None:
@@ -96,7 +96,7 @@ def test_environment_then_flags_win() -> None:
     ],
 )  # fmt: skip
 def test_bad_settings_name_the_setting(argv: list[str], env: dict[str, str], message: str) -> None:
-    with pytest.raises(GatewayPolicySettingsError) as caught:
+    with pytest.raises(SettingsError) as caught:
         settings_from(parse(*argv), env)
     assert str(caught.value) == message
 
@@ -108,7 +108,7 @@ def _cli(*argv: str, env: dict[str, str] | None = None, prelude: str = "") -> li
 
 def test_bad_setting_exits_2_with_one_line() -> None:
     proc = subprocess.run(
-        _cli("session-shim", "--listen", "nowhere"),
+        _cli("gateway-policy", "--listen", "nowhere"),
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert proc.returncode == 2
@@ -130,7 +130,11 @@ def test_cli_works_without_the_gateway_extra() -> None:
     )
     assert version.returncode == 0, version.stderr
     shim = subprocess.run(
-        _cli("session-shim", prelude=hide), capture_output=True, text=True, timeout=60, check=False
+        _cli("gateway-policy", prelude=hide),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert shim.returncode == 3
     assert shim.stderr == (
@@ -161,7 +165,7 @@ def test_process_logs_its_setup_and_stops_on_sigterm(tmp_path: Path) -> None:
     }
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "promptcache.cli", "session-shim"],
+            [sys.executable, "-m", "promptcache.cli", "gateway-policy"],
             stdout=out, stderr=subprocess.STDOUT, env=env,
         )  # fmt: skip
         try:
@@ -188,7 +192,7 @@ def test_port_in_use_exits_1(tmp_path: Path) -> None:
         taken.listen(1)
         port = taken.getsockname()[1]
         proc = subprocess.run(
-            [sys.executable, "-m", "promptcache.cli", "session-shim",
+            [sys.executable, "-m", "promptcache.cli", "gateway-policy",
              "--listen", f"127.0.0.1:{port}"],
             capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip

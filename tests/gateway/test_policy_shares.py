@@ -159,7 +159,9 @@ async def test_stalled_bodies_hold_at_most_their_share_of_the_budget_while_other
     budget, metrics = step.servicer.budget, step.servicer.metrics
 
     def refusals() -> float:
-        return metrics.value("promptcache_gateway_policy_tenant_share_refusals_total")
+        return metrics.value(
+            "promptcache_gateway_policy_tenant_share_refusals_total", resource="memory"
+        )
 
     calls = [await stalled(gateway, headers(i), PIECE) for i in range(N)]
     async with cancelling(calls):
@@ -221,7 +223,12 @@ async def test_a_client_over_its_share_is_refused_on_its_headers_before_any_body
         assert all(retry_after(a) == "1" for a in answers if a is not None)
         assert await answered(within, 0.5) == [None, None]  # held, not refused
         assert budget.used == HELD * PIECE + 1024
-        assert metrics.value("promptcache_gateway_policy_tenant_share_refusals_total") == 3
+        assert (
+            metrics.value(
+                "promptcache_gateway_policy_tenant_share_refusals_total", resource="memory"
+            )
+            == 3
+        )
         _served(await well_behaved(gateway))
 
 

@@ -68,7 +68,7 @@ registry host (a first segment with "." or ":", or localhost) is used as it is.
 {{- include "promptcache-operator.imageRef" (dict "image" .Values.image "root" .) }}
 {{- end }}
 
-{{/* Default images of the resources: the front's, and the gateway policy step's (the operator image unless set; defaultImages.sessionShim is its deprecated old name). */}}
+{{/* Default images of the resources: the front's, and the gateway policy step's (the operator image unless set). */}}
 {{- define "promptcache-operator.frontImage" -}}
 {{- include "promptcache-operator.imageRef" (dict "image" .Values.defaultImages.front "root" .) }}
 {{- end }}
@@ -76,8 +76,6 @@ registry host (a first segment with "." or ":", or localhost) is used as it is.
 {{- define "promptcache-operator.gatewayPolicyImage" -}}
 {{- if .Values.defaultImages.gatewayPolicy.repository }}
 {{- include "promptcache-operator.imageRef" (dict "image" .Values.defaultImages.gatewayPolicy "root" .) }}
-{{- else if .Values.defaultImages.sessionShim.repository }}
-{{- include "promptcache-operator.imageRef" (dict "image" .Values.defaultImages.sessionShim "root" .) }}
 {{- else }}
 {{- include "promptcache-operator.image" . }}
 {{- end }}

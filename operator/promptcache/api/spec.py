@@ -59,6 +59,8 @@ from promptcache.contract.front import (
     DEFAULT_SEND_BUFFER_BYTES,
     DEFAULT_TENANT_SHARE_PERCENT,
     DEFAULT_WRITE_TIMEOUT_SECONDS,
+    MIN_MAX_BODY_BYTES,
+    MIN_SEND_BUFFER_BYTES,
 )
 
 IsolationModeName = Annotated[IsolationMode, Strict(False)]
@@ -558,7 +560,7 @@ class FrontSpec(ApiModel):
     image: ImageRef | None = None
     """Cache-front image (the Dockerfile's `front` target). Empty: the operator's default
     (the chart's `defaultImages.front`, else the front image of this release)."""
-    max_request_bytes: Annotated[int, Field(ge=1024, le=4 * 1024**3)] = 256 * 1024**2
+    max_request_bytes: Annotated[int, Field(ge=MIN_MAX_BODY_BYTES, le=4 * 1024**3)] = 256 * 1024**2
     """Largest request body accepted (vLLM itself has no limit); larger gets HTTP 413."""
     max_concurrency: Annotated[int, Field(ge=1, le=65536)] | None = None
     """Requests one front process forwards to vLLM at once; more get HTTP 503
@@ -587,7 +589,9 @@ class FrontSpec(ApiModel):
     """Longest the front waits for a client to read more of its answer (a stream or a large
     body); then the connection is cut and its concurrency slot freed, so clients that stop
     reading cannot hold `maxConcurrency`."""
-    send_buffer_bytes: Annotated[int, Field(ge=4096, le=64 * 1024**2)] = DEFAULT_SEND_BUFFER_BYTES
+    send_buffer_bytes: Annotated[int, Field(ge=MIN_SEND_BUFFER_BYTES, le=64 * 1024**2)] = (
+        DEFAULT_SEND_BUFFER_BYTES
+    )
     """Answer bytes the front queues per connection, beyond the kernel's socket buffer,
     before it waits for the client to read."""
     max_prompt_embeds_references: Annotated[int, Field(ge=1, le=1_000_000)] = (

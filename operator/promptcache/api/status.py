@@ -22,7 +22,8 @@ class ConditionType:
     MONITORING_READY: Final[str] = "MonitoringReady"
     """Present only while monitoring is enabled (spec.monitoring.enabled or the default)."""
     DEPRECATED_FIELDS: Final[str] = "DeprecatedFields"
-    """Present (True) only while the spec sets a field under a deprecated name."""
+    """Retired: the API has no deprecated names left. Only so the operator removes the
+    condition where an older one wrote it; never set."""
     CACHE_DELIVERING: Final[str] = "CacheDelivering"
     """Present only while the ladder has a sample (`status.cache`): False when the engines
     deliver far less of the prompt from cache than the picker predicted."""
@@ -63,8 +64,6 @@ class Reason:
     # MonitoringReady.
     POD_MONITORS_APPLIED: Final[str] = "PodMonitorsApplied"
     PROMETHEUS_OPERATOR_NOT_INSTALLED: Final[str] = "PrometheusOperatorNotInstalled"
-    # DeprecatedFields.
-    DEPRECATED_FIELD_SET: Final[str] = "DeprecatedFieldSet"
     # CacheDelivering (controller/ladder.py).
     AS_PREDICTED: Final[str] = "AsPredicted"
     DELIVERED_BELOW_PREDICTED: Final[str] = "DeliveredBelowPredicted"

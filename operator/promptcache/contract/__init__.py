@@ -42,7 +42,6 @@ from promptcache.contract.front import FRONT_SETTINGS, FrontEnv
 from promptcache.contract.gateway_policy import (
     GATEWAY_POLICY_SETTINGS,
     GatewayPolicyEnv,
-    SessionShimEnv,
 )
 from promptcache.contract.grammar import (
     BODY_FIELD_PATTERN,
@@ -122,7 +121,7 @@ from promptcache.contract.session import (
     request_session,
     session_sources,
 )
-from promptcache.contract.settings import Setting, SettingInputError, format_bool, format_float
+from promptcache.contract.settings import Setting, SettingsError, format_bool, format_float
 
 __all__ = [
     "API_GROUP",
@@ -193,10 +192,9 @@ __all__ = [
     "PickerTarget",
     "PredictedMatchParam",
     "SessionParam",
-    "SessionShimEnv",
     "SessionSource",
     "Setting",
-    "SettingInputError",
+    "SettingsError",
     "TenantSaltParam",
     "VllmFlag",
     "cache_gib_from_env",

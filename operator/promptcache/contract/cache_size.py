@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from promptcache.contract.names import SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR
-from promptcache.contract.settings import SettingInputError, format_float
+from promptcache.contract.settings import SettingsError, format_float
 
 GIB: Final[int] = 1 << 30
 MAX_CACHE_GIB: Final[int] = 1024
@@ -24,29 +24,29 @@ MAX_CACHE_GIB: Final[int] = 1024
 field has the same bound, so a rendered pod never meets it."""
 
 
-def _problem(name: str, shown: object) -> SettingInputError:
-    return SettingInputError(
+def _problem(name: str, shown: object) -> SettingsError:
+    return SettingsError(
         f"{name}={shown!r} is not a valid prompt-embeds cache size: expected a number of GiB "
         f"from 0 to {MAX_CACHE_GIB:g} such as 2 or 0.5 (0 disables the cache)"
     )
 
 
 def check_cache_gib(name: str, gib: float) -> float:
-    """`gib` if it is a finite size in [0, MAX_CACHE_GIB], else SettingInputError."""
+    """`gib` if it is a finite size in [0, MAX_CACHE_GIB], else SettingsError."""
     if not math.isfinite(gib) or not 0 <= gib <= MAX_CACHE_GIB:
         raise _problem(name, gib)
     return gib
 
 
 def parse_cache_gib(name: str, raw: str) -> float:
-    """A cache size in GiB, or SettingInputError naming `name` (empty is refused)."""
+    """A cache size in GiB, or SettingsError naming `name` (empty is refused)."""
     try:
         gib = float(raw)
     except ValueError:
         raise _problem(name, raw) from None
     try:
         return check_cache_gib(name, gib)
-    except SettingInputError:
+    except SettingsError:
         raise _problem(name, raw) from None
 
 

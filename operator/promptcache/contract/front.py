@@ -1,14 +1,15 @@
-"""The cache front's settings: each variable, flag, parser and default, declared once.
+"""The cache front's settings: each variable, flag, parser, default and bounds, declared once.
 
 The renderer writes these variables into the `cache-front` container; `promptcache
-front` reads them (flags winning) with the parsers named here into `FrontSettings`.
+front` reads them (flags winning) with the parsers named here into `FrontSettings`, which
+checks every value against its row (`contract.settings.check_rows`).
 """
 
 from __future__ import annotations
 
 from typing import Any, Final
 
-from promptcache.contract.cache_size import parse_cache_gib
+from promptcache.contract.cache_size import check_cache_gib, parse_cache_gib
 from promptcache.contract.engine import VLLM_DEFAULT_MAX_NUM_SEQS
 from promptcache.contract.names import (
     DEFAULT_CACHED_PROMPT_TOKENS_HEADER,
@@ -23,11 +24,16 @@ from promptcache.contract.names import (
     IsolationMode,
 )
 from promptcache.contract.settings import (
+    Bounds,
     Setting,
-    SettingInputError,
+    SettingsError,
     as_float,
     as_int,
     as_str,
+    check_host_port,
+    check_optional_body_field,
+    check_optional_header_name,
+    check_optional_host_port,
     parse_bool,
     parse_host_port,
     parse_isolation_mode,
@@ -201,28 +207,38 @@ VLLM_REQUEST_ID_HEADER: Final[str] = "x-request-id"
 VLLM_REQUEST_ID_FIELD: Final[str] = "request_id"
 
 
+MIN_MAX_BODY_BYTES: Final[int] = 1024
+"""The smallest body limit a process accepts (the API's floor on `front.maxRequestBytes`)."""
+MIN_SEND_BUFFER_BYTES: Final[int] = 4096
+"""The smallest answer buffer per connection (the API's floor on `front.sendBufferBytes`)."""
+MAX_LAME_DUCK_SECONDS: Final[float] = 600.0
+"""A longer lame duck is a typo: the pod's grace period must outlast it."""
+AT_LEAST_ONE: Final[Bounds[int]] = Bounds(1)
+POSITIVE_SECONDS: Final[Bounds[float]] = Bounds(0.0, above=True)
+
+
 def _dtype(name: str, raw: str) -> str:
     value = raw.strip()
     if value not in TURBOQUANT_DTYPES:
-        raise SettingInputError(f"{name}={raw!r} is not one of {', '.join(TURBOQUANT_DTYPES)}")
+        raise SettingsError(f"{name}={raw!r} is not one of {', '.join(TURBOQUANT_DTYPES)}")
     return value
 
 
 FRONT_SETTINGS: Final[tuple[Setting[Any], ...]] = (
     Setting("upstream", "--upstream", FrontEnv.UPSTREAM, as_str, DEFAULT_UPSTREAM,
-            "vLLM's base URL (localhost)"),
+            "vLLM's base URL (localhost)"),  # an http URL: FrontSettings checks (no urllib here)
     Setting("listen", "--listen", FrontEnv.LISTEN, parse_host_port, DEFAULT_LISTEN,
-            "HOST:PORT to serve on"),
+            "HOST:PORT to serve on", check=check_host_port),
     Setting("isolation_mode", "--isolation-mode", FrontEnv.ISOLATION_MODE,
             parse_isolation_mode, DEFAULT_ISOLATION_MODE, "Shared, PerKey or Required"),
     Setting("isolation_header", "--isolation-header", FrontEnv.ISOLATION_HEADER,
             parse_optional_header_name, DEFAULT_ISOLATION_HEADER,
             "request header carrying the isolation key; empty: do not read one",
-            empty_is_unset=False),
+            empty_is_unset=False, check=check_optional_header_name),
     Setting("isolation_field", "--isolation-field", FrontEnv.ISOLATION_FIELD,
             parse_optional_body_field, DEFAULT_ISOLATION_FIELD,
             "body field carrying the isolation key; empty: do not read one",
-            empty_is_unset=False),
+            empty_is_unset=False, check=check_optional_body_field),
     Setting("salt_key_file", "--salt-key-file", FrontEnv.SALT_KEY_FILE, as_str, SALT_KEY_FILE,
             "file holding the HMAC secret for salts (PerKey/Required)"),
     Setting("honor_prompt_cache_max_len", "--honor-prompt-cache-max-len",
@@ -230,54 +246,66 @@ FRONT_SETTINGS: Final[tuple[Setting[Any], ...]] = (
             "true: prompt_cache_max_len 0 makes a request uncacheable"),
     Setting("session_header", "--session-header", FrontEnv.SESSION_HEADER,
             parse_optional_header_name, DEFAULT_SESSION_HEADER,
-            "session-affinity header; empty: never set it", empty_is_unset=False),
+            "session-affinity header; empty: never set it", empty_is_unset=False,
+            check=check_optional_header_name),
     Setting("session_from_user", "--session-from-user", FrontEnv.SESSION_FROM_USER,
             parse_bool, DEFAULT_SESSION_FROM_USER,
             "copy the body's `user` into the session header when it is absent"),
     Setting("prompt_tokens_header", "--prompt-tokens-header", FrontEnv.PROMPT_TOKENS_HEADER,
             parse_optional_header_name, DEFAULT_PROMPT_TOKENS_HEADER,
-            "response header with the prompt token count; empty: off", empty_is_unset=False),
+            "response header with the prompt token count; empty: off", empty_is_unset=False,
+            check=check_optional_header_name),
     Setting("cached_prompt_tokens_header", "--cached-prompt-tokens-header",
             FrontEnv.CACHED_PROMPT_TOKENS_HEADER, parse_optional_header_name,
             DEFAULT_CACHED_PROMPT_TOKENS_HEADER,
             "response header with the cached prompt token count; empty: off",
-            empty_is_unset=False),
+            empty_is_unset=False, check=check_optional_header_name),
     Setting("max_body_bytes", "--max-body-bytes", FrontEnv.MAX_BODY_BYTES, as_int,
-            DEFAULT_MAX_BODY_BYTES, "largest request body accepted (413 above)"),
+            DEFAULT_MAX_BODY_BYTES, "largest request body accepted (413 above)",
+            bounds=Bounds(MIN_MAX_BODY_BYTES)),
     Setting("prompt_embeds_cache_gib", "--prompt-embeds-cache-gib",
             SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR, parse_cache_gib, DEFAULT_CACHE_GIB,
-            "prompt-embeds cache size per process in GiB; 0 = off", empty_is_unset=False),
+            "prompt-embeds cache size per process in GiB; 0 = off", empty_is_unset=False,
+            check=check_cache_gib),
     Setting("workers", "--workers", FrontEnv.WORKERS, as_int, DEFAULT_WORKERS,
-            "front processes on the port (SO_REUSEPORT), one per vLLM API server"),
+            "front processes on the port (SO_REUSEPORT), one per vLLM API server",
+            bounds=AT_LEAST_ONE),
     Setting("max_in_flight", "--max-in-flight", FrontEnv.MAX_IN_FLIGHT, as_int,
-            DEFAULT_MAX_IN_FLIGHT, "requests worked on at once per process (503 above)"),
+            DEFAULT_MAX_IN_FLIGHT, "requests worked on at once per process (503 above)",
+            bounds=AT_LEAST_ONE),
     Setting("max_in_flight_bytes", "--max-in-flight-bytes", FrontEnv.MAX_IN_FLIGHT_BYTES,
             as_int, DEFAULT_MAX_IN_FLIGHT_BYTES,
             "request bytes held at once per process (503 above)"),
     Setting("decode_workers", "--decode-workers", FrontEnv.DECODE_WORKERS, as_int,
-            DEFAULT_DECODE_WORKERS, "threads for payload decoding and hashing"),
+            DEFAULT_DECODE_WORKERS, "threads for payload decoding and hashing",
+            bounds=AT_LEAST_ONE),
     Setting("turboquant_dtype", "--turboquant-dtype", FrontEnv.TURBOQUANT_DTYPE, _dtype,
-            DEFAULT_TURBOQUANT_DTYPE, "dtype TurboQuant payloads are decoded to"),
+            DEFAULT_TURBOQUANT_DTYPE, "dtype TurboQuant payloads are decoded to", check=_dtype),
     Setting("upstream_timeout_seconds", "--upstream-timeout-seconds",
             FrontEnv.UPSTREAM_TIMEOUT_SECONDS, as_float, DEFAULT_UPSTREAM_TIMEOUT_SECONDS,
-            "longest silence from vLLM before 504"),
+            "longest silence from vLLM before 504", bounds=POSITIVE_SECONDS),
     Setting("max_body_reads", "--max-body-reads", FrontEnv.MAX_BODY_READS, as_int,
             DEFAULT_MAX_BODY_READS,
-            "request bodies received at once per process (503 above; apart from --max-in-flight)"),
+            "request bodies received at once per process (503 above; apart from --max-in-flight)",
+            bounds=AT_LEAST_ONE),
     Setting("header_timeout_seconds", "--header-timeout-seconds",
             FrontEnv.HEADER_TIMEOUT_SECONDS, as_float, DEFAULT_HEADER_TIMEOUT_SECONDS,
-            "time to deliver a request's headers; also the idle keep-alive time"),
+            "time to deliver a request's headers; also the idle keep-alive time",
+            bounds=POSITIVE_SECONDS),
     Setting("body_timeout_seconds", "--body-timeout-seconds", FrontEnv.BODY_TIMEOUT_SECONDS,
             as_float, DEFAULT_BODY_TIMEOUT_SECONDS,
-            "time to deliver a whole request body (408 after)"),
+            "time to deliver a whole request body (408 after)", bounds=POSITIVE_SECONDS),
     Setting("write_timeout_seconds", "--write-timeout-seconds", FrontEnv.WRITE_TIMEOUT_SECONDS,
             as_float, DEFAULT_WRITE_TIMEOUT_SECONDS,
-            "longest wait for a client to read its answer (then the connection is cut)"),
+            "longest wait for a client to read its answer (then the connection is cut)",
+            bounds=POSITIVE_SECONDS),
     Setting("send_buffer_bytes", "--send-buffer-bytes", FrontEnv.SEND_BUFFER_BYTES, as_int,
-            DEFAULT_SEND_BUFFER_BYTES, "answer bytes queued per connection before waiting"),
+            DEFAULT_SEND_BUFFER_BYTES, "answer bytes queued per connection before waiting",
+            bounds=Bounds(MIN_SEND_BUFFER_BYTES)),
     Setting("max_prompt_embeds_references", "--max-prompt-embeds-references",
             FrontEnv.MAX_PROMPT_EMBEDS_REFERENCES, as_int, DEFAULT_MAX_PROMPT_EMBEDS_REFERENCES,
-            "prompt-embeds payloads and references one request may carry (400 above)"),
+            "prompt-embeds payloads and references one request may carry (400 above)",
+            bounds=AT_LEAST_ONE),
     Setting("allow_engine_state", "--allow-engine-state", FrontEnv.ALLOW_ENGINE_STATE,
             parse_bool, DEFAULT_ALLOW_ENGINE_STATE,
             "forward previous_response_id, kv_transfer_params, vllm_xargs (false: refused)"),
@@ -286,22 +314,24 @@ FRONT_SETTINGS: Final[tuple[Setting[Any], ...]] = (
             "forward X-Vllm-Priority and a body priority to vLLM (false: removed / refused)"),
     Setting("lifecycle_listen", "--lifecycle-listen", FrontEnv.LIFECYCLE_LISTEN, as_str,
             DEFAULT_LIFECYCLE_LISTEN,
-            "loopback HOST:PORT open while the process lives (empty: none)"),
+            "loopback HOST:PORT open while the process lives (empty: none)",
+            check=check_optional_host_port),
     Setting("lame_duck_seconds", "--lame-duck-seconds", FrontEnv.LAME_DUCK_SECONDS, as_float,
             DEFAULT_LAME_DUCK_SECONDS,
-            "seconds still serving after SIGTERM (Connection: close, /readyz 503) before draining"),
+            "seconds still serving after SIGTERM (Connection: close, /readyz 503) before draining",
+            bounds=Bounds(0.0, MAX_LAME_DUCK_SECONDS)),
     Setting("fair_share_bytes_per_second", "--fair-share-bytes-per-second",
             FrontEnv.FAIR_SHARE_BYTES_PER_SECOND, as_int, DEFAULT_FAIR_SHARE_BYTES_PER_SECOND,
             "decoding work (bytes a parse materialises) a key may cost per second while "
-            "others are active; a key in debt waits (0: unmetered)"),
+            "others are active; a key in debt waits (0: unmetered)", bounds=Bounds(0)),
     Setting("tenant_share_percent", "--tenant-share-percent", FrontEnv.TENANT_SHARE_PERCENT,
             as_int, DEFAULT_TENANT_SHARE_PERCENT,
             "most of the slots, body reads and memory budget one client identity may hold, "
-            "in percent (429 above; 100: no share)"),
+            "in percent (429 above; 100: no share)", bounds=Bounds(1, 100)),
     Setting("identity_header", "--identity-header", FrontEnv.IDENTITY_HEADER,
             parse_optional_header_name, DEFAULT_IDENTITY_HEADER,
             "header the gateway's authentication sets to the caller's account; empty: none",
-            empty_is_unset=False),
+            empty_is_unset=False, check=check_optional_header_name),
     Setting("identity_bearer", "--identity-bearer", FrontEnv.IDENTITY_BEARER, parse_bool,
             DEFAULT_IDENTITY_BEARER, "name the account by the HMAC of the bearer token"),
     Setting("identity_required", "--identity-required", FrontEnv.IDENTITY_REQUIRED,

@@ -1,11 +1,10 @@
-"""The gateway policy step's settings: each variable, flag, parser and default, declared once.
+"""The gateway policy step's settings: each variable, flag, parser, default and bounds, declared
+once.
 
 The renderer writes these variables into the Endpoint Picker pod's `gateway-policy`
 container; `promptcache gateway-policy` reads them (flags winning) into `GatewayPolicySettings`.
 The isolation settings are the cache front's own declarations (same variables, parsers and
 defaults), so the step and the front derive the same salt from the same configuration.
-(The step was the "session shim": `SessionShimEnv` and `promptcache session-shim` remain
-as deprecated names.)
 """
 
 from __future__ import annotations
@@ -25,9 +24,14 @@ from promptcache.contract.names import (
     SESSION_USER_FIELD,
 )
 from promptcache.contract.settings import (
+    Bounds,
     Setting,
     as_float,
     as_int,
+    check_host_port,
+    check_optional_body_field,
+    check_optional_header_name,
+    check_optional_host_port,
     parse_host_port,
     parse_optional_body_field,
     parse_optional_header_name,
@@ -76,9 +80,6 @@ class GatewayPolicyEnv:
     IDENTITY_BEARER: Final[str] = FrontEnv.IDENTITY_BEARER
     IDENTITY_REQUIRED: Final[str] = FrontEnv.IDENTITY_REQUIRED
 
-
-SessionShimEnv = GatewayPolicyEnv
-"""Deprecated name of `GatewayPolicyEnv`."""
 
 DEFAULT_GATEWAY_POLICY_LISTEN: Final[str] = f"0.0.0.0:{EPP_EXT_PROC_PORT}"
 """Where the gateway dials: the port the EPP Service targets."""
@@ -130,36 +131,41 @@ fair share of the work bodies cost (the step meters a key as the front does)."""
 GATEWAY_POLICY_SETTINGS: Final[tuple[Setting[Any], ...]] = (
     Setting("listen", "--listen", GatewayPolicyEnv.LISTEN, parse_host_port,
             DEFAULT_GATEWAY_POLICY_LISTEN,
-            "HOST:PORT to serve ext_proc on (what the gateway dials)"),
+            "HOST:PORT to serve ext_proc on (what the gateway dials)", check=check_host_port),
     Setting("upstream", "--upstream", GatewayPolicyEnv.UPSTREAM, parse_host_port,
             DEFAULT_GATEWAY_POLICY_UPSTREAM,
-            "HOST:PORT of the Endpoint Picker's own ext_proc port (plain gRPC, loopback)"),
+            "HOST:PORT of the Endpoint Picker's own ext_proc port (plain gRPC, loopback)",
+            check=check_host_port),
     Setting("session_header", "--session-header", GatewayPolicyEnv.SESSION_HEADER,
             parse_optional_header_name, DEFAULT_SESSION_HEADER,
             "header the EPP's session filter reads; added from the body when absent; "
-            "empty: name no sessions", empty_is_unset=False),
+            "empty: name no sessions", empty_is_unset=False, check=check_optional_header_name),
     Setting("user_field", "--user-field", GatewayPolicyEnv.USER_FIELD,
             parse_optional_body_field, SESSION_USER_FIELD,
             "body field naming the session after prompt_cache_key; empty: none",
-            empty_is_unset=False),
+            empty_is_unset=False, check=check_optional_body_field),
     Setting("max_body_bytes", "--max-body-bytes", GatewayPolicyEnv.MAX_BODY_BYTES, as_int,
             DEFAULT_GATEWAY_POLICY_MAX_BODY_BYTES,
-            "largest request body; larger ones get HTTP 413"),
+            "largest request body; larger ones get HTTP 413", bounds=Bounds(1)),
     Setting("max_buffered_bytes", "--max-buffered-bytes", GatewayPolicyEnv.MAX_BUFFERED_BYTES,
             as_int, DEFAULT_GATEWAY_POLICY_MAX_BUFFERED_BYTES,
             "body bytes all requests together may hold; beyond, HTTP 503"),
     Setting("body_timeout_seconds", "--body-timeout-seconds",
             GatewayPolicyEnv.BODY_TIMEOUT_SECONDS, as_float,
             DEFAULT_GATEWAY_POLICY_BODY_TIMEOUT_SECONDS,
-            "seconds a body may take to arrive after its headers; then HTTP 408"),
+            "seconds a body may take to arrive after its headers; then HTTP 408",
+            bounds=Bounds(0.0, MAX_GATEWAY_POLICY_DRAIN_SECONDS, above=True)),
     Setting("metrics_listen", "--metrics-listen", GatewayPolicyEnv.METRICS_LISTEN,
             parse_optional_host_port, DEFAULT_GATEWAY_POLICY_METRICS_LISTEN,
-            "HOST:PORT to serve Prometheus metrics on; empty: none", empty_is_unset=False),
+            "HOST:PORT to serve Prometheus metrics on; empty: none", empty_is_unset=False,
+            check=check_optional_host_port),
     Setting("drain_seconds", "--drain-seconds", GatewayPolicyEnv.DRAIN_SECONDS, as_float,
-            DEFAULT_GATEWAY_POLICY_DRAIN_SECONDS, "how long open streams may finish after SIGTERM"),
+            DEFAULT_GATEWAY_POLICY_DRAIN_SECONDS, "how long open streams may finish after SIGTERM",
+            bounds=Bounds(0.0, MAX_GATEWAY_POLICY_DRAIN_SECONDS)),
     Setting("workers", "--workers", GatewayPolicyEnv.WORKERS, as_int,
             DEFAULT_GATEWAY_POLICY_WORKERS,
             "processes serving the port together (SO_REUSEPORT), one per core the step may "
-            "use; they share --max-buffered-bytes equally"),
+            "use; they share --max-buffered-bytes equally",
+            bounds=Bounds(1, MAX_GATEWAY_POLICY_WORKERS)),
     *(s for s in FRONT_SETTINGS if s.field in ISOLATION_FIELDS),
 )  # fmt: skip

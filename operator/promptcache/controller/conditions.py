@@ -211,18 +211,3 @@ def monitoring(
         Reason.POD_MONITORS_APPLIED,
         f"PodMonitor {model_server} (model servers) and {epp} (Endpoint Picker) applied",
     )
-
-
-def deprecated_fields(obs: Observation) -> Desired | None:
-    """DeprecatedFields=True while the spec uses an old field name; None removes it.
-
-    Old names keep working, so this is a warning (an event too), never Degraded."""
-    if not obs.deprecated_fields:
-        return None
-    return Desired(
-        ConditionType.DEPRECATED_FIELDS,
-        "True",
-        Reason.DEPRECATED_FIELD_SET,
-        "deprecated, still honoured, to be removed in a later API version: "
-        + "; ".join(obs.deprecated_fields),
-    )

@@ -63,7 +63,6 @@ async def _post_events(
             (cond["type"] == ConditionType.DEGRADED and cond["status"] == "True")
             or (cond["type"] == ConditionType.GATEWAY_READY and cond["status"] == "False")
             or (cond["type"] == ConditionType.READY and cond["reason"] in NOT_READY_WARNINGS)
-            or cond["type"] == ConditionType.DEPRECATED_FIELDS
         )
         await post_event(
             kube,

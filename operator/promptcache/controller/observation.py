@@ -60,10 +60,6 @@ class Observation:
     """MonitoringReady while monitoring is enabled; None removes the condition."""
     adapters: list[AdapterStatus] = field(default_factory=list)
     """Per `model.adapters[]`: where it is served and why not (empty without adapters)."""
-    deprecated_fields: list[str] = field(default_factory=list)
-    """Fields the spec sets under a deprecated name; empty removes DeprecatedFields. None
-    today (`sessionShimImage` was removed): kept for the next rename, and so the condition
-    an older operator wrote is removed."""
     cache: CacheLadderStatus | None = None
     """The hit-ratio ladder (`controller.ladder`); None: no verdict yet."""
     cache_delivering: Desired | None = None

@@ -85,10 +85,7 @@ def compute_status(
         wanted.append(obs.monitoring)
     elif obs.blocked is None:
         conditions = [c for c in conditions if c.get("type") != ConditionType.MONITORING_READY]
-    deprecated = conditions_of.deprecated_fields(obs)
-    if deprecated is not None:
-        wanted.append(deprecated)
-    elif obs.blocked is None:
+    if obs.blocked is None:  # retired: an older operator's condition goes
         conditions = [c for c in conditions if c.get("type") != ConditionType.DEPRECATED_FIELDS]
     if obs.cache_delivering is not None:
         wanted.append(obs.cache_delivering)

@@ -24,7 +24,7 @@ from promptcache.front.endpoints import FRONT_HANDLERS
 from promptcache.front.forwarding import admitted, count_controls
 from promptcache.front.refusals import json_error
 from promptcache.front.salted import salted
-from promptcache.front.state import Charge, FrontState
+from promptcache.front.state import FrontState
 from promptcache.front.upstream import (
     forward_headers,
     new_request_id,
@@ -75,8 +75,7 @@ async def _proxy(
 ) -> web.StreamResponse:
     settings = state.settings
     check_headers(request.headers)
-    charge = Charge(state, _identity(state, request))
-    try:
+    with state.memory.scope(_identity(state, request)) as charge:
         if route.kind is RouteClass.READ_ONLY:
             if has_body(request):
                 raise FrontError(
@@ -100,8 +99,6 @@ async def _proxy(
         if metered:
             state.fair_share.charge(charge.key, scan.charge)
         return await salted(request, state, route, target, raw=raw, scan=scan, charge=charge)
-    finally:
-        charge.release()
 
 
 def _identity(state: FrontState, request: web.BaseRequest) -> bytes:

@@ -14,7 +14,7 @@ from aiohttp.http_exceptions import (
 from aiohttp.web_protocol import RequestPayloadError
 
 from promptcache.front.refusals import parse_refusal
-from promptcache.front.state import Charge, FrontState
+from promptcache.front.state import FrontState, MemoryScope
 from promptcache.runtime.refusals import body_timeout, too_large
 from promptcache.tenancy import errors
 from promptcache.tenancy.canonical import (
@@ -32,7 +32,7 @@ def has_body(request: web.BaseRequest) -> bool:
 
 
 async def read_body(
-    request: web.BaseRequest, state: FrontState, charge: Charge, scan: JsonScan
+    request: web.BaseRequest, state: FrontState, charge: MemoryScope, scan: JsonScan
 ) -> bytearray:
     """The whole body, under the size limit, the body-read cap, the timeout and the budget,
     counted into `scan` piece by piece as it arrives.
@@ -80,7 +80,7 @@ def _take_read(state: FrontState, key: bytes) -> None:
 async def _receive(
     request: web.BaseRequest,
     state: FrontState,
-    charge: Charge,
+    charge: MemoryScope,
     scan: JsonScan,
     declared: int | None,
 ) -> bytearray:

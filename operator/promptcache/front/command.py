@@ -19,7 +19,7 @@ from promptcache.front.settings import FrontSettings, SettingsError
 
 def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> FrontSettings:
     """Flags over environment over the contract's defaults, validated."""
-    return FrontSettings(**collect(FRONT_SETTINGS, args, environ, error=SettingsError))
+    return FrontSettings(**collect(FRONT_SETTINGS, args, environ))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ from aiohttp import web
 from promptcache.contract import FRONT_HEALTH_PATH, FRONT_READY_PATH
 from promptcache.front.metrics import CONTENT_TYPE, merge_expositions
 from promptcache.front.pool import UpstreamError
-from promptcache.front.state import Charge, FrontState
+from promptcache.front.state import PROCESS_KEY, FrontState
 from promptcache.tenancy.routes import (
     METRICS_PATH,
 )
@@ -39,8 +39,7 @@ async def metrics(request: web.BaseRequest, state: FrontState) -> web.Response:
     """vLLM's metrics followed by the front's, for the Endpoint Picker's scrape (vLLM's
     exposition is held whole to merge it: counted in the memory budget meanwhile)."""
     upstream: bytes | None = None
-    charge = Charge(state)
-    try:
+    with state.memory.scope(PROCESS_KEY) as charge:
         try:
             status, body = await _probe(state, METRICS_PATH)
             charge.hold(len(body))
@@ -50,8 +49,6 @@ async def metrics(request: web.BaseRequest, state: FrontState) -> web.Response:
             upstream = None
         state.metrics.upstream_metrics_up.set(1 if upstream is not None else 0)
         merged = merge_expositions(upstream, state.metrics.render())
-    finally:
-        charge.release()
     return web.Response(body=merged, headers={"Content-Type": CONTENT_TYPE})
 
 

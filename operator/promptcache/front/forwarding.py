@@ -11,7 +11,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from promptcache.contract.front import VLLM_PRIORITY_HEADER, VLLM_REQUEST_ID_HEADER
 from promptcache.front.hits import Tally
-from promptcache.front.state import Charge, FrontState
+from promptcache.front.state import FrontState, MemoryScope
 from promptcache.front.upstream import (
     forward,
 )
@@ -41,7 +41,7 @@ async def admitted(
     data: bytes,
     headers: CIMultiDict[str],
     strip_usage: bool,
-    charge: Charge,
+    charge: MemoryScope,
     tally: Tally | None = None,
 ) -> web.StreamResponse:
     """Forward under the concurrency cap (bodies are read before a slot is taken); the

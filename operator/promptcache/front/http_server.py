@@ -190,6 +190,8 @@ def create_state(
         state.predictions = PredictionReader(secret)
     # read at scrape time: no gauge update (and its lock) on every request
     state.metrics.in_flight.set_function(lambda: state.in_flight)
+    state.metrics.memory_budget_used.set_function(lambda: state.memory.used)
+    state.metrics.memory_budget.set(state.memory.capacity)
     return state
 
 

@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 from promptcache.contract import LadderCounter
 from promptcache.embeds.cache import PromptEmbedsCacheStats
 from promptcache.front.hits import ScopeClass, Tally
+from promptcache.runtime.budget import CAPACITY_HELP, CAPACITY_METRIC, USED_HELP, USED_METRIC
 
 PREFIX: Final = "promptcache_front"
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
@@ -251,6 +252,8 @@ class FrontMetrics:
         self.in_flight = Gauge(
             f"{PREFIX}_in_flight_requests", "Requests being worked on now.", registry=r
         )
+        self.memory_budget_used = Gauge(f"{PREFIX}_{USED_METRIC}", USED_HELP, registry=r)
+        self.memory_budget = Gauge(f"{PREFIX}_{CAPACITY_METRIC}", CAPACITY_HELP, registry=r)
         self.upstream_metrics_up = Gauge(
             f"{PREFIX}_upstream_metrics_up",
             "1 if the last scrape of vLLM's /metrics succeeded, else 0.",

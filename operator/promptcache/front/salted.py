@@ -29,7 +29,7 @@ from promptcache.front.references import (
     serialize,
     splice,
 )
-from promptcache.front.state import Charge, FrontState
+from promptcache.front.state import FrontState, MemoryScope
 from promptcache.front.upstream import (
     forward_headers,
     new_request_id,
@@ -80,7 +80,7 @@ def _parse_and_find(
 _VERIFY_MODULE: Final = "promptcache.front.verify"
 
 
-async def _verify(state: FrontState, charge: Charge, payload: str) -> VerifiedLike:
+async def _verify(state: FrontState, charge: MemoryScope, payload: str) -> VerifiedLike:
     # torch loads only once a request carries prompt embeds; what it made lives as long as
     # the process: out of the collector's full passes (`front.heap`)
     first = _VERIFY_MODULE not in sys.modules
@@ -141,7 +141,7 @@ async def salted(
     *,
     raw: bytearray,
     scan: JsonScan,
-    charge: Charge,
+    charge: MemoryScope,
 ) -> web.StreamResponse:
     """A JSON request on a salted route: decided here when its body is cheap to work on,
     else in a worker process (`offload`), so no large structure is ever built in the
@@ -166,7 +166,7 @@ async def _prepare_in_worker(
     *,
     scan: JsonScan,
     headers: CIMultiDictProxy[str],
-    charge: Charge,
+    charge: MemoryScope,
 ) -> Prepared:
     """`offload.prepare` on the JSON worker processes, charged for the worker's copy of
     the body, its parse and its encoding while it runs."""
@@ -203,7 +203,7 @@ async def _salted_prepared(
     target: Target,
     *,
     prepared: Prepared,
-    charge: Charge,
+    charge: MemoryScope,
 ) -> web.StreamResponse:
     """Forward what a worker decided, its prompt embeds resolved here; counted and refused
     as `_salted_here` counts and refuses."""
@@ -234,7 +234,7 @@ async def _resolve(
     route: Route,
     plan: Plan,
     slots: list[Slot] | FrontError,
-    charge: Charge,
+    charge: MemoryScope,
 ) -> Outcome:
     """Resolve references and verify uploads in the slots (`references.resolve`), counted."""
     settings = state.settings
@@ -297,7 +297,7 @@ async def _forward_json(
     *,
     plan: Plan,
     data: bytes,
-    charge: Charge,
+    charge: MemoryScope,
 ) -> web.StreamResponse:
     """Forward the decided body with the headers vLLM gets, under the concurrency cap."""
     settings = state.settings
@@ -345,7 +345,7 @@ async def _salted_here(
     *,
     raw: bytearray,
     scan: JsonScan,
-    charge: Charge,
+    charge: MemoryScope,
 ) -> web.StreamResponse:
     """A cheap body (`JsonScan.work`): parsed, decided and encoded on the loop."""
     settings = state.settings

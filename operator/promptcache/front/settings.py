@@ -3,9 +3,10 @@
 The renderer sets environment variables (`contract.FrontEnv`); a person at a
 shell passes flags. Both routes end in `FrontSettings`, validated once at start
 so a mistyped value stops the front with a message instead of quietly serving
-every request with a feature switched off. Every name, grammar, parser and
-default comes from `promptcache.contract.front`: the renderer writes with the
-same definitions.
+every request with a feature switched off. Every name, grammar, parser, default
+and bound comes from the rows of `promptcache.contract.front` (the renderer writes
+with the same definitions); the fields are typed here by hand for mypy, and a test
+holds them to the rows (one field per row, same default).
 """
 
 from __future__ import annotations
@@ -20,15 +21,10 @@ from promptcache.contract import (
     DEFAULT_PROMPT_TOKENS_HEADER,
     DEFAULT_SESSION_HEADER,
     SALT_KEY_FILE,
-    SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR,
-    GrammarError,
     IsolationMode,
-    SettingInputError,
     cache_gib_to_bytes,
-    check_header_name,
     needs_salt_key,
 )
-from promptcache.contract.cache_size import check_cache_gib
 from promptcache.contract.front import (
     DEFAULT_ALLOW_CLIENT_PRIORITY,
     DEFAULT_ALLOW_ENGINE_STATE,
@@ -58,12 +54,11 @@ from promptcache.contract.front import (
     DEFAULT_UPSTREAM_TIMEOUT_SECONDS,
     DEFAULT_WORKERS,
     DEFAULT_WRITE_TIMEOUT_SECONDS,
-    TURBOQUANT_DTYPES,
+    FRONT_SETTINGS,
 )
-from promptcache.contract.settings import split_host_port
+from promptcache.contract.settings import SettingsError, check_rows, split_host_port
 from promptcache.tenancy.settings import (
     MIN_SALT_KEY_BYTES,
-    SettingsError,
     check_policy_settings,
     read_mounted_salt_key,
     read_salt_key,
@@ -81,10 +76,7 @@ __all__ = [
 
 def parse_listen(raw: str) -> tuple[str, int]:
     """Split `host:port` (IPv6 hosts in brackets) into its parts."""
-    try:
-        return split_host_port("listen address", raw)
-    except SettingInputError as exc:
-        raise SettingsError(str(exc)) from None
+    return split_host_port("listen address", raw)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,85 +130,20 @@ class FrontSettings:
     identity_required: bool = DEFAULT_IDENTITY_REQUIRED
 
     def __post_init__(self) -> None:
-        """Every value checked once, in this order: addresses, names, the policy, the
-        capacities, then the deadlines and the remaining bounds (the first wrong one is
-        the one named)."""
-        self._check_addresses()
-        self._check_names()
-        check_policy_settings(self)
-        self._check_capacities()
-        self._check_deadlines_and_bounds()
-
-    def _check_addresses(self) -> None:
-        parts = urlsplit(self.upstream)
+        """Every value checked once against its row (`FRONT_SETTINGS`, in row order: the
+        first wrong one is the one named), then the rules between settings: the policy's,
+        and a memory budget that holds one maximal request."""
+        parts = urlsplit(self.upstream)  # not a row check: the renderer imports the rows
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise SettingsError(
                 f"upstream {self.upstream!r} must be an http URL, e.g. {DEFAULT_UPSTREAM}"
             )
-        parse_listen(self.listen)
-        if self.lifecycle_listen:
-            parse_listen(self.lifecycle_listen)
-        if not 0 <= self.lame_duck_seconds <= 600:
-            raise SettingsError(
-                f"lame duck seconds {self.lame_duck_seconds} must be between 0 and 600"
-            )
-
-    def _check_names(self) -> None:
-        try:
-            # the grammar the API checks; empty switches the feature off
-            for label, header in (
-                ("session header", self.session_header),
-                ("prompt-tokens header", self.prompt_tokens_header),
-                ("cached-prompt-tokens header", self.cached_prompt_tokens_header),
-            ):
-                check_header_name(label, header, optional=True)
-            check_cache_gib(SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR, self.prompt_embeds_cache_gib)
-        except (GrammarError, SettingInputError) as exc:
-            raise SettingsError(str(exc)) from None
-
-    def _check_capacities(self) -> None:
-        if self.max_body_bytes < 1024:
-            raise SettingsError(f"max body bytes {self.max_body_bytes} is below 1024")
-        if self.fair_share_bytes_per_second < 0:
-            raise SettingsError(
-                f"fair share {self.fair_share_bytes_per_second} bytes/s must be 0 (off) or more"
-            )
-        if not 1 <= self.tenant_share_percent <= 100:
-            raise SettingsError(
-                f"tenant share {self.tenant_share_percent} % must be between 1 and 100"
-            )
-        if self.max_in_flight < 1:
-            raise SettingsError(f"max in-flight {self.max_in_flight} must be at least 1")
+        check_rows(FRONT_SETTINGS, self)
+        check_policy_settings(self)
         if self.max_in_flight_bytes < self.max_body_bytes:
             raise SettingsError(
                 f"max in-flight bytes {self.max_in_flight_bytes} is below the max body bytes "
                 f"{self.max_body_bytes}: not even one full-size request could be served"
-            )
-        if self.decode_workers < 1:
-            raise SettingsError(f"decode workers {self.decode_workers} must be at least 1")
-        if self.turboquant_dtype not in TURBOQUANT_DTYPES:
-            raise SettingsError(
-                f"TurboQuant dtype {self.turboquant_dtype!r} is not one of "
-                f"{', '.join(TURBOQUANT_DTYPES)}"
-            )
-        if self.workers < 1:
-            raise SettingsError(f"workers {self.workers} must be at least 1")
-
-    def _check_deadlines_and_bounds(self) -> None:
-        if not self.upstream_timeout_seconds > 0:
-            raise SettingsError("upstream timeout must be a positive number of seconds")
-        if self.max_body_reads < 1:
-            raise SettingsError(f"max body reads {self.max_body_reads} must be at least 1")
-        if not self.header_timeout_seconds > 0 or not self.body_timeout_seconds > 0:
-            raise SettingsError("header and body timeouts must be positive numbers of seconds")
-        if not self.write_timeout_seconds > 0:
-            raise SettingsError("write timeout must be a positive number of seconds")
-        if self.send_buffer_bytes < 4096:
-            raise SettingsError(f"send buffer bytes {self.send_buffer_bytes} is below 4096")
-        if self.max_prompt_embeds_references < 1:
-            raise SettingsError(
-                f"max prompt-embeds references {self.max_prompt_embeds_references} must be "
-                "at least 1"
             )
 
     @property

@@ -20,16 +20,22 @@ from promptcache.front.pool import UpstreamPool
 from promptcache.front.references import KindIndex
 from promptcache.front.sampling import PredictionSampler
 from promptcache.front.settings import FrontSettings
+from promptcache.runtime.budget import SHARE_RESOURCE, BudgetWords, MemoryBudget, MemoryScope
 from promptcache.runtime.spawn import SpawnPool
-from promptcache.tenancy import errors
 from promptcache.tenancy.attestation import Attester
 from promptcache.tenancy.canonical import json_charge
-from promptcache.tenancy.errors import FrontError
 from promptcache.tenancy.fair_share import FairShare
 from promptcache.tenancy.prediction import PredictionReader
-from promptcache.tenancy.shares import Ledger, Verdict, share_of, share_refusal
+from promptcache.tenancy.shares import Ledger, share_of
 
-__all__ = ["PROCESS_KEY", "Charge", "FrontState", "json_charge"]
+__all__ = ["PROCESS_KEY", "FrontState", "MemoryScope", "json_charge"]
+
+MEMORY_WORDS: Final = BudgetWords(
+    server="this server",
+    holder="the cache front",
+    needs=" (its body, parsed, with every prompt-embeds payload and reference at its full size)",
+    resource="memory budget for requests in flight",
+)
 
 T = TypeVar("T")
 
@@ -66,12 +72,13 @@ class FrontState:
     """Each client identity's share of `max_in_flight` (`tenancy.shares`)."""
     reads: Ledger = field(init=False)
     """Each client identity's share of `max_body_reads`."""
-    memory: Ledger = field(init=False)
-    """Each client identity's share of `max_in_flight_bytes`; used under `lock`."""
+    memory: MemoryBudget = field(init=False)
+    """Each client identity's share of `max_in_flight_bytes` (`runtime.budget`: the policy
+    step's budget too); a request charges a `scope` of it."""
     draining: bool = False
     """Stopping (SIGTERM): still serving, but not ready, and no connection is kept alive."""
     lock: threading.Lock = field(default_factory=threading.Lock)
-    """Guards `memory`: decode threads charge densified payloads too."""
+    """Guards `jobs` (decode threads finish them)."""
     spawn: SpawnPool = field(init=False)
     """The JSON worker processes (`runtime.spawn`; `decode_workers` of them)."""
     jobs: dict[int, float] = field(default_factory=dict)
@@ -84,7 +91,12 @@ class FrontState:
         percent = s.tenant_share_percent
         self.slots = Ledger(s.max_in_flight, share_of(s.max_in_flight, percent))
         self.reads = Ledger(s.max_body_reads, share_of(s.max_body_reads, percent))
-        self.memory = Ledger(s.max_in_flight_bytes, share_of(s.max_in_flight_bytes, percent))
+        self.memory = MemoryBudget(
+            s.max_in_flight_bytes,
+            percent,
+            MEMORY_WORDS,
+            on_share_refused=lambda: self.metrics.share_refused(SHARE_RESOURCE),
+        )
         self.spawn = SpawnPool(s.decode_workers)
 
     @property
@@ -141,75 +153,3 @@ class FrontState:
         """Stop the JSON workers (waiting for them to exit when `wait`); a new pool starts
         at the next large body."""
         self.spawn.drop(wait)
-
-
-class Charge:
-    """One request's share of the in-flight byte budget, released when it ends.
-
-    Admission control on memory: a request that would push the process past
-    `max_in_flight_bytes` is refused with 503 (retry later) instead of risking
-    the container's memory limit; one that could never fit in its client's share
-    gets 413; a client that already holds its share while another client holds some too,
-    or would eat into the reserve kept for clients holding less, gets 429
-    (`tenancy.shares`), so one client cannot hold the budget while others want it.
-    Charged before the memory is used: a body as it is read, its parse (`json_charge`),
-    every payload verified or densified, the forwarded body before it is built, and
-    vLLM's answer: one read whole before it is read, a streamed one for what it holds at
-    a time (`hold`: the connection's read-ahead, the piece being written, an incomplete
-    SSE event). Thread-safe (decode threads charge too).
-    """
-
-    def __init__(self, state: FrontState, key: bytes = PROCESS_KEY) -> None:
-        self._state = state
-        self.key = key
-        """The client identity the charge counts against (`tenancy.shares.identity_key`)."""
-        self.held = 0
-
-    def take(self, n: int) -> None:
-        state = self._state
-        memory = state.memory
-        with state.lock:
-            if self.held + n > memory.share:
-                raise FrontError(
-                    413,
-                    errors.REQUEST_TOO_LARGE,
-                    f"the request needs about {self.held + n} bytes of working memory "
-                    f"(its body, parsed, with every prompt-embeds payload and reference at "
-                    f"its full size); this server gives one client at most {memory.share}",
-                )
-            verdict = memory.take(self.key, n)
-            if verdict is Verdict.TAKE:
-                self.held += n
-                return
-            held = memory.held(self.key)
-        if verdict is Verdict.OVER_SHARE:
-            state.metrics.share_refused("memory")
-            raise share_refusal("memory budget for requests in flight", held, memory.share, "bytes")
-        raise FrontError(
-            503,
-            errors.MEMORY_BUDGET_EXHAUSTED,
-            "the cache front's memory budget for requests in flight is in use; retry shortly",
-        )
-
-    def hold(self, n: int) -> None:
-        """Count `n` bytes this request holds without refusing: for an answer whose headers
-        are already sent (a stream cannot turn into a 503), so that new requests are
-        admitted against what the process really holds. Negative `n` gives back."""
-        if n < 0:
-            self.give_back(-n)
-            return
-        with self._state.lock:
-            self._state.memory.hold(self.key, n)
-            self.held += n
-
-    def give_back(self, n: int) -> None:
-        """Return part of the charge whose memory is already freed (a finished decode)."""
-        with self._state.lock:
-            n = min(n, self.held)
-            self._state.memory.give(self.key, n)
-            self.held -= n
-
-    def release(self) -> None:
-        with self._state.lock:
-            self._state.memory.give(self.key, self.held)
-            self.held = 0

@@ -3,7 +3,7 @@
 Status and body of vLLM's answer pass through unchanged; streamed answers are
 copied as they arrive (SSE through the usage relay), never held whole. Every answer
 is charged to the request's memory budget for what the front holds of it: whole, before
-it is read; streamed, piece by piece (`Charge.hold`).
+it is read; streamed, piece by piece (`MemoryScope.hold`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from promptcache.front.pool import (
     UpstreamTimeoutError,
 )
 from promptcache.front.settings import FrontSettings
-from promptcache.front.state import Charge, FrontState
+from promptcache.front.state import FrontState, MemoryScope
 from promptcache.front.usage import SseRelay, Usage, relay, usage_headers, usage_of_json
 from promptcache.tenancy import errors
 from promptcache.tenancy.canonical import json_charge
@@ -140,7 +140,7 @@ async def forward(
     data: bytes,
     headers: CIMultiDict[str],
     strip_usage: bool,
-    charge: Charge,
+    charge: MemoryScope,
     tally: Tally | None = None,
 ) -> web.StreamResponse:
     """Send the request to vLLM and relay its answer; `tally` is what the request's usage
@@ -198,7 +198,7 @@ async def _relay(
     *,
     strip_usage: bool,
     request_id: str,
-    charge: Charge,
+    charge: MemoryScope,
     tally: Tally | None,
 ) -> web.StreamResponse:
     settings = state.settings
@@ -266,7 +266,7 @@ async def _relay(
     return response
 
 
-async def _usage_of(state: FrontState, charge: Charge, body: bytes) -> Usage | None:
+async def _usage_of(state: FrontState, charge: MemoryScope, body: bytes) -> Usage | None:
     """The usage of a buffered JSON answer; a large one is parsed in a JSON worker process
     (in a thread, the C parser held the GIL the loop needs for the whole answer: up to
     16 MiB, a tenant can ask for one with logprobs or echo)."""
@@ -366,13 +366,13 @@ async def _pump(
     response: web.StreamResponse,
     chunks: AsyncIterator[bytes],
     *,
-    charge: Charge,
+    charge: MemoryScope,
     sse: SseRelay | None,
     events: bool = False,
 ) -> None:
     """Copy an upstream body to the client as it arrives, never holding it whole.
 
-    What is held at a time is counted in the request's charge (`Charge.hold`: headers
+    What is held at a time is counted in the request's charge (`MemoryScope.hold`: headers
     are sent, so never refused here): the upstream connection's read-ahead (up to
     `pool.HIGH_WATER`), the piece being written, and `sse`'s incomplete event.
 

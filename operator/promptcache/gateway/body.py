@@ -4,7 +4,7 @@ limit and the step's memory budget shared by client identity (`budget`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from envoy.config.core.v3 import base_pb2
@@ -14,22 +14,32 @@ from promptcache.contract import (
     IDENTITY_ATTESTATION_HEADER,
 )
 from promptcache.gateway.decision import Decision
-from promptcache.gateway.refusals import busy, parse_too_large, protocol_error
+from promptcache.gateway.refusals import protocol_error
+from promptcache.runtime.budget import BudgetWords, MemoryBudget, MemoryScope
 from promptcache.runtime.refusals import too_large
 from promptcache.tenancy.canonical import (
     JsonScan,
 )
 from promptcache.tenancy.errors import FrontError
-from promptcache.tenancy.shares import Ledger, Verdict, share_of, share_refusal
 
 _CHUNK_BYTES: Final[int] = 1024 * 1024
 """Largest body message sent to the picker (gRPC servers refuse messages over 4 MiB)."""
 
 
-def body_budget(limit: int, percent: int) -> Ledger:
-    """Body bytes held by all streams at once, and by each client identity (`tenancy.shares`;
-    one event loop: no lock needed)."""
-    return Ledger(limit, share_of(limit, percent))
+BUDGET_WORDS: Final = BudgetWords(
+    server="the gateway",
+    holder="the gateway",
+    needs=" to be checked at the gateway (its body, parsed and re-encoded)",
+    resource="budget for request bodies",
+)
+
+
+def body_budget(
+    limit: int, percent: int, on_share_refused: Callable[[], None] = lambda: None
+) -> MemoryBudget:
+    """Body bytes held by all streams at once, and by each client identity: the front's
+    memory budget (`runtime.budget`), in the step's words."""
+    return MemoryBudget(limit, percent, BUDGET_WORDS, on_share_refused)
 
 
 def declared_length(headers: Sequence[tuple[str, bytes]]) -> int:
@@ -52,9 +62,12 @@ class Inspector:
     undecided: a message the protocol does not allow while a request is held is a
     refusal, never a reason to let the held request through."""
 
-    def __init__(self, max_body_bytes: int, budget: Ledger) -> None:
+    def __init__(self, max_body_bytes: int, budget: MemoryBudget) -> None:
         self.max_body_bytes = max_body_bytes
         self.budget = budget
+        self.charge: MemoryScope = budget.scope(b"")
+        """The held request's scope of the budget (`runtime.budget`), counted against
+        `share_key`; given back whole by `release`."""
         self.active = True
         self.held: Any = None
         self.chunks: list[Any] = []
@@ -64,13 +77,20 @@ class Inspector:
         self.scan = JsonScan()
         """The body's structural bytes, counted per message as it arrives (at once, a
         large body's count held the loop for tens of milliseconds)."""
-        self.charged = 0
-        self.share_key: bytes = b""
+        self.deadline = 0.0
+        """Loop time by which a held request's body must have ended."""
+
+    @property
+    def share_key(self) -> bytes:
         """The client identity the held request counts against: its share of the budget
         (`tenancy.shares`) and of decoding work (`tenancy.fair_share`); set when its headers
         arrive."""
-        self.deadline = 0.0
-        """Loop time by which a held request's body must have ended."""
+        return self.charge.key
+
+    @share_key.setter
+    def share_key(self, key: bytes) -> None:
+        self.charge.release()
+        self.charge = self.budget.scope(key)
 
     @property
     def holding(self) -> bool:
@@ -106,22 +126,14 @@ class Inspector:
         return protocol_error(kind)
 
     def take(self, n: int) -> FrontError | None:
-        """Charge `n` more bytes to the held request and its client, or the refusal: 413 when
-        the request alone would pass one client's share, 429 when its client holds its
-        share while another client holds some (or asks into the reserve kept for lighter
-        holders), 503 when the step holds
-        all it may."""
-        budget = self.budget
-        if self.charged + n > budget.share:
-            return parse_too_large(self.charged + n, budget.share)
-        verdict = budget.take(self.share_key, n)
-        if verdict is Verdict.TAKE:
-            self.charged += n
-            return None
-        if verdict is Verdict.OVER_SHARE:
-            held = budget.held(self.share_key)
-            return share_refusal("budget for request bodies", held, budget.share, "bytes")
-        return busy()
+        """Charge `n` more bytes to the held request and its client, or the refusal
+        (`runtime.budget.MemoryScope.take`: 413, 429 or 503, as the front refuses)."""
+        return self.charge.refusal(n)
+
+    @property
+    def charged(self) -> int:
+        """Bytes the held request holds of the budget now."""
+        return self.charge.held
 
     def headers(self) -> list[tuple[str, bytes]]:
         """Every header entry, in order, keys lower-cased, values as bytes."""
@@ -174,8 +186,8 @@ class Inspector:
     def release(self) -> list[Any]:
         """Stop inspecting; return what was held, in order, and free its budget."""
         out = ([self.held] if self.held is not None else []) + self.chunks + self.tail
-        self.budget.give(self.share_key, self.charged)
-        self.held, self.chunks, self.tail, self.size, self.charged = None, [], [], 0, 0
+        self.charge.release()
+        self.held, self.chunks, self.tail, self.size = None, [], [], 0
         self.scan = JsonScan()
         self.active = False
         return out

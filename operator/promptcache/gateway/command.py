@@ -3,8 +3,7 @@
 Every setting has a flag and an environment variable (`contract.GatewayPolicyEnv`, set by
 the renderer on the EPP pod's `gateway-policy` container); the flag wins. This module
 imports no gRPC: the CLI lists the sub-command in every install, and only running it
-needs the `gateway` extra (`pip install 'promptcache[gateway]'`). `session-shim` is the
-command's deprecated old name.
+needs the `gateway` extra (`pip install 'promptcache[gateway]'`).
 """
 
 from __future__ import annotations
@@ -15,21 +14,18 @@ import sys
 from collections.abc import Mapping
 
 from promptcache.contract.gateway_policy import GATEWAY_POLICY_SETTINGS
-from promptcache.contract.settings import add_flags, collect
-from promptcache.gateway.settings import GatewayPolicySettings, GatewayPolicySettingsError
-from promptcache.tenancy.settings import SettingsError, read_salt_key
+from promptcache.contract.settings import SettingsError, add_flags, collect
+from promptcache.gateway.settings import GatewayPolicySettings
+from promptcache.tenancy.settings import read_salt_key
 
 EXIT_BAD_SETTINGS = 2
 EXIT_MISSING_EXTRA = 3
 COMMAND = "gateway-policy"
-DEPRECATED_ALIAS = "session-shim"
 
 
 def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> GatewayPolicySettings:
     """Flags over environment over built-in defaults, validated."""
-    return GatewayPolicySettings(
-        **collect(GATEWAY_POLICY_SETTINGS, args, environ, error=GatewayPolicySettingsError)
-    )
+    return GatewayPolicySettings(**collect(GATEWAY_POLICY_SETTINGS, args, environ))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = settings_from(args, os.environ)
         secret = read_salt_key(settings.policy())
-    except (GatewayPolicySettingsError, SettingsError) as error:
+    except SettingsError as error:
         print(f"promptcache {COMMAND}: {error}", file=sys.stderr)
         return EXIT_BAD_SETTINGS
     try:
@@ -55,10 +51,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the `gateway-policy` sub-command (alias `session-shim`) to the `promptcache` CLI."""
+    """Add the `gateway-policy` sub-command to the `promptcache` CLI."""
     parser = subparsers.add_parser(
         COMMAND,
-        aliases=[DEPRECATED_ALIAS],
         help="run the gateway's policy step in the Endpoint Picker pod (tenant salt, "
         "sessions, Required isolation) before the picker routes",
         description="An ext_proc proxy in front of the Endpoint Picker. It derives the "
@@ -67,7 +62,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "salt the client sent, refuses a keyless request in Required mode with the front's "
         "error, and names the session from prompt_cache_key or `user` when the session "
         "header is absent. Every flag can also be set by its environment variable; the flag "
-        f"wins. `{DEPRECATED_ALIAS}` is a deprecated name of this command.",
+        "wins.",
     )
     add_flags(parser, GATEWAY_POLICY_SETTINGS)
     parser.set_defaults(func=run)

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter
+from typing import Final
 
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from promptcache.runtime.budget import CAPACITY_HELP, CAPACITY_METRIC, USED_HELP, USED_METRIC
 from promptcache.tenancy.errors import FrontError
+
+PREFIX: Final = "promptcache_gateway_policy"
 
 
 class PolicyMetrics:
@@ -13,42 +18,50 @@ class PolicyMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.refusals = Counter(
-            "promptcache_gateway_policy_refusals",
+            f"{PREFIX}_refusals",
             "Requests the policy step answered itself, by error code",
             ["code"],
             registry=self.registry,
         )
         self.internal_errors = Counter(
-            "promptcache_gateway_policy_internal_errors",
+            f"{PREFIX}_internal_errors",
             "Failures inside the step, each answered with a refusal (it fails closed)",
             registry=self.registry,
         )
         self.fair_share_waits = Counter(
-            "promptcache_gateway_policy_fair_share_waits",
+            f"{PREFIX}_fair_share_waits",
             "Requests held back for their key's fair share while other keys were active "
             '(those refused instead are refusals{code="fair_share_exceeded"})',
             registry=self.registry,
         )
         self.fair_share_wait_seconds = Counter(
-            "promptcache_gateway_policy_fair_share_wait_seconds",
+            f"{PREFIX}_fair_share_wait_seconds",
             "Time requests spent waiting for their key's fair share",
             registry=self.registry,
         )
         self.deadlines = Counter(
-            "promptcache_gateway_policy_deadlines",
+            f"{PREFIX}_deadlines",
             "Deadlines that fired, by deadline: body (a held request's body did not end "
             "within the body timeout; 408, and what it held is freed)",
             ["deadline"],
             registry=self.registry,
         )
         self.share_refusals = Counter(
-            "promptcache_gateway_policy_tenant_share_refusals",
+            f"{PREFIX}_tenant_share_refusals",
             "Requests refused (429 tenant_share_exceeded) because their client identity held "
-            "its share of the step's budget for request bodies",
+            "its share of a resource: memory (the step's memory budget for request bodies), "
+            "as the front counts it",
+            ["resource"],
             registry=self.registry,
         )
+        self.memory_budget_used = Gauge(
+            f"{PREFIX}_{USED_METRIC}", USED_HELP, registry=self.registry
+        )
+        self.memory_budget = Gauge(
+            f"{PREFIX}_{CAPACITY_METRIC}", CAPACITY_HELP, registry=self.registry
+        )
         self.decided = Counter(
-            "promptcache_gateway_policy_decided",
+            f"{PREFIX}_decided",
             "Requests decided and forwarded to the picker",
             registry=self.registry,
         )
@@ -56,6 +69,10 @@ class PolicyMetrics:
     def waited_for_share(self, seconds: float) -> None:
         self.fair_share_waits.inc()
         self.fair_share_wait_seconds.inc(seconds)
+
+    def share_refused(self, resource: str) -> None:
+        """Count one refusal of a client over its share of `resource` (`tenancy.shares`)."""
+        self.share_refusals.labels(resource=resource).inc()
 
     def refused(self, error: FrontError) -> None:
         self.refusals.labels(code=error.code).inc()

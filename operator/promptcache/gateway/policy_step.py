@@ -59,9 +59,9 @@ from promptcache.gateway.decision import Decision, check_head, decide, step_iden
 from promptcache.gateway.metrics import PolicyMetrics
 from promptcache.gateway.refusals import ended_early, immediate
 from promptcache.gateway.settings import GatewayPolicySettings
+from promptcache.runtime.budget import SHARE_RESOURCE
 from promptcache.runtime.refusals import body_timeout, internal_error
 from promptcache.runtime.spawn import SpawnPool
-from promptcache.tenancy import errors as front_errors
 from promptcache.tenancy.attestation import Attester
 from promptcache.tenancy.canonical import (
     header_multidict,
@@ -69,7 +69,7 @@ from promptcache.tenancy.canonical import (
 from promptcache.tenancy.errors import FrontError
 from promptcache.tenancy.fair_share import FairShare, share_exceeded
 from promptcache.tenancy.identity import identity_enabled
-from promptcache.tenancy.shares import Verdict, share_refusal
+from promptcache.tenancy.shares import Verdict
 
 log = logging.getLogger("promptcache.gateway_policy")
 
@@ -135,8 +135,14 @@ class GatewayPolicyServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[
         self.policy = settings.policy()
         self.secret = secret
         self._stub = pb_grpc.ExternalProcessorStub(channel)
-        self.budget = body_budget(settings.worker_budget, settings.tenant_share_percent)
         self.metrics = PolicyMetrics()
+        self.budget = body_budget(
+            settings.worker_budget,
+            settings.tenant_share_percent,
+            on_share_refused=lambda: self.metrics.share_refused(SHARE_RESOURCE),
+        )
+        self.metrics.memory_budget_used.set_function(lambda: self.budget.used)
+        self.metrics.memory_budget.set(self.budget.capacity)
         self.share = FairShare(
             settings.fair_share_bytes_per_second, on_wait=self.metrics.waited_for_share
         )
@@ -268,7 +274,7 @@ class GatewayPolicyServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[
         budget, key = self.budget, inspector.share_key
         if budget.check(key, declared_length(inspector.headers())) is not Verdict.OVER_SHARE:
             return None
-        return share_refusal("budget for request bodies", budget.held(key), budget.share, "bytes")
+        return budget.share_refusal(key)
 
     async def _fair_share(self, inspector: Inspector) -> FrontError | None:
         """Before a held request's body is read: wait while its key owes this process
@@ -284,8 +290,6 @@ class GatewayPolicyServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[
     def _refused(self, refusal: FrontError, inspector: Inspector) -> None:
         inspector.release()
         self.metrics.refused(refusal)
-        if refusal.code == front_errors.TENANT_SHARE_EXCEEDED:
-            self.metrics.share_refusals.inc()
 
     async def Process(  # noqa: N802 - the gRPC method name
         self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]

@@ -18,24 +18,6 @@ from promptcache.tenancy.errors import FrontError
 log = logging.getLogger("promptcache.gateway_policy")
 
 
-def busy() -> FrontError:
-    return FrontError(
-        503,
-        front_errors.FRONT_OVERLOADED,
-        "the gateway is holding as many request bytes as it may; retry shortly",
-    )
-
-
-def parse_too_large(need: int, limit: int) -> FrontError:
-    return FrontError(
-        413,
-        front_errors.REQUEST_TOO_LARGE,
-        f"the request needs about {need} bytes of working memory to be checked at the "
-        f"gateway (its body, parsed and re-encoded); the gateway gives one client at most "
-        f"{limit}",
-    )
-
-
 def ended_early() -> FrontError:
     return FrontError(
         400,

@@ -2,7 +2,9 @@
 
 Kept apart from the proxy so `promptcache gateway-policy --help` and settings errors work
 without the `gateway` extra, and so the renderer's defaults and the step's agree by
-importing the same definitions from `promptcache.contract.gateway_policy`. The isolation settings
+importing the same definitions from `promptcache.contract.gateway_policy`, whose rows also
+carry each value's bounds (`check_rows`); the fields are typed here by hand for mypy, and a
+test holds them to the rows. The isolation settings
 are the policy's own (`tenancy.settings.PolicySettings`), checked by the same rules as the
 cache front's: both processes run `tenancy.policy`.
 """
@@ -17,11 +19,7 @@ from promptcache.contract import (
     DEFAULT_SESSION_HEADER,
     SALT_KEY_FILE,
     SESSION_USER_FIELD,
-    GrammarError,
     IsolationMode,
-    SettingInputError,
-    check_body_field,
-    check_header_name,
 )
 from promptcache.contract.front import (
     DEFAULT_ALLOW_CLIENT_PRIORITY,
@@ -43,15 +41,12 @@ from promptcache.contract.gateway_policy import (
     DEFAULT_GATEWAY_POLICY_METRICS_LISTEN,
     DEFAULT_GATEWAY_POLICY_UPSTREAM,
     DEFAULT_GATEWAY_POLICY_WORKERS,
-    MAX_GATEWAY_POLICY_DRAIN_SECONDS,
-    MAX_GATEWAY_POLICY_WORKERS,
+    GATEWAY_POLICY_SETTINGS,
 )
-from promptcache.contract.settings import split_host_port
-from promptcache.tenancy.settings import PolicySettings, SettingsError
+from promptcache.contract.settings import SettingsError, check_rows, split_host_port
+from promptcache.tenancy.settings import PolicySettings
 
-
-class GatewayPolicySettingsError(ValueError):
-    """A setting the policy step cannot run with; the message names it and the fix."""
+__all__ = ["GatewayPolicySettings", "SettingsError"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,53 +90,26 @@ class GatewayPolicySettings:
     identity_required: bool = DEFAULT_IDENTITY_REQUIRED
 
     def __post_init__(self) -> None:
-        try:
-            split_host_port("--listen", self.listen)
-            split_host_port("--upstream", self.upstream)
-            if self.metrics_listen:
-                split_host_port("--metrics-listen", self.metrics_listen)
-            check_header_name("--session-header", self.session_header, optional=True)
-            check_body_field("--user-field", self.user_field, optional=True)
-        except (SettingInputError, GrammarError) as exc:
-            raise GatewayPolicySettingsError(str(exc)) from None
-        if self.max_body_bytes < 1:
-            raise GatewayPolicySettingsError(
-                f"--max-body-bytes={self.max_body_bytes} must be at least 1"
-            )
+        """Every value checked against its row (`GATEWAY_POLICY_SETTINGS`, in row order),
+        then the rules between settings, then the isolation settings by the policy's own
+        rules."""
+        check_rows(GATEWAY_POLICY_SETTINGS, self)
         if self.max_buffered_bytes < self.max_body_bytes:
-            raise GatewayPolicySettingsError(
+            raise SettingsError(
                 f"--max-buffered-bytes={self.max_buffered_bytes} must be at least "
                 f"--max-body-bytes={self.max_body_bytes}"
             )
-        if not 1 <= self.tenant_share_percent <= 100:
-            raise GatewayPolicySettingsError(
-                f"--tenant-share-percent={self.tenant_share_percent} must be in [1, 100]"
-            )
-        if not 1 <= self.workers <= MAX_GATEWAY_POLICY_WORKERS:
-            raise GatewayPolicySettingsError(
-                f"--workers={self.workers} must be in [1, {MAX_GATEWAY_POLICY_WORKERS}]"
-            )
         if self.workers > 1 and split_host_port("--listen", self.listen)[1] == 0:
-            raise GatewayPolicySettingsError(
+            raise SettingsError(
                 f"--workers={self.workers} needs a fixed --listen port (port 0 would give "
                 "each worker a port of its own)"
             )
         if self.max_buffered_bytes // self.workers < self.max_body_bytes:
-            raise GatewayPolicySettingsError(
+            raise SettingsError(
                 f"--max-buffered-bytes={self.max_buffered_bytes} is shared by "
                 f"--workers={self.workers}: each share must be at least "
                 f"--max-body-bytes={self.max_body_bytes}; raise it to "
                 f"{self.workers * self.max_body_bytes} or more"
-            )
-        if not 0 < self.body_timeout_seconds <= MAX_GATEWAY_POLICY_DRAIN_SECONDS:
-            raise GatewayPolicySettingsError(
-                f"--body-timeout-seconds={self.body_timeout_seconds} must be in "
-                f"(0, {MAX_GATEWAY_POLICY_DRAIN_SECONDS:g}]"
-            )
-        if not 0 <= self.drain_seconds <= MAX_GATEWAY_POLICY_DRAIN_SECONDS:
-            raise GatewayPolicySettingsError(
-                f"--drain-seconds={self.drain_seconds} must be in "
-                f"[0, {MAX_GATEWAY_POLICY_DRAIN_SECONDS:g}]"
             )
         self.policy()  # the isolation settings, checked by the policy's own rules
 
@@ -153,18 +121,15 @@ class GatewayPolicySettings:
     def policy(self) -> PolicySettings:
         """The request policy's settings: the same isolation as the front's, no session
         header and no usage (the front's business, after the pick)."""
-        try:
-            return PolicySettings(
-                isolation_mode=self.isolation_mode,
-                isolation_header=self.isolation_header,
-                isolation_field=self.isolation_field,
-                salt_key_file=self.salt_key_file,
-                honor_prompt_cache_max_len=self.honor_prompt_cache_max_len,
-                allow_client_priority=self.allow_client_priority,
-                allow_engine_state=self.allow_engine_state,
-                identity_header=self.identity_header,
-                identity_bearer=self.identity_bearer,
-                identity_required=self.identity_required,
-            )
-        except SettingsError as error:
-            raise GatewayPolicySettingsError(str(error)) from None
+        return PolicySettings(
+            isolation_mode=self.isolation_mode,
+            isolation_header=self.isolation_header,
+            isolation_field=self.isolation_field,
+            salt_key_file=self.salt_key_file,
+            honor_prompt_cache_max_len=self.honor_prompt_cache_max_len,
+            allow_client_priority=self.allow_client_priority,
+            allow_engine_state=self.allow_engine_state,
+            identity_header=self.identity_header,
+            identity_bearer=self.identity_bearer,
+            identity_required=self.identity_required,
+        )

@@ -3,6 +3,9 @@ gateway's policy step both use it, and neither imports the other.
 
 - `runtime.refusals`: the refusals both word the same way (a body too large, a body too
   slow, a failure inside the process), as `tenancy.errors.FrontError`s.
+- `runtime.budget`: the memory budget for requests in flight, shared by client identity,
+  as one scope per request that always gives back what it charged; the same refusals
+  (413, 429, 503 `memory_budget_exhausted`) and metric names on both processes.
 - `runtime.spawn`: the bounded pool of spawned, nicer worker processes that decide large
   or dense JSON bodies off the event loop.
 - `runtime.supervision`: the two ends of `--workers N` both share (a worker stops when its

@@ -19,7 +19,7 @@ from promptcache.contract import (
     SALT_KEY_FILE,
     GrammarError,
     IsolationMode,
-    SettingInputError,
+    SettingsError,
     check_body_field,
     check_header_name,
     needs_salt_key,
@@ -35,12 +35,20 @@ from promptcache.contract.front import (
 )
 from promptcache.tenancy.identity import IdentityReader
 
+__all__ = [
+    "MIN_SALT_KEY_BYTES",
+    "PolicyReader",
+    "PolicySettings",
+    "SaltKeySource",
+    "SettingsError",
+    "check_isolation",
+    "check_policy_settings",
+    "read_mounted_salt_key",
+    "read_salt_key",
+]
+
 MIN_SALT_KEY_BYTES: Final[int] = 16
 """A shorter HMAC key would make per-tenant salts guessable."""
-
-
-class SettingsError(ValueError):
-    """A setting that can never work; the message names the setting and the fix."""
 
 
 class PolicyReader(IdentityReader, Protocol):
@@ -89,7 +97,7 @@ def check_isolation(
         check_header_name("isolation header", header, optional=True)
         check_body_field("isolation field", field, optional=True)
         check_header_name("identity header", identity_header, optional=True)
-    except (GrammarError, SettingInputError) as exc:
+    except GrammarError as exc:
         raise SettingsError(str(exc)) from None
     if mode is IsolationMode.REQUIRED and not (header or field):
         raise SettingsError(

@@ -58,6 +58,13 @@ once besides its index, the concurrency of the bench's memory cell."""
 GO_MEMORY_LIMIT_PERCENT: Final[int] = 90
 """`GOMEMLIMIT` as a share of the container's limit: the Go collector works harder as the
 heap nears it, instead of the kernel killing the picker at the limit."""
+GO_GC_PERCENT: Final[int] = 400
+"""`GOGC` of promptcache's picker: the heap may grow to 5x its live data between
+collections (Go's default, 100, is 2x), since `GOMEMLIMIT` bounds it anyway. At 1 KiB bodies
+the picker's live heap is a few tens of MiB, so at 100 it collects every few hundred
+requests, and each collection (stacks scanned, then shrunk and grown again) cost it about
+a fifth of its CPU; with 400, promptcache's picker and GIE's, run the same way, cost the
+same per request (bench/gateway_hop.py, docs/endpoint-picker.md, 2026-12-06)."""
 MIN_STEP_MILLICORES: Final[int] = 100
 
 

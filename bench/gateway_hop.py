@@ -12,9 +12,11 @@ the upstream picker exactly. The arms, cell by cell:
   alone on its own ext_proc port, with bodies that already carry a `cache_salt` of the
   step's shape (so it does the routing work of the other arms);
 * **promptcache** (the product): the same resource rendered for `gateway.picker:
-  promptcache`, its picker with its rendered config (the tenant-salt parser) and args (the
-  body bounds), sent the tenant's key in the isolation header and no salt; served in plain
-  gRPC as the baseline is (the load generator speaks plain gRPC);
+  promptcache`, its picker with its rendered config (the tenant-salt parser and the
+  predicted-match plugin), args (the body bounds) and environment (`GOMEMLIMIT`, `GOGC`),
+  sent the tenant's key in the isolation header and no salt; served in plain gRPC as the
+  baseline is (the load generator speaks plain gRPC). Nothing else differs from the
+  baseline (same binary, pool, scheduling profile, log verbosity);
 * **step**: the rendered `gateway-policy` container in front of the gie picker, sent the
   key and no salt: what every request of an `llm-d-router` pool crosses;
 * **step-Nw** (`--workers N`), **promptcache-unbounded** (`--bounds-off`: the product with

@@ -27,8 +27,9 @@ const (
 // Observer hears each stream the guard ends (for a metric); it must not block.
 type Observer func(Outcome)
 
-// Wrap puts the limits in front of an ext_proc stream handler. The handler runs on its
-// own goroutine so that a deadline can end the stream while it waits in Recv or Send
+// Wrap puts the limits in front of an ext_proc stream handler. The handler runs on a
+// goroutine of its own (one that ran an earlier stream's handler when one is idle: see
+// workers) so that a deadline can end the stream while it waits in Recv or Send
 // (neither takes a deadline of its own): returning ends the gRPC stream, which cancels its
 // context, so the handler's pending Recv or Send returns and it frees what it held.
 // observe may be nil.
@@ -39,10 +40,11 @@ func Wrap(next grpc.StreamHandler, limits Limits, observe Observer) grpc.StreamH
 	if observe == nil {
 		observe = func(Outcome) {}
 	}
+	handlers := newWorkers(MaxIdleWorkers)
 	return func(srv any, ss grpc.ServerStream) error {
 		s := &stream{ServerStream: ss, limits: limits, meter: meter{limits: limits}, ended: make(chan struct{}), observe: observe}
 		done := make(chan error, 1)
-		go func() { done <- next(srv, s) }()
+		handlers.run(func() { done <- next(srv, s) })
 		select {
 		case err := <-done:
 			s.stopTimers()

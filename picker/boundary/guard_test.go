@@ -24,6 +24,20 @@ type buffering struct {
 	extProcPb.UnimplementedExternalProcessorServer
 	maxHeld atomic.Int64
 	exited  chan error
+	deep    bool // answer from deep in the stack, as GIE's handler does (BenchmarkExchange)
+}
+
+// depth uses about 32 KiB of stack (GIE's handler grows a new goroutine's stack to about
+// that in encoding/json and OpenTelemetry), so a benchmark sees what growing it costs.
+//
+//go:noinline
+func depth(n int) byte {
+	var frame [256]byte
+	frame[n%256] = byte(n)
+	if n == 0 {
+		return frame[0]
+	}
+	return frame[n%256] + depth(n-1)
 }
 
 func (b *buffering) Process(srv extProcPb.ExternalProcessor_ProcessServer) (err error) {
@@ -47,6 +61,9 @@ func (b *buffering) Process(srv extProcPb.ExternalProcessor_ProcessServer) (err 
 		}
 		if !rb.RequestBody.EndOfStream {
 			continue
+		}
+		if b.deep {
+			_ = depth(120)
 		}
 		if err := srv.Send(&extProcPb.ProcessingResponse{Response: &extProcPb.ProcessingResponse_RequestHeaders{RequestHeaders: &extProcPb.HeadersResponse{}}}); err != nil {
 			return err

@@ -199,10 +199,11 @@ def test_its_memory_limit_holds_the_bodies_it_may_read(
     assert epp["resources"]["limits"]["memory"] == f"{limit_mib}Mi"
     env = {e["name"]: e.get("value") for e in epp["env"]}
     assert env["GOMEMLIMIT"] == f"{limit_mib * 9 // 10}MiB"
+    assert env["GOGC"] == "400"  # bounded by GOMEMLIMIT, it collects less often below it
     for picker in ("gie-v1.5", "llm-d-router"):  # behind the step: the index's memory
         (other, *_) = epp_pod(rendered(gateway={"picker": picker}, front=front))["containers"]
         assert other["resources"]["limits"]["memory"] == "2Gi"
-        assert "GOMEMLIMIT" not in {e["name"] for e in other["env"]}
+        assert not {"GOMEMLIMIT", "GOGC"} & {e["name"] for e in other["env"]}
 
 
 def test_the_step_still_fronts_the_other_pickers() -> None:

@@ -103,6 +103,7 @@ from promptcache.contract.picker import (
 )
 from promptcache.contract.pods import (
     ENDPOINT_PICKER_POD,
+    GO_GC_PERCENT_ENV,
     GO_MEMORY_LIMIT_ENV,
     MODEL_CACHE_MOUNT_PATH,
     MODEL_SERVER_POD,
@@ -148,6 +149,7 @@ __all__ = [
     "FRONT_SETTINGS",
     "GATEWAY_POLICY_METRICS_PORT",
     "GATEWAY_POLICY_SETTINGS",
+    "GO_GC_PERCENT_ENV",
     "GO_MEMORY_LIMIT_ENV",
     "HEADER_NAME_PATTERN",
     "IDENTITY_ATTESTATION_HEADER",

@@ -74,10 +74,13 @@ MODEL_SERVER_POD: Final[OwnedPodParts] = OwnedPodParts(
 )
 GO_MEMORY_LIMIT_ENV: Final[str] = "GOMEMLIMIT"
 """The Go runtime's soft memory limit, which the renderer sets on promptcache's picker."""
+GO_GC_PERCENT_ENV: Final[str] = "GOGC"
+"""The Go collector's heap growth between collections, which the renderer sets on
+promptcache's picker beside its memory limit."""
 ENDPOINT_PICKER_POD: Final[OwnedPodParts] = OwnedPodParts(
     container=Container.EPP.value,
     other_containers=(Container.GATEWAY_POLICY.value,),
     volumes=("config", "salt-key"),
     mount_paths=("/config", SALT_KEY_MOUNT_DIR),
-    env=("NAMESPACE", "POD_NAME", GO_MEMORY_LIMIT_ENV),
+    env=("NAMESPACE", "POD_NAME", GO_MEMORY_LIMIT_ENV, GO_GC_PERCENT_ENV),
 )

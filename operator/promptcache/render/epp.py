@@ -12,6 +12,7 @@ from promptcache.contract import (
     EPP_EXT_PROC_PORT,
     EPP_LOCAL_GRPC_PORT,
     GATEWAY_POLICY_METRICS_PORT,
+    GO_GC_PERCENT_ENV,
     GO_MEMORY_LIMIT_ENV,
     OPERATOR_ANNOTATION_PREFIX,
     SALT_KEY_MOUNT_DIR,
@@ -37,6 +38,7 @@ from promptcache.render.epp_config import (
     needs_experimental_plugins,
 )
 from promptcache.render.epp_sizing import (
+    GO_GC_PERCENT,
     go_memory_limit,
     picker_millicores,
     promptcache_picker_memory,
@@ -287,12 +289,14 @@ def epp_deployment(pcd: PromptCacheDeployment, names: Names) -> dict[str, Any]:
             {"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             *(
-                # the Go collector works harder near the limit instead of being killed at it
+                # the Go collector works harder near the limit instead of being killed at it,
+                # and, bounded by it, collects less often far below it
                 [
                     {
                         "name": GO_MEMORY_LIMIT_ENV,
                         "value": go_memory_limit(promptcache_picker_memory(pcd)[1]),
-                    }
+                    },
+                    {"name": GO_GC_PERCENT_ENV, "value": str(GO_GC_PERCENT)},
                 ]
                 if Feature.BODY_BOUNDS in picker_target(pcd).features
                 else []

@@ -58,6 +58,13 @@ once besides its index, the concurrency of the bench's memory cell."""
 GO_MEMORY_LIMIT_PERCENT: Final[int] = 90
 """`GOMEMLIMIT` as a share of the container's limit: the Go collector works harder as the
 heap nears it, instead of the kernel killing the picker at the limit."""
+GO_GC_PERCENT: Final[int] = 400
+"""`GOGC` of promptcache's picker: the heap may grow to 5x its live data between
+collections (Go's default, 100, is 2x), since `GOMEMLIMIT` bounds it anyway. At 1 KiB bodies
+the picker's live heap is a few tens of MiB, so at 100 it collects every few hundred
+requests; in one run promptcache's picker did 0.73x the exchanges per CPU second of GIE's
+at 100 and 1.09x at 400, where GIE's own at 400 did 1.09x too (bench/gateway_hop.py,
+docs/endpoint-picker.md, "The 1 KiB gap was the collector", 2026-12-06)."""
 MIN_STEP_MILLICORES: Final[int] = 100
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -199,15 +199,6 @@ def echoed(responses: list[Any]) -> str | None:
                 if opt.header.key == ECHO:
                     return str(opt.header.raw_value.decode())
     return None
-
-
-async def eventually(check: Callable[[], bool], within_s: float = TIMEOUT) -> None:
-    """Poll until `check()` holds; fail after `within_s` (no sleeps as synchronisation)."""
-    deadline = asyncio.get_running_loop().time() + within_s
-    while not check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
 
 
 def envoy_applies(sent: list[tuple[str, str]], responses: list[Any]) -> list[tuple[str, str]]:

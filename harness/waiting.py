@@ -34,7 +34,9 @@ from typing import Any, Final, TypeVar, overload
 T = TypeVar("T")
 
 FIRST_PAUSE_S: Final[float] = 0.005
-"""The first pause between probes; each next one doubles, up to the caller's `interval_s`."""
+"""The shortest first pause between probes. The first is a tenth of the caller's `interval_s`
+(a probe that spawns kubectl is not repeated every 5 ms), and each next one doubles, up to
+`interval_s`."""
 NEVER: Final[object] = object()
 """The last state before the probe first returns."""
 STATE_CHARS: Final[int] = 2000
@@ -65,7 +67,7 @@ class _Rounds:
         self.detail = detail
         self.start = time.monotonic()
         self.deadline = self.start + within_s
-        self.pause = min(FIRST_PAUSE_S, interval_s)
+        self.pause = min(interval_s, max(FIRST_PAUSE_S, interval_s / 10))
         self.probes = 0
         self.last: object = NEVER
         self.error: BaseException | None = None

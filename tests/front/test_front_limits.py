@@ -13,8 +13,8 @@ import aiohttp
 import pytest
 
 from harness.executors import CountingExecutor
-from harness.extproc_gateway import eventually
 from harness.standin import StandinUpstream
+from harness.waiting import eventually
 from promptcache.contract import IsolationMode
 
 from .conftest import MakeFront
@@ -247,9 +247,14 @@ async def test_healthz_fails_while_a_decode_job_never_finishes(
         http.post(front.url + "/v1/completions", json=body, headers=KEYED)
     )
     try:
-        await eventually(lambda: bool(front.state.jobs), within_s=10)
+        await eventually(lambda: dict(front.state.jobs), "a job running", within_s=10)
         assert (await health())[0] == 200  # running, not yet stuck
-        await eventually(lambda: front.state.oldest_job_seconds() > 0.3, within_s=10)
+        await eventually(
+            front.state.oldest_job_seconds,
+            "front.state.oldest_job_seconds() > 0.3",
+            until=lambda got: got > 0.3,
+            within_s=10,
+        )
         status, answer = await health()
         assert status == 503
         assert answer["status"] == "stuck"

@@ -19,8 +19,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from harness.extproc_gateway import eventually
 from harness.standin import StandinUpstream
+from harness.waiting import eventually
 from promptcache.contract import IsolationMode
 from promptcache.front.pool import HIGH_WATER
 from promptcache.front.state import FrontState
@@ -160,7 +160,12 @@ async def _held_while_not_read(front_url: str, state: FrontState, least: int) ->
             + body,
         )
         with contextlib.suppress(AssertionError):
-            await eventually(lambda: state.bytes_in_flight >= least, within_s=10)
+            await eventually(
+                lambda: state.bytes_in_flight,
+                "state.bytes_in_flight >= least",
+                until=lambda got: got >= least,
+                within_s=10,
+            )
         return state.bytes_in_flight
     finally:
         sock.close()
@@ -188,6 +193,11 @@ async def test_an_answer_the_front_holds_is_charged_to_its_memory_budget(
         runner.app[RELEASE].set()
         assert held >= least, (held, least)
         # the client left: the handler ends, and its charge with it
-        await eventually(lambda: front.state.bytes_in_flight == 0, within_s=10)
+        await eventually(
+            lambda: front.state.bytes_in_flight,
+            "front.state.bytes_in_flight == 0",
+            until=lambda got: got == 0,
+            within_s=10,
+        )
     finally:
         await runner.cleanup()

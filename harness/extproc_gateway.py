@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,12 +21,17 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+from promptcache.gateway.policy_step import RunningGatewayPolicy
 from promptcache.tenancy.canonical import encode_body
 
 SESSION = "x-session-affinity"
 ECHO = "x-seen-session"
 """What the stand-in answers with: the session header value it received, or `-`."""
 TIMEOUT = 30.0
+
+GatewayPolicyFactory = Callable[..., Awaitable[RunningGatewayPolicy]]
+"""The `make_gateway_policy` fixture (tests/gateway/conftest.py): settings overrides in, a
+running policy step out."""
 JSON = {"content-type": "application/json"}
 """What a gateway sends with a JSON body (the front refuses one without it)."""
 

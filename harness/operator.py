@@ -83,6 +83,25 @@ def wait_for(
     )
 
 
+def ladder_section(described: str) -> str:
+    """The `Cache:` section of `kubectl describe pcd` (the hit-ratio ladder, issue 39), or
+    "" when the status has none."""
+    lines = described.splitlines()
+    for i, line in enumerate(lines):
+        if line.strip() == "Cache:":
+            indent = len(line) - len(line.lstrip())
+            end = next(
+                (
+                    j
+                    for j in range(i + 1, len(lines))
+                    if lines[j].strip() and len(lines[j]) - len(lines[j].lstrip()) <= indent
+                ),
+                len(lines),
+            )
+            return "\n".join(lines[i:end])
+    return ""
+
+
 def wait_established(kubectl: Callable[..., Any], *crds: str, timeout: float = 60) -> None:
     """Poll until every CRD named is Established (`localcluster.crds.wait_established`, the
     one CRD wait of the e2e tree): `kubectl wait --for=condition=Established` right after

@@ -17,14 +17,13 @@ import aiohttp
 import pytest
 
 from harness.busy import kept_asking
+from harness.front_app import MakeFront
 from harness.standin import StandinUpstream
 from harness.waiting import eventually
 from promptcache.contract import IsolationMode
 from promptcache.tenancy import errors
 from promptcache.tenancy.fair_share import MAX_WAITERS
 from promptcache.tenancy.shares import identity_key
-
-from .conftest import MakeFront
 
 RATE = 64 * 1024
 KEY = "x-prompt-cache-isolation-key"

@@ -13,11 +13,10 @@ import aiohttp
 import pytest
 
 from harness.executors import CountingExecutor
+from harness.front_app import MakeFront
 from harness.standin import StandinUpstream
 from harness.waiting import eventually
 from promptcache.contract import IsolationMode
-
-from .conftest import MakeFront
 
 Standin = tuple[StandinUpstream, str]
 CHAT = "/v1/chat/completions"
@@ -220,10 +219,9 @@ async def test_healthz_fails_while_a_decode_job_never_finishes(
     """Liveness that can fail: a loop that answers while a decoder hangs would serve no
     prompt embeds and never be restarted. A job unfinished past `stuck_after` fails
     `/healthz` (503, the reason named) and it recovers when the job ends."""
+    from harness.embeds_objects import seeded_tensor
     from promptcache.front import verify
     from promptcache.front.client import EmbedsPayload
-
-    from .test_front_embeds import _tensor
 
     release = threading.Event()
     real = verify.verify_payload
@@ -241,7 +239,7 @@ async def test_healthz_fails_while_a_decode_job_never_finishes(
             return resp.status, await resp.json()
 
     assert (await health())[0] == 200
-    payload = EmbedsPayload.from_object(_tensor(3))
+    payload = EmbedsPayload.from_object(seeded_tensor(3))
     body = {"model": "m", "prompt_embeds": payload.data}
     pending = asyncio.create_task(
         http.post(front.url + "/v1/completions", json=body, headers=KEYED)

@@ -8,14 +8,13 @@ import json
 import aiohttp
 import pytest
 
+from harness.front_app import SECRET, MakeFront
 from harness.net import free_port
 from harness.standin import StandinUpstream
 from harness.waiting import eventually
 from promptcache.contract import IsolationMode
 from promptcache.front.client import parse_usage_comments
 from promptcache.tenancy.salt import derive_salt, is_valid_vllm_salt
-
-from .conftest import SECRET, MakeFront
 
 Standin = tuple[StandinUpstream, str]
 CHAT = "/v1/chat/completions"

@@ -32,13 +32,12 @@ import aiohttp
 import pytest
 from multidict import CIMultiDict
 
+from harness.front_app import SECRET, Front, MakeFront
 from harness.standin import StandinUpstream
 from harness.waiting import eventually
 from promptcache.contract import IDENTITY_ATTESTATION_HEADER, IsolationMode
 from promptcache.tenancy.attestation import Attester
 from promptcache.tenancy.identity import Account
-
-from .conftest import SECRET, Front, MakeFront
 
 KEY = "x-prompt-cache-isolation-key"
 SLOTS = 8

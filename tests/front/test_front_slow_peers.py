@@ -19,34 +19,16 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from harness.front_app import MakeFront
+from harness.slow_clients import stalled_reader
 from harness.standin import StandinUpstream
 from harness.waiting import eventually
 from promptcache.contract import IsolationMode
 from promptcache.front.pool import HIGH_WATER
 from promptcache.front.state import FrontState
 
-from .conftest import MakeFront
-
 MODES = [IsolationMode.SHARED, IsolationMode.PER_KEY, IsolationMode.REQUIRED]
 KEY = {"x-prompt-cache-isolation-key": "tenant-b"}
-
-
-async def stalled_reader(url: str, body: bytes) -> socket.socket:
-    """A client that sends its request, reads a little, and then never reads again."""
-    parts = urlsplit(url)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.setblocking(False)
-    loop = asyncio.get_running_loop()
-    await loop.sock_connect(sock, (parts.hostname, parts.port))
-    head = (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        f"x-prompt-cache-isolation-key: tenant-a\r\nContent-Length: {len(body)}\r\n\r\n"
-    ).encode()
-    await loop.sock_sendall(sock, head + body)
-    first = await asyncio.wait_for(loop.sock_recv(sock, 1024), 10)
-    assert first.startswith(b"HTTP/1.1 200"), first[:100]
-    return sock
 
 
 @pytest.mark.parametrize("mode", MODES)

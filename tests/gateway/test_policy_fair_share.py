@@ -21,14 +21,13 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from harness.busy import kept_asking
+from harness.extproc_gateway import Gateway, GatewayPolicyFactory, body_msg, headers_msg
 from harness.waiting import eventually
 from promptcache.contract import IsolationMode
 from promptcache.gateway.policy_step import RunningGatewayPolicy
 from promptcache.tenancy import errors
 from promptcache.tenancy.fair_share import MAX_WAITERS
 from promptcache.tenancy.shares import identity_key
-
-from .conftest import Gateway, GatewayPolicyFactory, body_msg, headers_msg
 
 SECRET = b"h" * 32
 RATE = 64 * 1024

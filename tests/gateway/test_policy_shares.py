@@ -31,13 +31,12 @@ from typing import Any
 import grpc
 import pytest
 
+from harness.extproc_gateway import Gateway, GatewayPolicyFactory, body_msg, headers_msg
 from harness.waiting import eventually
 from promptcache.contract import IsolationMode
 from promptcache.gateway.policy_step import FORWARDED_FOR, RunningGatewayPolicy, step_identity
 from promptcache.gateway.settings import GatewayPolicySettings
 from promptcache.tenancy.shares import identity_key
-
-from .conftest import Gateway, GatewayPolicyFactory, body_msg, headers_msg
 
 SECRET = b"h" * 32
 KEY = "x-prompt-cache-isolation-key"

@@ -20,16 +20,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.waiting import eventually
-from promptcache.contract.session import MAX_SESSION_ID_CHARS
-from promptcache.gateway.policy_step import (
-    decide,
-    decide_cost,
-    session_from_body,
-)
-from promptcache.tenancy.settings import PolicySettings
-
-from .conftest import (
+from harness.extproc_gateway import (
     JSON,
     SESSION,
     TIMEOUT,
@@ -44,6 +35,14 @@ from .conftest import (
     read_rest,
     start_upstream,
 )
+from harness.waiting import eventually
+from promptcache.contract.session import MAX_SESSION_ID_CHARS
+from promptcache.gateway.policy_step import (
+    decide,
+    decide_cost,
+    session_from_body,
+)
+from promptcache.tenancy.settings import PolicySettings
 
 BAD_USERS: list[Any] = [
     "",

@@ -25,7 +25,7 @@ from typing import Any
 from multidict import CIMultiDict
 
 from promptcache.contract import IDENTITY_ATTESTATION_HEADER, IsolationMode
-from promptcache.gateway.policy_step import decide
+from promptcache.gateway.decision import decide
 from promptcache.tenancy.attestation import Attester, ReplayGuard
 from promptcache.tenancy.settings import PolicySettings
 

@@ -21,7 +21,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from promptcache.gateway.policy_step import RunningGatewayPolicy
+from promptcache.gateway.server import RunningGatewayPolicy
 from promptcache.tenancy.canonical import encode_body
 
 SESSION = "x-session-affinity"

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from promptcache.embeds.cache import PromptEmbedsCache
-from promptcache.front.app import FrontRunner, create_runner
+from promptcache.front.http_server import FrontRunner, create_runner
 from promptcache.front.settings import FrontSettings
 from promptcache.front.state import FrontState
 

@@ -31,9 +31,9 @@ from harness.identity_corpus import SECRET, USER
 from harness.standin import StandinUpstream, start_standin
 from promptcache.contract import IsolationMode
 from promptcache.embeds.cache import PromptEmbedsCache
-from promptcache.front.app import create_runner
+from promptcache.front.http_server import create_runner
 from promptcache.front.settings import FrontSettings
-from promptcache.gateway.policy_step import RunningGatewayPolicy, start
+from promptcache.gateway.server import RunningGatewayPolicy, start
 from promptcache.gateway.settings import GatewayPolicySettings
 
 CHAT = "/v1/chat/completions"

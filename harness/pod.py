@@ -96,7 +96,11 @@ def pod_local(value: str, pod_ip: str, mounts: Mapping[str, Path]) -> str:
 @dataclass
 class _Probe:
     spec: dict[str, Any]
+    kind: str = "probe"
+    """`startup`, `liveness` or `readiness`: how the event log names it."""
     failures: int = 0
+    last_detail: str = ""
+    """How the last run ended (status, exit code, timeout) and how long it took."""
     passed: bool = False
     last_run: float = 0.0
 
@@ -311,7 +315,7 @@ class ProcessPod:
         cleanup: list[str] | None = None,
     ) -> Container:
         def probe(kind: str) -> _Probe | None:
-            return _Probe(spec[kind]) if kind in spec else None
+            return _Probe(spec[kind], kind=kind.removesuffix("Probe")) if kind in spec else None
 
         return Container(
             name=spec["name"],
@@ -427,6 +431,14 @@ class ProcessPod:
         if self._thread is not None:
             self._thread.join(timeout=30)
 
+    def event(self, what: str) -> None:
+        """One line of the pod's event log (`kubelet.log` in its work directory, beside the
+        containers' logs): what the kubelet did and why, with the wall-clock time the
+        containers' own logs use, so a restart or a stop lines up with what they said."""
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S") + f",{int(time.time() * 1000) % 1000:03d}"
+        with (self.workdir / "kubelet.log").open("a") as log:
+            log.write(f"{stamp} {what}\n")
+
     def _let_go(self) -> None:
         """Once every container has stopped: the engine slot, and the list of running pods."""
         self._release_slot()
@@ -449,10 +461,14 @@ class ProcessPod:
         self.ready = False
         deadline = started + float(self.spec.get("terminationGracePeriodSeconds", 30))
 
+        self.event("deleted: not Ready; running the preStop hooks, then SIGTERM")
+
         def stop_one(c: Container) -> None:
             if c.pre_stop is not None and c.running():
                 self._hook(c, c.pre_stop, deadline)
+                self.event(f"{c.name}: its preStop hook returned; SIGTERM")
             c.stop(grace_s=max(0.0, deadline - time.monotonic()))
+            self.event(f"{c.name}: stopped")
 
         threads = [
             threading.Thread(target=stop_one, args=(c,), name=f"stop-{self.name}-{c.name}")
@@ -538,6 +554,7 @@ class ProcessPod:
         if c.exited_at is None:
             c.exited_at = now
             c.record_exit()
+            self.event(f"{c.name}: exited ({c.last_terminated}); restarting it after a back-off")
             if self._on_ready is not None:
                 self._on_ready(self, False)  # the kubelet reports the exit at once
         elif now - c.exited_at > float(2 ** min(c.restarts, 5)):
@@ -554,14 +571,14 @@ class ProcessPod:
         if ok:
             c.started = True
         elif c.startup.failures >= c.startup.threshold:
-            self._restart(c)
+            self._restart(c, c.startup)
 
     def _liveness_and_readiness(self, c: Container, now: float) -> None:
         if c.liveness is not None and self._due(c.liveness, now):
             ok = self._run(c.liveness, c)
             c.liveness.failures = 0 if ok else c.liveness.failures + 1
             if c.liveness.failures >= c.liveness.threshold:
-                self._restart(c)
+                self._restart(c, c.liveness)
                 return
         if c.readiness is not None and self._due(c.readiness, now):
             ok = self._run(c.readiness, c)
@@ -571,7 +588,11 @@ class ProcessPod:
             elif c.readiness.failures >= c.readiness.threshold:
                 c.readiness.passed = False
 
-    def _restart(self, c: Container) -> None:
+    def _restart(self, c: Container, probe: _Probe) -> None:
+        self.event(
+            f"{c.name}: restarting it, its {probe.kind} probe failed {probe.failures} times"
+            f" in a row (the last: {probe.last_detail})"
+        )
         c.stop(grace_s=5)
         c.record_exit()
         c.restarts += 1
@@ -588,21 +609,32 @@ class ProcessPod:
         return False
 
     def _run(self, probe: _Probe, c: Container) -> bool:
+        """Run one probe; a failure is written to the pod's event log with what failed, so
+        a restart can be told from the log alone (a kubelet's events say the same)."""
+        started = time.monotonic()
+        ok, detail = self._outcome(probe, c)
+        probe.last_detail = f"{detail} after {time.monotonic() - started:.1f} s"
+        if not ok:
+            self.event(f"{c.name}: {probe.kind} probe failed: {probe.last_detail}")
+        return ok
+
+    def _outcome(self, probe: _Probe, c: Container) -> tuple[bool, str]:
         spec = probe.spec
         if "httpGet" in spec:
             url = self._http_url(spec["httpGet"])
             try:
                 with urllib.request.urlopen(url, timeout=probe.timeout) as resp:
-                    return 200 <= int(resp.status) < 400
+                    return 200 <= int(resp.status) < 400, f"HTTP {resp.status}"
             except urllib.error.HTTPError as error:
-                return 200 <= int(error.code) < 400
-            except OSError:
-                return False
+                return 200 <= int(error.code) < 400, f"HTTP {error.code}"
+            except OSError as error:
+                return False, f"{url}: {error}"
         if "exec" in spec:
             argv = self._exec_argv(c, spec)
             try:
                 done = subprocess.run(argv, capture_output=True, timeout=probe.timeout, check=False)
             except subprocess.TimeoutExpired:
-                return False
-            return done.returncode == 0
+                return False, f"no exit within its {probe.timeout:.0f} s timeout"
+            tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:]
+            return done.returncode == 0, f"exit {done.returncode}" + "".join(f": {t}" for t in tail)
         raise ValueError(f"probe kind not emulated: {sorted(spec)}")

@@ -130,3 +130,39 @@ def test_the_kubelet_starts_a_pod_once_however_long_building_it_takes(
         building_done.set()
         time.sleep(0.2)
     assert built == ["alpha-1"]
+
+
+def test_a_restart_by_liveness_is_logged_with_what_the_probe_said(tmp_path: Path) -> None:
+    """A restart mid-test must be explainable from the pod's files alone: the event log
+    names the container, the probe, how often it failed and how its last run ended."""
+    sleeper = (sys.executable, "-c", "import time; time.sleep(120)")
+    liveness = {
+        "exec": {"command": ["python3", "-c", "import sys; sys.exit('engine wedged')"]},
+        "periodSeconds": 1,
+        "failureThreshold": 2,
+        "timeoutSeconds": 10,
+    }
+    pod = ProcessPod(
+        "wedged",
+        _spec("front", livenessProbe=liveness),
+        "127.0.0.9",
+        tmp_path,
+        _no_secrets,
+        promptcache_argv=sleeper,
+    )
+    events = tmp_path / "kubelet.log"
+    with pod:
+        deadline = time.monotonic() + 60
+        while pod.container("front").restarts == 0:
+            assert time.monotonic() < deadline, f"no restart within 60 s; events: {_read(events)}"
+            time.sleep(0.1)
+    logged = _read(events)
+    assert "front: liveness probe failed: exit 1: engine wedged after" in logged, logged
+    assert (
+        "front: restarting it, its liveness probe failed 2 times in a row "
+        "(the last: exit 1: engine wedged after"
+    ) in logged, logged
+
+
+def _read(path: Path) -> str:
+    return path.read_text() if path.exists() else "(no event log)"

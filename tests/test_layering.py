@@ -54,6 +54,7 @@ def test_the_tree_keeps_every_contract(tmp_path: Path) -> None:
         ("gateway/policy_step.py", "import promptcache.front.app", "the cache front and the"),
         ("front/app.py", "import promptcache.gateway.settings", "the cache front and the"),
         ("tenancy/routes.py", "import promptcache.front.settings", "tenancy is below both"),
+        ("runtime/spawn.py", "import promptcache.gateway.settings", "the runtime is below both"),
     ],
 )
 def test_a_deliberate_violation_breaks_its_contract(

@@ -3,7 +3,7 @@
 
 The salt, the key grammar and limits, the account digest, the signed identity header and
 its body digest, and the whole gateway decision are defined in Python
-(`promptcache.tenancy`, `promptcache.gateway.policy_step.decide`); so are the session a
+(`promptcache.tenancy`, `promptcache.gateway.decision.decide`); so are the session a
 request names and the session plugin's type and parameters (`promptcache.contract.session`,
 read by `picker/sessions` and `picker/plugins/sessionaffinity`). This script computes
 vectors from those functions into ``picker/testdata/vectors.json`` and writes the route
@@ -47,7 +47,8 @@ from promptcache.contract import (
     session_sources,
 )
 from promptcache.contract.gateway_policy import MAX_GATEWAY_POLICY_DRAIN_SECONDS
-from promptcache.gateway.policy_step import body_timeout, decide, too_large
+from promptcache.gateway.decision import decide
+from promptcache.runtime.refusals import body_timeout, too_large
 from promptcache.tenancy import attestation, identity, prediction, salt
 from promptcache.tenancy.canonical import header_multidict, parse_body
 from promptcache.tenancy.errors import FrontError

@@ -259,6 +259,11 @@ class ProcessKubelet:
         self._binding = threading.Lock()
         self._leaving: dict[str, bool] = {}
         """Pods deleted and still stopping, by whether they served when deleted."""
+        self._releasing: dict[str, threading.Event] = {}
+        """The IPs of deleted pods still stopping, set once each has stopped. kwok frees a
+        deleted pod's IP at once and may give it to the next pod while the old one's
+        processes still hold its ports (a front that could not bind, restarted after a
+        back-off); a kubelet frees an IP only with the old pod's sandbox."""
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._loop = threading.Thread(target=self._run, name=f"kubelet-{namespace}", daemon=True)
@@ -291,6 +296,10 @@ class ProcessKubelet:
                 for p in json.loads(listed.stdout)["items"]
                 if not p["metadata"].get("deletionTimestamp")
             }
+            for name in [n for n in self.pods if n not in live]:  # first: their IPs held
+                gone = self.pods.pop(name)
+                self._releasing[gone.ip] = threading.Event()
+                self._spawn(self._terminate, gone)
             for name, obj in live.items():
                 annotated = obj["metadata"].get("annotations", {}).get(PROCESS_POD_ANNOTATION)
                 if name in self._claimed or annotated != "true":
@@ -298,8 +307,6 @@ class ProcessKubelet:
                 if obj["status"].get("podIP"):
                     self._claimed.add(name)
                     self._spawn(self._start, obj)
-            for name in [n for n in self.pods if n not in live]:
-                self._spawn(self._terminate, self.pods.pop(name))
 
     def _spawn(self, target: Callable[..., None], arg: Any) -> None:
         t = threading.Thread(target=target, args=(arg,), daemon=True)
@@ -321,6 +328,10 @@ class ProcessKubelet:
             with contextlib.suppress(AssertionError):  # the pod object may be gone already
                 write(pod, ready)
 
+        released = self._releasing.get(ip)
+        if released is not None and not released.is_set():
+            self.say(f"kubelet: {name} waits for the pod stopping on {ip} to let it go")
+            released.wait(timeout=float(spec.get("terminationGracePeriodSeconds", 30)) + 60)
         pod = ProcessPod(
             name,
             spec,
@@ -361,9 +372,13 @@ class ProcessKubelet:
     def _terminate(self, pod: ProcessPod) -> None:
         with self._binding:
             self._leaving[pod.name] = pod.ready
+        released = self._releasing[pod.ip]
         self.stopping[pod.name] = time.monotonic()
         self.say(f"kubelet: {pod.name} was deleted; stopping it")
-        self.terminated[pod.name] = pod.terminate()
+        try:
+            self.terminated[pod.name] = pod.terminate()
+        finally:
+            released.set()
         with self._binding:
             self._bound.pop(pod.name, None)
             self._leaving.pop(pod.name, None)

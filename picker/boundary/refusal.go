@@ -26,7 +26,7 @@ const (
 
 var errorTypes = map[int]string{413: "invalid_request_error", 408: "timeout_error"}
 
-// TooLarge is the front's 413 for a body of at least size bytes (policy_step.too_large).
+// TooLarge is the front's 413 for a body of at least size bytes (runtime.refusals.too_large).
 func TooLarge(size, limit int64) Refusal {
 	return Refusal{413, CodeRequestTooLarge, fmt.Sprintf(
 		"the request body has at least %d bytes; this server accepts at most %d. "+
@@ -35,7 +35,7 @@ func TooLarge(size, limit int64) Refusal {
 }
 
 // BodyTimeout is the front's 408 for a body slower than the deadline
-// (policy_step.body_timeout; the seconds as Python's `:g` writes them).
+// (runtime.refusals.body_timeout; the seconds as Python's `:g` writes them).
 func BodyTimeout(seconds float64) Refusal {
 	return Refusal{408, CodeBodyTimeout, fmt.Sprintf(
 		"the request body did not arrive within %s seconds", pyG(seconds))}

@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// The refusals and flag names crossing from Python (policy_step.too_large / body_timeout,
+// The refusals and flag names crossing from Python (runtime.refusals.too_large / body_timeout,
 // contract.PickerFlag), generated into the vectors by tools/picker_vectors.py.
 type boundaryVectors struct {
 	Boundary struct {

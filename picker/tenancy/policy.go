@@ -48,7 +48,7 @@ type Request struct {
 	Body    []byte
 }
 
-// Decision is what the gateway's policy step decides for one request (policy_step.py's
+// Decision is what the gateway's policy step decides for one request (gateway/decision.py's
 // decide), without the body it forwards: the picker rewrites GIE's decoded body itself.
 type Decision struct {
 	Isolation Isolation
@@ -339,7 +339,7 @@ func checkUsage(body *Body) *Refusal {
 }
 
 // SetSalt makes a decoded body carry the decision's salt: a client's cache_salt never
-// passes, the policy's is written (what policy_step.py's decide forwards).
+// passes, the policy's is written (what gateway/decision.py's decide forwards).
 func SetSalt(body map[string]any, d Decision) {
 	delete(body, CacheSaltField)
 	if d.Salt != "" {

@@ -15,7 +15,7 @@ import pytest
 from harness.front_app import SECRET, Front, MakeFront, start_front_app
 from harness.standin import StandinUpstream, start_standin
 from promptcache.embeds.cache import PromptEmbedsCache
-from promptcache.front.app import FrontRunner
+from promptcache.front.http_server import FrontRunner
 from promptcache.front.settings import FrontSettings
 
 

@@ -20,7 +20,7 @@ import time
 from harness.standin import StandinUpstream
 from promptcache.contract import IsolationMode
 from promptcache.embeds.cache import PromptEmbedsCache
-from promptcache.front.app import LISTEN_BACKLOG, create_runner, listening_site
+from promptcache.front.http_server import LISTEN_BACKLOG, create_runner, listening_site
 from promptcache.front.settings import FrontSettings
 
 STORM = 600

@@ -178,7 +178,7 @@ async def test_dense_bodies_are_worked_on_off_the_event_loop_however_small(
     held the loop for ~270 ms): it is decided in a worker process, with or without
     prompt embeds (those are resolved here, from what the worker hands back). A short body
     is parsed on the loop, where it is cheapest."""
-    from promptcache.front import app
+    from promptcache.front import salted
 
     threads: list[str] = []
 
@@ -189,8 +189,8 @@ async def test_dense_bodies_are_worked_on_off_the_event_loop_however_small(
 
         return run
 
-    monkeypatch.setattr(app, "parse_body", recorded(app.parse_body))
-    monkeypatch.setattr(app, "find_slots", recorded(app.find_slots))
+    monkeypatch.setattr(salted, "parse_body", recorded(salted.parse_body))
+    monkeypatch.setattr(salted, "find_slots", recorded(salted.find_slots))
     front = await make_front(isolation_mode=mode)
     workers = front.state.json_processes = CountingExecutor()
     async with http.post(front.url + CHAT, json=BODY, headers=KEYED) as resp:

@@ -21,7 +21,7 @@ from harness.front_app import MakeFront
 from harness.standin import StandinUpstream
 from promptcache.contract import IsolationMode
 from promptcache.front.client import EmbedsPayload
-from promptcache.front.state import WORKER_NICENESS
+from promptcache.runtime.spawn import WORKER_NICENESS
 from promptcache.tenancy.canonical import LOOP_TOKENS, json_work
 
 Standin = tuple[StandinUpstream, str]

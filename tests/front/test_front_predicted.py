@@ -17,8 +17,9 @@ from harness.front_app import SECRET, MakeFront
 from harness.standin import StandinUpstream
 from promptcache.contract import PREDICTED_MATCH_HEADER, SCOPE_CLASSES, IsolationMode
 from promptcache.embeds.cache import PromptEmbedsCache
-from promptcache.front.app import create_runner
 from promptcache.front.hits import ScopeClass
+from promptcache.front.http_server import create_runner
+from promptcache.front.sampling import PredictionSampler
 from promptcache.front.settings import FrontSettings
 from promptcache.tenancy.prediction import Prediction, prediction_key, sign
 
@@ -179,3 +180,41 @@ async def test_in_mode_shared_a_mounted_key_checks_predictions(
         assert got['promptcache_front_workload_tokens_total{scope="shared"}'] == 100
     finally:
         await runner.cleanup()
+
+
+class _EveryOther(PredictionSampler):
+    """Draws the first, third, ... request at weight 2 (the draw itself is the sampler's own
+    test's, tests/front/test_front_sampling.py; this one holds what the front does with it)."""
+
+    __slots__ = ("drawn",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.drawn = 0
+
+    def weight(self) -> float:
+        self.drawn += 1
+        return 2.0 if self.drawn % 2 else 0.0
+
+
+async def test_a_sampled_front_counts_weighted_and_believes_nothing_unchecked(
+    standin: Standin, make_front: MakeFront, http: aiohttp.ClientSession
+) -> None:
+    """Over real sockets, with a sampler that draws every other request at weight 2: the
+    ladder's counters are the weighted sums of the drawn requests (the first and the third),
+    the verdicts are weighted, and a forged header on an undrawn request is believed by no
+    counter."""
+    upstream, _ = standin
+    front = await make_front(isolation_mode=IsolationMode.PER_KEY)
+    front.state.sampler = _EveryOther()
+    keyed = {"x-prompt-cache-isolation-key": "tenant-a"}
+    upstream.prompt_tokens, upstream.cached_tokens = 100, 32
+    for header in (_signed(3, 6), "forged", _signed(3, 6), _signed(5, 6)):
+        await _post(http, front.url, _chat(), {**keyed, PREDICTED_MATCH_HEADER: header})
+    got = await _metrics(http, front.url)
+    assert got['promptcache_front_accounted_prompt_tokens_total{scope="keyed"}'] == 2 * 100 * 2
+    half = 50  # 3 of 6 blocks: half the prompt
+    assert got['promptcache_front_predicted_tokens_total{scope="keyed"}'] == 2 * half * 2
+    assert got['promptcache_front_delivered_tokens_total{scope="keyed"}'] == 2 * 32 * 2
+    assert got['promptcache_front_predictions_total{outcome="valid"}'] == 4.0
+    assert got.get('promptcache_front_predictions_total{outcome="forged"}', 0.0) == 0.0

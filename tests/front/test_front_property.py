@@ -23,7 +23,7 @@ from harness.front_app import SECRET
 from harness.standin import StandinUpstream, start_standin
 from promptcache.contract import IsolationMode
 from promptcache.embeds.cache import PromptEmbedsCache
-from promptcache.front.app import create_runner
+from promptcache.front.http_server import create_runner
 from promptcache.front.settings import FrontSettings
 from promptcache.tenancy.errors import FrontError
 from promptcache.tenancy.routes import ROUTES, RouteClass, canonical_target, check_route

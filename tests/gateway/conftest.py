@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from harness.extproc_gateway import Gateway, GatewayPolicyFactory, Upstream, start_upstream
-from promptcache.gateway.policy_step import RunningGatewayPolicy, start
+from promptcache.gateway.server import RunningGatewayPolicy, start
 from promptcache.gateway.settings import GatewayPolicySettings
 
 

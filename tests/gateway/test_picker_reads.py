@@ -30,7 +30,7 @@ from multidict import CIMultiDict
 
 from harness.extproc_gateway import JSON, GatewayPolicyFactory, Upstream, body_msg, headers_msg
 from promptcache.contract import IsolationMode
-from promptcache.gateway.policy_step import decide
+from promptcache.gateway.decision import decide
 from promptcache.tenancy.attestation import Attester, Outcome, ReplayGuard
 from promptcache.tenancy.canonical import GO_FOLDS_TO_ASCII, parse_body
 from promptcache.tenancy.salt import derive_salt

@@ -24,7 +24,7 @@ from harness.busy import kept_asking
 from harness.extproc_gateway import Gateway, GatewayPolicyFactory, body_msg, headers_msg
 from harness.waiting import eventually
 from promptcache.contract import IsolationMode
-from promptcache.gateway.policy_step import RunningGatewayPolicy
+from promptcache.gateway.server import RunningGatewayPolicy
 from promptcache.tenancy import errors
 from promptcache.tenancy.fair_share import MAX_WAITERS
 from promptcache.tenancy.shares import identity_key

@@ -34,7 +34,8 @@ import pytest
 from harness.extproc_gateway import Gateway, GatewayPolicyFactory, body_msg, headers_msg
 from harness.waiting import eventually
 from promptcache.contract import IsolationMode
-from promptcache.gateway.policy_step import FORWARDED_FOR, RunningGatewayPolicy, step_identity
+from promptcache.gateway.decision import FORWARDED_FOR, step_identity
+from promptcache.gateway.server import RunningGatewayPolicy
 from promptcache.gateway.settings import GatewayPolicySettings
 from promptcache.tenancy.shares import identity_key
 

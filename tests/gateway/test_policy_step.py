@@ -28,7 +28,7 @@ from harness.extproc_gateway import (
     headers_msg,
 )
 from promptcache.contract import IsolationMode
-from promptcache.gateway.policy_step import decide
+from promptcache.gateway.decision import decide
 from promptcache.tenancy.errors import FrontError
 from promptcache.tenancy.policy import apply_policy
 from promptcache.tenancy.routes import check_route

@@ -37,7 +37,7 @@ from harness.extproc_gateway import (
 )
 from harness.waiting import eventually
 from promptcache.contract.session import MAX_SESSION_ID_CHARS
-from promptcache.gateway.policy_step import (
+from promptcache.gateway.decision import (
     decide,
     decide_cost,
     session_from_body,

@@ -61,6 +61,55 @@ def test_each_way_it_is_not_believed() -> None:
     assert _check(["v1." + "9" * 400]) is Outcome.MALFORMED
 
 
+def test_only_the_canonical_text_of_the_mac_verifies() -> None:
+    """The MAC is compared as text: its last base64 character carries two spare bits, and a
+    header whose last character differs only there (the same MAC bytes, decoded) is forged,
+    not a second copy the replay guard, keyed by that text, would admit again."""
+    value = sign(KEY, Prediction(3, 8, 16), now=NOW)
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+    last = alphabet.index(value[-1])
+    twins = [alphabet[(last & ~3) | low] for low in range(4) if (last & ~3) | low != last]
+    for twin in twins:
+        assert _check([value[:-1] + twin]) is Outcome.FORGED
+    reader = PredictionReader(SECRET, clock=lambda: NOW)
+    assert reader.read([value]).outcome is Outcome.VALID
+    assert [reader.read([value[:-1] + t]).outcome for t in twins] == [Outcome.FORGED] * 3
+
+
+def test_the_reader_and_check_agree_on_every_outcome() -> None:
+    """The reader checks with its key keyed once (`KeyedMac`); `check` with the key's bytes
+    keys it per call: the same verdicts, for each way a header can fail and for one that
+    passes."""
+    values = [
+        [],
+        [" "],
+        [sign(KEY, Prediction(3, 8, 16, 8, 5), now=NOW)],
+        [sign(KEY, Prediction(3, 8, 16), now=NOW)] * 2,
+        [sign(prediction_key(b"y" * 32), Prediction(3, 8, 16), now=NOW)],
+        [sign(KEY, Prediction(3, 8, 16), now=NOW - 120)],
+        [sign(KEY, Prediction(3, 8, 16), now=NOW + 120)],
+        [sign(KEY, Prediction(3, 8, 16, 9, 5), now=NOW)],
+        ["v1.garbage"],
+        ["", sign(KEY, Prediction(1, 1, 16), now=NOW), "\t"],  # blanks beside one value
+    ]
+    reader = PredictionReader(SECRET, clock=lambda: NOW)
+    for value in values:
+        assert reader.read(value) == check(KEY, value, now=NOW, guard=ReplayGuard()), value
+
+
+def test_the_ladder_is_the_three_token_figures() -> None:
+    """`ladder` skips the clamps only where the shares are within [0, 1]."""
+    made_here = Prediction(9, 8, 16, 12, -1)  # never verified: only a caller makes it
+    cases = (Prediction(3, 8, 16, 8, 5), Prediction(3, 8, 16), Prediction(0, 0, 16, 0, 0))
+    for p in (*cases, made_here):
+        for prompt in (-1, 0, 1, 7, 100, 801):
+            assert p.ladder(prompt) == (
+                p.tokens(prompt),
+                p.workload_tokens(prompt),
+                p.capacity_tokens(prompt),
+            )
+
+
 def test_the_identity_key_does_not_sign_predictions() -> None:
     """Its own key label: an identity attestation key cannot make a prediction verify."""
     from promptcache.tenancy.attestation import attestation_key

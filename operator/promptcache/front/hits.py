@@ -61,3 +61,6 @@ class Tally:
 
     scope: ScopeClass
     prediction: Prediction | None
+    weight: float = 1.0
+    """How many requests this one's counts stand for (`front.sampling`: 1 unless the
+    front checks a sample of the predictions)."""

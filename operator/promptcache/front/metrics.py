@@ -97,6 +97,23 @@ class _LadderCollector(Collector):
             yield family
 
 
+class _ByOutcome(Collector):
+    """A counter by one label whose value the caller counts in `counts`: plain floats the
+    event loop adds to, read at scrape time (as the ladder's), for a count made on every
+    request where `Counter.labels(...).inc()` and its lock would be most of the cost."""
+
+    def __init__(self, name: str, documentation: str, label: str) -> None:
+        self._name, self._documentation, self._label = name, documentation, label
+        self.counts: dict[str, float] = {}
+        """By label value: only values counted at least once are exposed."""
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(self._name, self._documentation, labels=[self._label])
+        for value, count in list(self.counts.items()):  # a copy made in one C call
+            family.add_metric([value], count)
+        yield family
+
+
 class FrontMetrics:
     """One registry per app, so tests can run several fronts in one process."""
 
@@ -222,15 +239,15 @@ class FrontMetrics:
             "cached_tokens; counted only when vLLM reports it).",
             registry=r,
         )
-        self.predictions = Counter(
+        self.predictions = _ByOutcome(
             f"{PREFIX}_predictions",
             "What the front made of the picker's signed predicted-match header "
             "(x-promptcache-predicted): valid, absent, malformed, forged, expired, future, "
             "replayed, ambiguous, or unverifiable (this front has no salt key to check it). "
             "Only valid ones are counted as predicted.",
-            ["outcome"],
-            registry=r,
+            "outcome",
         )
+        r.register(self.predictions)
         self.in_flight = Gauge(
             f"{PREFIX}_in_flight_requests", "Requests being worked on now.", registry=r
         )
@@ -249,7 +266,6 @@ class FrontMetrics:
         event loop adds to, read at scrape time (an increment of a client counter, with its
         lock, cost more than the whole accounting)."""
         r.register(_LadderCollector(self.ladder))
-        self._prediction_children: dict[str, Counter] = {}
 
     def waited_for_share(self, seconds: float) -> None:
         """A request waited `seconds` for its key's fair share (`tenancy.fair_share`)."""
@@ -312,22 +328,22 @@ class FrontMetrics:
         self.cached_prompt_tokens.inc(max(0, cached_tokens))
         if tally is None or tally.prediction is None:
             return
-        p = tally.prediction
+        p, w = tally.prediction, tally.weight
+        predicted, workload, capacity = p.ladder(prompt)
         totals = self.ladder[tally.scope]
-        totals[_ACCOUNTED] += prompt
-        totals[_PREDICTED] += p.tokens(prompt)
-        totals[_DELIVERED] += cached
-        if p.estimated:
-            totals[_ESTIMATED] += prompt
-            totals[_WORKLOAD] += p.workload_tokens(prompt)
-            totals[_CAPACITY] += p.capacity_tokens(prompt)
+        totals[_ACCOUNTED] += w * prompt
+        totals[_PREDICTED] += w * predicted
+        totals[_DELIVERED] += w * cached
+        if p.seen_blocks is not None and p.held_blocks is not None:  # p.estimated
+            totals[_ESTIMATED] += w * prompt
+            totals[_WORKLOAD] += w * workload
+            totals[_CAPACITY] += w * capacity
 
-    def predicted(self, outcome: str) -> None:
-        """Count what the front made of one request's predicted-match header."""
-        child = self._prediction_children.get(outcome)
-        if child is None:
-            child = self._prediction_children[outcome] = self.predictions.labels(outcome=outcome)
-        child.inc()
+    def predicted(self, outcome: str, weight: float = 1.0) -> None:
+        """Count what the front made of one request's predicted-match header (`weight`:
+        the requests it stands for, `front.sampling`)."""
+        counts = self.predictions.counts
+        counts[outcome] = counts.get(outcome, 0.0) + weight
 
     def render(self) -> bytes:
         """The front's own exposition text."""

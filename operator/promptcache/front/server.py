@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import socket
 import sys
 from collections.abc import Callable, Sequence
 from typing import Final
@@ -19,30 +20,39 @@ from typing import Final
 from promptcache.contract import FRONT_DRAIN_SECONDS
 from promptcache.embeds.cache import PromptEmbedsCache
 from promptcache.front import heap
-from promptcache.front.app import create_runner, listening_site
+from promptcache.front.http_server import create_runner, listening_site
 from promptcache.front.settings import (
     FrontSettings,
     SettingsError,
     parse_listen,
     read_mounted_salt_key,
 )
-from promptcache.stopping import stop_event, stop_when_orphaned
+from promptcache.runtime.supervision import stop_processes, stop_when_orphaned
+from promptcache.stopping import stop_event
 
 log = logging.getLogger("promptcache.front")
 SHUTDOWN_TIMEOUT_SECONDS: Final = FRONT_DRAIN_SECONDS
 """After it stops listening, how long the front waits for the requests in flight."""
 
 
-async def _hold_lifecycle(listen: str) -> asyncio.AbstractServer:
-    """A loopback socket that accepts and closes each connection for as long as this
-    process lives: the vllm container's preStop hook polls it, so vLLM is stopped only once
-    the front has drained (the kernel closes it when the process exits, however it ends)."""
+def _lifecycle_socket(listen: str) -> socket.socket:
+    """The lifecycle socket, listening: bound by the first process before it starts any
+    worker, so that no process of this front answers /readyz while the socket the preStop
+    hook polls is not there yet (a hook that found it closed would stop vLLM at once). Not
+    inheritable (PEP 446): the workers never hold it, so it closes when this process ends."""
     host, port = parse_listen(listen)
+    return socket.create_server((host, port))
+
+
+async def _hold_lifecycle(sock: socket.socket) -> asyncio.AbstractServer:
+    """Accept and close each connection on the lifecycle socket for as long as this process
+    lives: the vllm container's preStop hook polls it, so vLLM is stopped only once the
+    front has drained (the kernel closes it when the process exits, however it ends)."""
 
     async def close(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.close()
 
-    return await asyncio.start_server(close, host, port)
+    return await asyncio.start_server(close, sock=sock)
 
 
 async def _run(
@@ -50,6 +60,7 @@ async def _run(
     secret: bytes | None,
     reuse_port: bool,
     children: Sequence[multiprocessing.process.BaseProcess] = (),
+    lifecycle_sock: socket.socket | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT, then stop without dropping a request.
 
@@ -70,11 +81,7 @@ async def _run(
     site = listening_site(runner, host, port, reuse_port=reuse_port)
     await site.start()
     heap.freeze(collect=True)  # what start-up made, out of the collector's full passes
-    lifecycle = (
-        await _hold_lifecycle(settings.lifecycle_listen)
-        if settings.lifecycle_listen and not multiprocessing.parent_process()
-        else None
-    )
+    lifecycle = None if lifecycle_sock is None else await _hold_lifecycle(lifecycle_sock)
     log.info(
         "cache front listening on %s, forwarding to %s (isolation %s, prompt-embeds cache "
         "%s bytes)",
@@ -122,9 +129,12 @@ def _serve_loop(
     secret: bytes | None,
     reuse_port: bool,
     children: Sequence[multiprocessing.process.BaseProcess] = (),
+    lifecycle_sock: socket.socket | None = None,
 ) -> None:
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        runner.run(_run(settings, secret, reuse_port=reuse_port, children=children))
+        runner.run(
+            _run(settings, secret, reuse_port, children=children, lifecycle_sock=lifecycle_sock)
+        )
 
 
 def _child(settings: FrontSettings, secret: bytes | None) -> None:
@@ -141,13 +151,18 @@ def serve(settings: FrontSettings) -> int:
         print(f"promptcache front: {exc}", file=sys.stderr)
         return 2
     children: list[multiprocessing.process.BaseProcess] = []
-    ctx = multiprocessing.get_context("spawn")
-    for _ in range(settings.workers - 1):
-        child = ctx.Process(target=_child, args=(settings, secret))  # may start JSON workers
-        child.start()
-        children.append(child)
     try:
-        _serve_loop(settings, secret, reuse_port=settings.workers > 1, children=children)
+        lifecycle = (
+            _lifecycle_socket(settings.lifecycle_listen) if settings.lifecycle_listen else None
+        )
+        ctx = multiprocessing.get_context("spawn")
+        for _ in range(settings.workers - 1):
+            child = ctx.Process(target=_child, args=(settings, secret))  # may start JSON workers
+            child.start()
+            children.append(child)
+        _serve_loop(
+            settings, secret, settings.workers > 1, children=children, lifecycle_sock=lifecycle
+        )
     except OSError as exc:
         print(
             f"promptcache front: cannot listen on {settings.listen}"
@@ -157,11 +172,6 @@ def serve(settings: FrontSettings) -> int:
         )
         return 1
     finally:
-        for proc in children:
-            proc.terminate()
-        for proc in children:
-            proc.join(timeout=SHUTDOWN_TIMEOUT_SECONDS)
-            if proc.is_alive():  # not daemonic (they start JSON workers): never wait forever
-                proc.kill()
-                proc.join()
+        # not daemonic (they start JSON workers): ended here, never waited for forever
+        stop_processes(children, SHUTDOWN_TIMEOUT_SECONDS)
     return 0

@@ -138,6 +138,16 @@ class FrontSettings:
     identity_required: bool = DEFAULT_IDENTITY_REQUIRED
 
     def __post_init__(self) -> None:
+        """Every value checked once, in this order: addresses, names, the policy, the
+        capacities, then the deadlines and the remaining bounds (the first wrong one is
+        the one named)."""
+        self._check_addresses()
+        self._check_names()
+        check_policy_settings(self)
+        self._check_capacities()
+        self._check_deadlines_and_bounds()
+
+    def _check_addresses(self) -> None:
         parts = urlsplit(self.upstream)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise SettingsError(
@@ -150,6 +160,8 @@ class FrontSettings:
             raise SettingsError(
                 f"lame duck seconds {self.lame_duck_seconds} must be between 0 and 600"
             )
+
+    def _check_names(self) -> None:
         try:
             # the grammar the API checks; empty switches the feature off
             for label, header in (
@@ -161,7 +173,8 @@ class FrontSettings:
             check_cache_gib(SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR, self.prompt_embeds_cache_gib)
         except (GrammarError, SettingInputError) as exc:
             raise SettingsError(str(exc)) from None
-        check_policy_settings(self)
+
+    def _check_capacities(self) -> None:
         if self.max_body_bytes < 1024:
             raise SettingsError(f"max body bytes {self.max_body_bytes} is below 1024")
         if self.fair_share_bytes_per_second < 0:
@@ -188,6 +201,8 @@ class FrontSettings:
             )
         if self.workers < 1:
             raise SettingsError(f"workers {self.workers} must be at least 1")
+
+    def _check_deadlines_and_bounds(self) -> None:
         if not self.upstream_timeout_seconds > 0:
             raise SettingsError("upstream timeout must be a positive number of seconds")
         if self.max_body_reads < 1:

@@ -7,12 +7,10 @@ without importing each other.
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
-import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
@@ -20,7 +18,9 @@ from promptcache.embeds.cache import PromptEmbedsCache
 from promptcache.front.metrics import FrontMetrics
 from promptcache.front.pool import UpstreamPool
 from promptcache.front.references import KindIndex
+from promptcache.front.sampling import PredictionSampler
 from promptcache.front.settings import FrontSettings
+from promptcache.runtime.spawn import SpawnPool
 from promptcache.tenancy import errors
 from promptcache.tenancy.attestation import Attester
 from promptcache.tenancy.canonical import json_charge
@@ -32,12 +32,6 @@ from promptcache.tenancy.shares import Ledger, Verdict, share_of, share_refusal
 __all__ = ["PROCESS_KEY", "Charge", "FrontState", "json_charge"]
 
 T = TypeVar("T")
-
-WORKER_NICENESS: Final = 10
-"""Worker processes deciding large or dense bodies run this much nicer than the process
-whose event loop answers everyone: on the cores they share (a container's CPU quota, or a
-busy node) the loop, its probes and other tenants' small requests go first, and an
-attacker's bodies take the CPU that is left."""
 
 PROCESS_KEY: Final = b"\0front"
 """What the front holds for itself (a scrape of vLLM's metrics), apart from every client."""
@@ -66,6 +60,8 @@ class FrontState:
     predictions: PredictionReader | None = None
     """Checks promptcache's picker's signed prediction (None: no salt key to check it with,
     so none is believed)."""
+    sampler: PredictionSampler = field(default_factory=PredictionSampler)
+    """Which predictions `predictions` checks above a modest rate (`front.sampling`)."""
     slots: Ledger = field(init=False)
     """Each client identity's share of `max_in_flight` (`tenancy.shares`)."""
     reads: Ledger = field(init=False)
@@ -76,7 +72,8 @@ class FrontState:
     """Stopping (SIGTERM): still serving, but not ready, and no connection is kept alive."""
     lock: threading.Lock = field(default_factory=threading.Lock)
     """Guards `memory`: decode threads charge densified payloads too."""
-    json_processes: Executor | None = None
+    spawn: SpawnPool = field(init=False)
+    """The JSON worker processes (`runtime.spawn`; `decode_workers` of them)."""
     jobs: dict[int, float] = field(default_factory=dict)
     """Jobs submitted to the decode threads or JSON workers and not yet done: when each
     was submitted (`time.monotonic`)."""
@@ -88,6 +85,16 @@ class FrontState:
         self.slots = Ledger(s.max_in_flight, share_of(s.max_in_flight, percent))
         self.reads = Ledger(s.max_body_reads, share_of(s.max_body_reads, percent))
         self.memory = Ledger(s.max_in_flight_bytes, share_of(s.max_in_flight_bytes, percent))
+        self.spawn = SpawnPool(s.decode_workers)
+
+    @property
+    def json_processes(self) -> Executor | None:
+        """The JSON workers' executor, None until the first large body (a test may set its own)."""
+        return self.spawn.current
+
+    @json_processes.setter
+    def json_processes(self, executor: Executor | None) -> None:
+        self.spawn.current = executor
 
     @property
     def in_flight(self) -> int:
@@ -126,24 +133,14 @@ class FrontState:
         return 0.0 if oldest is None else time.monotonic() - oldest
 
     def json_pool(self) -> Executor:
-        """`decode_workers` worker processes for large or dense JSON bodies
-        (`front.offload`), started on first use; spawned (no fork of a process with threads
-        and an event loop), at a lower CPU priority than the event loop (`WORKER_NICENESS`)."""
-        if self.json_processes is None:
-            self.json_processes = ProcessPoolExecutor(
-                max_workers=self.settings.decode_workers,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=os.nice,
-                initargs=(WORKER_NICENESS,),
-            )
-        return self.json_processes
+        """The JSON worker processes for large or dense bodies (`front.offload`), started on
+        first use (`runtime.spawn.SpawnPool`: spawned, bounded, nicer than the loop)."""
+        return self.spawn.executor()
 
     def drop_json_pool(self, wait: bool = False) -> None:
         """Stop the JSON workers (waiting for them to exit when `wait`); a new pool starts
         at the next large body."""
-        pool, self.json_processes = self.json_processes, None
-        if pool is not None:
-            pool.shutdown(wait=wait, cancel_futures=True)
+        self.spawn.drop(wait)
 
 
 class Charge:

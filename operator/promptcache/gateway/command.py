@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_BAD_SETTINGS
     try:
         # gRPC only when the step really runs: `promptcache` works without the extra.
-        from promptcache.gateway.policy_step import serve  # noqa: PLC0415
+        from promptcache.gateway.server import serve  # noqa: PLC0415
         from promptcache.gateway.workers import serve_workers  # noqa: PLC0415
     except ModuleNotFoundError as error:
         print(

@@ -33,7 +33,8 @@ from typing import Final
 
 from promptcache.contract.settings import split_host_port
 from promptcache.gateway.settings import GatewayPolicySettings
-from promptcache.stopping import STOP_SIGNALS, stop_event, stop_when_orphaned
+from promptcache.runtime.supervision import stop_processes, stop_when_orphaned
+from promptcache.stopping import STOP_SIGNALS, stop_event
 
 log = logging.getLogger("promptcache.gateway_policy")
 
@@ -66,7 +67,7 @@ async def _serve_worker(
 ) -> None:
     # Imported here, in the spawned process, after the supervisor set the metrics directory:
     # prometheus_client reads it when first imported.
-    from promptcache.gateway.policy_step import start  # noqa: PLC0415
+    from promptcache.gateway.server import start  # noqa: PLC0415
 
     try:
         running = await start(settings, secret, reuse_port=True)
@@ -114,19 +115,6 @@ def _start_workers(
                 return procs, str(failure)
             del pending[conn]
     return procs, None
-
-
-def _stop_workers(procs: list[BaseProcess], grace_s: float) -> None:
-    """SIGTERM each (they drain their open streams), then SIGKILL what outlives the grace."""
-    for proc in procs:
-        if proc.is_alive():
-            proc.terminate()
-    deadline = time.monotonic() + grace_s
-    for proc in procs:
-        proc.join(max(deadline - time.monotonic(), 0))
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
 
 
 def _serve_metrics(settings: GatewayPolicySettings, directory: str) -> None:
@@ -195,7 +183,7 @@ def serve_workers(settings: GatewayPolicySettings, secret: bytes | None = None) 
         )
         return 0
     finally:
-        _stop_workers(procs, settings.drain_seconds + 5)
+        stop_processes(procs, settings.drain_seconds + 5)  # each drains its open streams
         signal.set_wakeup_fd(-1)
         wake_read.close()
         wake_write.close()

@@ -1,0 +1,1 @@
+"""Tests of what the cache front and the policy step share (promptcache.runtime)."""

@@ -65,8 +65,10 @@ from harness.epp.traffic import (
     schedule,
     use_gie_picker,
 )
+from harness.operator import ladder_section
 from harness.pod import ProcessPod
 from harness.vllm import tiny_model
+from harness.waiting import NotMet, wait_until
 from promptcache.contract import DEFAULT_ISOLATION_HEADER
 
 NAME = "tiny-demo"
@@ -368,37 +370,20 @@ def show_cache_working(kubeconfig: Path, workdir: Path, say: Callable[[str], Non
             stop_on_cluster(cluster, NAMESPACE, pod)
 
 
-def ladder_section(described: str) -> str:
-    """The `Cache:` section of `kubectl describe pcd` (the hit-ratio ladder, issue 39), or
-    "" when the status has none."""
-    lines = described.splitlines()
-    for i, line in enumerate(lines):
-        if line.strip() == "Cache:":
-            indent = len(line) - len(line.lstrip())
-            end = next(
-                (
-                    j
-                    for j in range(i + 1, len(lines))
-                    if lines[j].strip() and len(lines[j]) - len(lines[j].lstrip()) <= indent
-                ),
-                len(lines),
-            )
-            return "\n".join(lines[i:end])
-    return ""
-
-
 def _print_ladder(cluster: Any, say: Callable[[str], None], timeout_s: float = 30) -> None:
     """Why the hit ratio is what it is: the ladder `kubectl describe pcd` prints, over the
     operator's status window (the prefix-aware run's requests; the load-only run's picker
     predicts nothing, so the fronts account none of its requests)."""
-    deadline = time.monotonic() + timeout_s
-    section = ""
-    while not section and time.monotonic() < deadline:
-        out = cluster.kubectl("describe", "pcd", NAME, "-n", NAMESPACE, check=False).stdout
-        section = ladder_section(out)
-        if not section:
-            time.sleep(2)
-    if not section:
+    try:
+        section = wait_until(
+            lambda: ladder_section(
+                cluster.kubectl("describe", "pcd", NAME, "-n", NAMESPACE, check=False).stdout
+            ),
+            "the hit-ratio ladder in the status",
+            within_s=timeout_s,
+            interval_s=2,
+        )
+    except NotMet:
         say("no hit-ratio ladder in the status (too few predicted prompt tokens to judge)")
         return
     print(f"\nkubectl describe pcd {NAME} (the hit-ratio ladder):\n{section}", flush=True)

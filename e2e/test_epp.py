@@ -35,6 +35,7 @@ from harness.epp.launch import Launcher, routing_patch, shape_patch
 from harness.epp.pool import PoolOnCluster
 from harness.epp.rendered import example_files, load_example, render_resource
 from harness.epp.scenarios import handicap, prefixed, settle_index, unique_text, wait_scrapes
+from harness.waiting import NotMet
 from promptcache.api.rules import GIE_SESSIONS_MESSAGE, GIE_TIERS_MESSAGE
 from promptcache.contract import PickerTarget
 
@@ -190,7 +191,7 @@ def test_wrongly_typed_parameter_makes_epp_exit_nonzero(launch: Launcher) -> Non
     config = pool.rendered.epp_config
     producer = next(p for p in config["plugins"] if p["type"] == "approx-prefix-cache-producer")
     producer["parameters"]["blockSizeTokens"] = "sixty-four"
-    with pytest.raises(RuntimeError, match=r"EPP exited with [1-9]"):
+    with pytest.raises(NotMet, match=r"EPP exited with [1-9]"):
         pool.start_epp(config_text=yaml.safe_dump(config))
     assert pool.epp is not None
     assert pool.epp.returncode not in (None, 0)
@@ -203,7 +204,7 @@ def test_unknown_parameter_makes_epp_exit_nonzero(llmd_launch: Launcher) -> None
     config = pool.rendered.epp_config
     producer = next(p for p in config["plugins"] if p["type"] == "approx-prefix-cache-producer")
     producer["parameters"]["blockSizeToken"] = 64  # a typo of blockSizeTokens
-    with pytest.raises(RuntimeError, match=r"EPP exited with [1-9]"):
+    with pytest.raises(NotMet, match=r"EPP exited with [1-9]"):
         pool.start_epp(config_text=yaml.safe_dump(config))
     assert pool.epp is not None
     assert pool.epp.returncode not in (None, 0)
@@ -219,7 +220,7 @@ def test_session_plugin_needs_the_experimental_flag(llmd_launch: Launcher) -> No
     flag = "--allow-experimental-plugins"
     assert flag in pool.rendered.epp_args
     without = [a for a in pool.rendered.epp_args if a != flag]
-    with pytest.raises(RuntimeError, match=r"EPP exited with [1-9]"):
+    with pytest.raises(NotMet, match=r"EPP exited with [1-9]"):
         pool.start_epp(rendered_args=without)
     assert pool.epp is not None
     assert "has Alpha stability level" in pool.epp.log()
@@ -234,7 +235,7 @@ def test_the_epp_really_runs_as_the_rendered_service_account(
     crippled = json.loads(json.dumps(role))
     crippled["rules"] = [r for r in crippled["rules"] if "pods" not in r["resources"]]
     cluster.kubectl("apply", "-n", pool.rendered.namespace, "-f", "-", input=json.dumps(crippled))
-    with pytest.raises(TimeoutError, match="not healthy"):
+    with pytest.raises(NotMet, match="the EPP serving health and ext_proc: not met within"):
         pool.start_epp(ready_timeout_s=20)
     assert pool.epp is not None
     who = f"system:serviceaccount:{pool.rendered.namespace}:{pool.rendered.service_account}"

@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 
-from e2e.demo_traffic import ladder_section
 from harness.net import free_port
 from harness.operator import (
     OperatorProcess,
@@ -27,6 +26,7 @@ from harness.operator import (
     condition,
     get_json,
     install_crd,
+    ladder_section,
     resource,
     wait_for,
 )

@@ -17,8 +17,8 @@ import yaml
 
 from e2e.localcluster.state import free_ports
 from harness.net import answers_ok
-from harness.operator import wait_for
 from harness.pytest_cluster import Cluster
+from harness.waiting import log_tail, wait_until
 from promptcache.contract.router import GATEWAY_HEADER
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,10 +67,21 @@ class CatalogProcess:
 
     def __enter__(self) -> CatalogProcess:
         with self.log_path.open("ab") as log:
-            self._proc = subprocess.Popen(
-                self.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env
-            )
-        wait_for(self.ready, f"the responder's /readyz ({self.log_tail()})", timeout=60)
+            proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+        self._proc = proc
+
+        def exited() -> str | None:
+            code = proc.poll()
+            return None if code is None else f"the responder exited {code}"
+
+        wait_until(
+            lambda: answers_ok(f"http://127.0.0.1:{self.health_port}/readyz"),
+            "the responder's /readyz answering 200",
+            within_s=60,
+            interval_s=0.5,
+            fail_if=exited,
+            detail=lambda: f"log tail:\n{log_tail(self.log_path, 40)}",
+        )
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -81,17 +92,6 @@ class CatalogProcess:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait(timeout=10)
-
-    def log_tail(self, lines: int = 40) -> str:
-        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
-
-    def ready(self) -> bool:
-        if self._proc is not None and self._proc.poll() is not None:
-            raise AssertionError(
-                f"the responder exited {self._proc.returncode}:\n{self.log_tail()}"
-            )
-        return answers_ok(f"http://127.0.0.1:{self.health_port}/readyz")
 
     def request(
         self, method: str, path: str, headers: Mapping[str, str], body: bytes | None = None

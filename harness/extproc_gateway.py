@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,12 +21,17 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+from promptcache.gateway.server import RunningGatewayPolicy
 from promptcache.tenancy.canonical import encode_body
 
 SESSION = "x-session-affinity"
 ECHO = "x-seen-session"
 """What the stand-in answers with: the session header value it received, or `-`."""
 TIMEOUT = 30.0
+
+GatewayPolicyFactory = Callable[..., Awaitable[RunningGatewayPolicy]]
+"""The `make_gateway_policy` fixture (tests/gateway/conftest.py): settings overrides in, a
+running policy step out."""
 JSON = {"content-type": "application/json"}
 """What a gateway sends with a JSON body (the front refuses one without it)."""
 
@@ -199,15 +204,6 @@ def echoed(responses: list[Any]) -> str | None:
                 if opt.header.key == ECHO:
                     return str(opt.header.raw_value.decode())
     return None
-
-
-async def eventually(check: Callable[[], bool], within_s: float = TIMEOUT) -> None:
-    """Poll until `check()` holds; fail after `within_s` (no sleeps as synchronisation)."""
-    deadline = asyncio.get_running_loop().time() + within_s
-    while not check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
 
 
 def envoy_applies(sent: list[tuple[str, str]], responses: list[Any]) -> list[tuple[str, str]]:

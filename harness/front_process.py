@@ -14,12 +14,15 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import aiohttp
+
+from harness.waiting import eventually, log_tail
 
 READY_WITHIN_S: Final[float] = 120.0
 REAP_WITHIN_S: Final[float] = 30.0
@@ -37,28 +40,35 @@ async def start_front(
         )  # fmt: skip
 
 
-def log_tail(log_path: Path, lines: int = 30) -> str:
-    """The end of the front's log, for an assertion's message."""
-    if not log_path.exists():
-        return "(no log)"
-    return "\n".join(log_path.read_text(errors="replace").splitlines()[-lines:])
+def _exited(proc: asyncio.subprocess.Process | subprocess.Popen[Any]) -> str | None:
+    code = proc.poll() if isinstance(proc, subprocess.Popen) else proc.returncode
+    return None if code is None else f"the front exited {code} at start-up"
 
 
 async def wait_ready(
-    base: str, proc: asyncio.subprocess.Process, log_path: Path, within_s: float = READY_WITHIN_S
+    base: str,
+    proc: asyncio.subprocess.Process | subprocess.Popen[Any],
+    log_path: Path,
+    within_s: float = READY_WITHIN_S,
 ) -> None:
-    """Until /readyz says 200; fails at once if the front exits, and after `within_s`."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within_s
+    """Until the front's /readyz says 200; fails at once if the front exits (started here or
+    from its image, `harness.images.PodRun`), and after `within_s`, with its log's tail."""
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
-        while loop.time() < deadline:
-            assert proc.returncode is None, f"the front exited at start-up:\n{log_tail(log_path)}"
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                async with http.get(base + "/readyz") as resp:
-                    if resp.status == 200:
-                        return
-            await asyncio.sleep(0.1)
-    raise AssertionError(f"the front was not ready in {within_s:g} s:\n{log_tail(log_path)}")
+
+        async def readyz() -> int:
+            async with http.get(base + "/readyz") as resp:
+                return resp.status
+
+        await eventually(
+            readyz,
+            f"the front's /readyz at {base} answering 200",
+            until=lambda status: status == 200,
+            within_s=within_s,
+            interval_s=0.25,
+            retry_on=(aiohttp.ClientError, TimeoutError),
+            fail_if=lambda: _exited(proc),
+            detail=lambda: f"log tail:\n{log_tail(log_path)}",
+        )
 
 
 async def end_front(proc: asyncio.subprocess.Process) -> None:

@@ -10,7 +10,6 @@ import json
 import math
 import re
 import subprocess
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -20,6 +19,7 @@ import yaml
 
 from harness.net import free_port
 from harness.pytest_cluster import built_binary
+from harness.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = ROOT / "charts" / "promptcache-operator" / "files"
@@ -83,16 +83,15 @@ class Prometheus:
         return list(self.api("query", query=expr)["result"])
 
     def wait_up(self, timeout_s: float = 60) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                targets = self.api("targets")["activeTargets"]
-                if targets and all(t["health"] == "up" for t in targets):
-                    return
-            except OSError:
-                pass
-            time.sleep(0.5)
-        raise AssertionError(f"Prometheus targets not up:\n{self.log_tail()}")
+        wait_until(
+            lambda: {t["scrapeUrl"]: t["health"] for t in self.api("targets")["activeTargets"]},
+            "every Prometheus target up",
+            within_s=timeout_s,
+            interval_s=0.5,
+            until=lambda health: bool(health) and set(health.values()) == {"up"},
+            retry_on=(OSError,),
+            detail=lambda: f"Prometheus's log tail:\n{self.log_tail()}",
+        )
 
     def log_tail(self) -> str:
         return "\n".join((self.workdir / "prometheus.log").read_text().splitlines()[-30:])

@@ -16,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -29,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.localcluster.crds import wait_established as crd_wait
 from harness.net import answers_ok, free_port
+from harness.waiting import wait_until
 from promptcache.api.constants import API_VERSION, CRD_NAME, GROUP, KIND, PLURAL
 from promptcache.controller.rbac import leader_election_role, load_rules, picker_cluster_role
 
@@ -63,22 +63,43 @@ def wait_for(
     *,
     operator: OperatorProcess | None = None,
 ) -> Any:
-    """Poll until `cond()` is truthy (returns it); fail naming `what`, at once if `operator`
-    exits meanwhile, and with its log tail."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if operator is not None and operator.exited():
-            raise AssertionError(
-                f"operator exited {operator.returncode()} while waiting for {what}:\n"
-                f"{operator.log_tail()}"
+    """Poll until `cond()` is truthy (returns it); fail naming `what` and `cond`'s last value,
+    at once if `operator` exits meanwhile, and with its log tail. `harness.waiting.wait_until`
+    under the argument order the e2e modules use (condition, what, timeout)."""
+    if operator is None:
+        return wait_until(cond, what, within_s=timeout, interval_s=every)
+    op = operator
+
+    def exited() -> str | None:
+        return f"the operator exited {op.returncode()}" if op.exited() else None
+
+    return wait_until(
+        cond,
+        what,
+        within_s=timeout,
+        interval_s=every,
+        fail_if=exited,
+        detail=lambda: f"the operator's log tail:\n{op.log_tail()}",
+    )
+
+
+def ladder_section(described: str) -> str:
+    """The `Cache:` section of `kubectl describe pcd` (the hit-ratio ladder, issue 39), or
+    "" when the status has none."""
+    lines = described.splitlines()
+    for i, line in enumerate(lines):
+        if line.strip() == "Cache:":
+            indent = len(line) - len(line.lstrip())
+            end = next(
+                (
+                    j
+                    for j in range(i + 1, len(lines))
+                    if lines[j].strip() and len(lines[j]) - len(lines[j].lstrip()) <= indent
+                ),
+                len(lines),
             )
-        if time.monotonic() > deadline:
-            tail = f"\n{operator.log_tail()}" if operator is not None else ""
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}{tail}")
-        time.sleep(every)
+            return "\n".join(lines[i:end])
+    return ""
 
 
 def wait_established(kubectl: Callable[..., Any], *crds: str, timeout: float = 60) -> None:

@@ -39,7 +39,7 @@ from kubernetes import client, config
 from e2e.localcluster.paths import CACHE, CLI
 from e2e.localcluster.state import State
 from e2e.localcluster.targets import binary_path
-from harness.operator import wait_for
+from harness.waiting import wait_until
 
 CLUSTER_CLI = CLI
 BUILD_ON_REQUEST_TIMEOUT_S = 3600  # a cold Prometheus build on a loaded 2-core machine
@@ -201,9 +201,10 @@ class Cluster:
         )
         return name
 
-    def wait_for(self, cond: Callable[[], bool], what: str, timeout: float = 90) -> None:
-        """Poll ``cond`` (bounded); fail with ``what`` named: the harness's one wait helper."""
-        wait_for(cond, what, timeout, every=0.3)
+    def wait_for(self, cond: Callable[[], Any], what: str, timeout: float = 90) -> Any:
+        """Poll ``cond`` until truthy (returns it); fail naming ``what`` and its last value
+        (`harness.waiting.wait_until`, the harness's one wait loop)."""
+        return wait_until(cond, what, within_s=timeout, interval_s=0.3)
 
     def get_json(self, *args: str) -> Any:
         return json.loads(self.kubectl("get", *args, "-o", "json").stdout)

@@ -1,12 +1,15 @@
 """The smallest valid resource and its manifests, for tests that change one field; and
-finding one manifest among them."""
+finding one manifest (or the Endpoint Picker's containers, or a container's env) among them."""
 
 from __future__ import annotations
 
+import argparse
 import copy
 from typing import Any
 
 from promptcache.api import parse_resource
+from promptcache.gateway.command import settings_from
+from promptcache.gateway.settings import GatewayPolicySettings
 from promptcache.render import render
 
 BASE: dict[str, Any] = {
@@ -38,6 +41,31 @@ def by_kind(
     ]
     assert len(found) == 1, f"{kind}/{component}: {len(found)}"
     return found[0]
+
+
+def epp_deployment(manifests: list[dict[str, Any]]) -> dict[str, Any]:
+    """The Endpoint Picker's Deployment (its name ends in `-epp`)."""
+    (dep,) = [
+        m for m in manifests if m["kind"] == "Deployment" and m["metadata"]["name"].endswith("-epp")
+    ]
+    return dep
+
+
+def epp_containers(manifests: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The Endpoint Picker pod's containers, by name."""
+    pod = epp_deployment(manifests)["spec"]["template"]["spec"]
+    return {c["name"]: c for c in pod["containers"]}
+
+
+def env_of(container: dict[str, Any]) -> dict[str, str]:
+    """A container's env entries that carry a literal value (not those from a Secret)."""
+    return {e["name"]: e["value"] for e in container["env"] if "value" in e}
+
+
+def gateway_policy_settings(container: dict[str, Any]) -> GatewayPolicySettings:
+    """What `promptcache gateway-policy` makes of the rendered container (args are the CLI's)."""
+    assert container["args"] == ["gateway-policy"]
+    return settings_from(argparse.Namespace(), env_of(container))
 
 
 def routed_resource(

@@ -13,8 +13,6 @@ misses, and the front's usage headers carry the engine's counts.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,6 +21,7 @@ import pytest
 
 from harness.engine.client import CACHED_HEADER, PROMPT_HEADER, chat_body, post
 from harness.engine.pods import SaltSecrets, engine_resource, rendered_pod_spec
+from harness.front_process import wait_ready
 from harness.images import PodRun, built_image, pod_container
 from harness.net import free_port
 from promptcache.contract import SALT_KEY_MOUNT_DIR, FrontEnv
@@ -31,19 +30,6 @@ from promptcache.render.front import FRONT_CONTAINER
 pytestmark = pytest.mark.images
 
 READY_TIMEOUT_S = 240  # torch's first import on a busy 2-core machine, no bytecode cache
-
-
-async def _wait_ready(http: aiohttp.ClientSession, url: str) -> bool:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        try:
-            async with http.get(url + "/readyz", timeout=aiohttp.ClientTimeout(total=3)) as resp:
-                if resp.status == 200:
-                    return True
-        except (aiohttp.ClientError, TimeoutError):
-            pass
-        await asyncio.sleep(1)
-    return False
 
 
 async def test_front_image_isolates_tenants_on_the_real_engine(
@@ -78,8 +64,7 @@ async def test_front_image_isolates_tenants_on_the_real_engine(
     proc = run.start(log)
     try:
         url = f"http://127.0.0.1:{port}"
-        ready = await _wait_ready(http, url)
-        assert ready, f"{run.image} not ready in {READY_TIMEOUT_S}s:\n{log.read_text()[-3000:]}"
+        await wait_ready(url, proc, log, within_s=READY_TIMEOUT_S)
         prompt = fresh_prompt()
         first = await post(http, url, "/v1/chat/completions", chat_body(prompt), key="tenant-a")
         again = await post(http, url, "/v1/chat/completions", chat_body(prompt), key="tenant-a")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ import grpc
 import yaml
 
 from e2e.localcluster.state import free_ports
+from harness.waiting import wait_until
 
 from .extproc import ExtProcClient
 from .process import terminate
@@ -124,14 +124,22 @@ class BbrProcess:
             return False
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self._proc is not None and self._proc.poll() is not None:
-                raise RuntimeError(f"bbr exited with {self._proc.returncode}:\n{self.log_tail()}")
-            if self.healthy() and self.serving_ext_proc():
-                return
-            time.sleep(0.2)
-        raise TimeoutError(f"bbr not healthy after {timeout_s}s:\n{self.log_tail()}")
+        proc = self._proc
+
+        def exited() -> str | None:
+            if proc is None or proc.poll() is None:
+                return None
+            return f"bbr exited with {proc.returncode}"
+
+        wait_until(
+            lambda: {"health": self.healthy(), "ext_proc": self.serving_ext_proc()},
+            "bbr serving health and ext_proc",
+            within_s=timeout_s,
+            interval_s=0.2,
+            until=lambda up: all(up.values()),
+            fail_if=exited,
+            detail=lambda: f"log tail:\n{self.log_tail()}",
+        )
 
     def client(self) -> ExtProcClient:
         """The Gateway's ext_proc client (TLS without verification, as the chart's Istio

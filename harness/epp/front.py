@@ -11,13 +11,13 @@ import os
 import secrets
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 from typing import BinaryIO
 
 from harness.net import answers_ok
+from harness.waiting import log_tail, wait_until
 from promptcache.contract import FRONT_READY_PATH, FrontEnv
 
 
@@ -75,17 +75,16 @@ class FrontProcess:
 
     def wait_ready(self, timeout_s: float = 60) -> None:
         url = f"http://{self.ip}:{self.port}{FRONT_READY_PATH}"
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self._proc is not None
-            if self._proc.poll() is not None:
-                raise RuntimeError(
-                    f"front exited {self._proc.returncode}:\n{self.log_path.read_text()[-3000:]}"
-                )
-            if answers_ok(url):
-                return
-            time.sleep(0.2)
-        raise TimeoutError(f"front not ready at {url}:\n{self.log_path.read_text()[-3000:]}")
+        proc = self._proc
+        assert proc is not None, "start it first"
+        wait_until(
+            lambda: answers_ok(url),
+            f"the front ready at {url}",
+            within_s=timeout_s,
+            interval_s=0.2,
+            fail_if=lambda: None if proc.poll() is None else f"the front exited {proc.returncode}",
+            detail=lambda: f"log tail:\n{log_tail(self.log_path)}",
+        )
 
     def metrics_text(self) -> str:
         with urllib.request.urlopen(f"http://{self.ip}:{self.port}/metrics", timeout=5) as resp:

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import json
 import secrets
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from harness.waiting import wait_until
 from promptcache.contract import VLLM_LOCAL_PORT, Container, GatewayPolicyEnv
 
 from .binary import find_epp_binary, missing_reason
@@ -156,14 +156,13 @@ class PoolOnCluster:
 
     def wait_pods(self, timeout_s: float = 120) -> list[dict[str, Any]]:
         want = self.rendered.replicas
-        deadline = time.monotonic() + timeout_s
-        pods: list[dict[str, Any]] = []
-        while time.monotonic() < deadline:
-            pods = self.ready_pods()
-            if len(pods) == want:
-                return pods
-            time.sleep(0.3)
-        raise TimeoutError(f"{len(pods)}/{want} model-server pods Ready after {timeout_s}s")
+        return wait_until(
+            self.ready_pods,
+            f"{want} model-server pods Ready",
+            within_s=timeout_s,
+            interval_s=0.3,
+            until=lambda pods: len(pods) == want,
+        )
 
     # --- stand-ins ------------------------------------------------------------------
     def start_pods(self, with_front: bool = False) -> list[PodHandle]:

@@ -16,7 +16,6 @@ import os
 import re
 import socket
 import subprocess
-import time
 import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from typing import BinaryIO
 import grpc
 
 from harness.net import free_port
+from harness.waiting import wait_until
 
 from .extproc import ExtProcClient
 
@@ -197,15 +197,20 @@ class EppProcess:
             return False
 
     def wait_ready(self, timeout_s: float = 90.0) -> None:
-        """Until the EPP serves health and ext_proc, or fail with its log."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.returncode is not None:
-                raise RuntimeError(f"EPP exited with {self.returncode}:\n{self.log_tail()}")
-            if self.healthy() and self.serving_ext_proc():
-                return
-            time.sleep(0.2)
-        raise TimeoutError(f"EPP not healthy after {timeout_s}s:\n{self.log_tail()}")
+        """Until the EPP serves health and ext_proc; fails at once if it exits, with its log."""
+        wait_until(
+            lambda: {"health": self.healthy(), "ext_proc": self.serving_ext_proc()},
+            "the EPP serving health and ext_proc",
+            within_s=timeout_s,
+            interval_s=0.2,
+            until=lambda up: all(up.values()),
+            fail_if=self._exited,
+            detail=lambda: f"log tail:\n{self.log_tail()}",
+        )
+
+    def _exited(self) -> str | None:
+        code = self.returncode
+        return None if code is None else f"EPP exited with {code}"
 
     def queue_sizes(self) -> dict[str, float]:
         """Per-endpoint waiting queue the EPP last scraped, keyed by endpoint name."""
@@ -240,16 +245,12 @@ class EppProcess:
         Keys are pod names; the EPP names an endpoint `<pod>-rank-<n>`. This proves
         it found the pods and scraped their metrics servers, not just that it is up.
         """
-        deadline = time.monotonic() + timeout_s
-        seen: dict[str, float] = {}
-        while time.monotonic() < deadline:
-            if self.returncode is not None:
-                raise RuntimeError(f"EPP exited with {self.returncode}:\n{self.log_tail()}")
-            seen = self.queue_sizes()
-            by_pod = {re.sub(r"-rank-\d+$", "", k): v for k, v in seen.items()}
-            if all(by_pod.get(name) == value for name, value in expected.items()):
-                return
-            time.sleep(0.2)
-        raise TimeoutError(
-            f"EPP never reported queues {dict(expected)} (last {seen}):\n{self.log_tail()}"
+        wait_until(
+            lambda: {re.sub(r"-rank-\d+$", "", k): v for k, v in self.queue_sizes().items()},
+            f"the EPP reporting queues {dict(expected)} (by pod)",
+            within_s=timeout_s,
+            interval_s=0.2,
+            until=lambda by_pod: all(by_pod.get(k) == v for k, v in expected.items()),
+            fail_if=self._exited,
+            detail=lambda: f"log tail:\n{self.log_tail()}",
         )

@@ -18,6 +18,8 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from harness.waiting import wait_until
+
 from .fake_pod import FakePod
 
 BYTES_PER_TOKEN = 4
@@ -40,11 +42,13 @@ def prefixed(prefix: str, tail_bytes: int = 800) -> str:
 def wait_scrapes(pods: Sequence[FakePod], n: int = 3, timeout_s: float = 30) -> None:
     """Until every pod was scraped n more times, so the EPP sees values just set."""
     start = [p.scrapes for p in pods]
-    deadline = time.monotonic() + timeout_s
-    while any(p.scrapes < s + n for p, s in zip(pods, start, strict=True)):
-        if time.monotonic() > deadline:
-            raise TimeoutError("the EPP stopped scraping the pods")
-        time.sleep(0.05)
+    wait_until(
+        lambda: [p.scrapes - s for p, s in zip(pods, start, strict=True)],
+        f"the EPP scraping every pod {n} more times (scrapes since, by pod)",
+        within_s=timeout_s,
+        interval_s=0.05,
+        until=lambda since: all(count >= n for count in since),
+    )
 
 
 def settle_index(seconds: float = 0.5) -> None:

@@ -14,12 +14,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
 from harness.net import free_port
+from harness.waiting import wait_for_line
 from promptcache.contract import GatewayPolicyEnv
 
 from .extproc import ExtProcClient
@@ -82,14 +82,7 @@ class GatewayPolicyProcess:
     def wait_ready(self, timeout_s: float = 60.0) -> None:
         """Until the shim logs its start-up line (it binds before logging)."""
         assert self._proc is not None
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"policy step exited {self._proc.returncode}:\n{self.log()}")
-            if STARTED_LINE in self.log():
-                return
-            time.sleep(0.1)
-        raise TimeoutError(f"policy step not started after {timeout_s}s:\n{self.log()}")
+        wait_for_line(self.log_path, STARTED_LINE, self._proc, within_s=timeout_s)
 
     def client(self) -> ExtProcClient:
         return ExtProcClient(self.target)

@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from harness.embeds_objects import object_from_vector
 from promptcache.embeds import compute_prompt_embeds_id
-from tests.embeds.vectors_lib import object_from_vector
 
 OUT = Path(__file__).parent / "vectors" / "prompt_embeds_id_v1.json"
 

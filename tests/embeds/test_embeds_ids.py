@@ -15,6 +15,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from harness.embeds_objects import object_from_vector
 from promptcache.embeds import (
     PROMPT_EMBEDS_ID_ALGORITHM,
     PROMPT_EMBEDS_ID_PATTERN,
@@ -23,7 +24,6 @@ from promptcache.embeds import (
     is_prompt_embeds_id,
     turboquant,
 )
-from tests.embeds.vectors_lib import object_from_vector
 
 pytestmark = pytest.mark.torch
 
@@ -151,7 +151,7 @@ def test_vectors_are_stable_in_a_fresh_process() -> None:
     """Same id in another interpreter (fresh hash seeds, fresh thread pools)."""
     code = (
         "import json,sys;"
-        "from tests.embeds.vectors_lib import object_from_vector;"
+        "from harness.embeds_objects import object_from_vector;"
         "from promptcache.embeds import compute_prompt_embeds_id as f;"
         "v=json.load(open(sys.argv[2]))['vectors'];"
         "print('\\n'.join(f(object_from_vector(x)) for x in v))"

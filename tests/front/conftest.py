@@ -6,31 +6,17 @@ sockets; only the model server is a stand-in (the system boundary).
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 
+from harness.front_app import SECRET, Front, MakeFront, start_front_app
 from harness.standin import StandinUpstream, start_standin
 from promptcache.embeds.cache import PromptEmbedsCache
-from promptcache.front.http_server import FrontRunner, create_runner
+from promptcache.front.http_server import FrontRunner
 from promptcache.front.settings import FrontSettings
-from promptcache.front.state import FrontState
-
-SECRET = b"0123456789abcdef0123456789abcdef"
-
-
-@dataclasses.dataclass
-class Front:
-    """A running front: its URL, settings, cache and shared state."""
-
-    url: str
-    settings: FrontSettings
-    cache: PromptEmbedsCache
-    state: FrontState
 
 
 @pytest.fixture
@@ -39,20 +25,6 @@ async def standin() -> AsyncIterator[tuple[StandinUpstream, str]]:
     runner, url = await start_standin(upstream)
     yield upstream, url
     await runner.cleanup()
-
-
-async def _start_front(
-    settings: FrontSettings, secret: bytes | None, cache: PromptEmbedsCache
-) -> tuple[FrontRunner, str]:
-    runner = create_runner(settings, secret=secret, cache=cache)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    return runner, f"http://127.0.0.1:{port}"
-
-
-MakeFront = Callable[..., Awaitable[Front]]
 
 
 @pytest.fixture
@@ -70,7 +42,7 @@ async def make_front(
     ) -> Front:
         settings = FrontSettings(upstream=upstream or standin[1], **overrides)
         cache = PromptEmbedsCache(cache_bytes)
-        runner, url = await _start_front(
+        runner, url = await start_front_app(
             settings, secret if settings.needs_salt_key else None, cache
         )
         runners.append(runner)

@@ -8,16 +8,15 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
 import pytest
 
-from harness.extproc_gateway import eventually
-from harness.front_process import end_front, log_tail, start_front, wait_ready
+from harness.front_process import end_front, start_front, wait_ready
 from harness.net import free_port
 from harness.standin import StandinUpstream
+from harness.waiting import eventually, log_tail
 from promptcache.contract import FrontEnv, IsolationMode
 from promptcache.contract.front import FRONT_SETTINGS
 from promptcache.front.command import add_arguments, register, run, settings_from
@@ -205,7 +204,12 @@ async def test_real_process_serves_and_stops_on_sigterm(
         await asyncio.wait_for(proc.wait(), 60)
         # every process it started ended with it (a JSON worker left waiting for a stop
         # sentinel kept a --workers child, and so the whole front, from exiting)
-        await eventually(lambda: _still_running(spawned) == [], within_s=10)
+        await eventually(
+            lambda: _still_running(spawned),
+            "_still_running(spawned) == []",
+            until=lambda got: got == [],
+            within_s=10,
+        )
     finally:
         await end_front(proc)
     assert proc.returncode == 0, log_tail(log)
@@ -230,7 +234,12 @@ async def test_workers_exit_when_the_first_process_is_killed(
         assert spawned, "no --workers child"
         proc.kill()
         await asyncio.wait_for(proc.wait(), 30)
-        await eventually(lambda: _still_running(spawned) == [], within_s=60)
+        await eventually(
+            lambda: _still_running(spawned),
+            "_still_running(spawned) == []",
+            until=lambda got: got == [],
+            within_s=60,
+        )
         assert "supervising process is gone" in log.read_text()
     finally:
         await end_front(proc)
@@ -285,6 +294,7 @@ async def _connects(host: str, port: int) -> bool:
 
 
 LAME_DUCK_S = 5  # long enough for a request to arrive in it on a busy machine
+STOPS_WITHIN_S = 60  # what a stopping front does within a second, given the CPU
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -332,15 +342,25 @@ async def test_sigterm_serves_through_the_lame_duck_then_drains_streams(
                     async with fresh.get(base + "/readyz") as resp:
                         return resp.status
 
-                await _until(readiness, 503, "not ready while stopping", log)
+                await eventually(
+                    readiness,
+                    "/readyz 503 while stopping",
+                    until=lambda status: status == 503,
+                    within_s=STOPS_WITHIN_S,
+                    detail=lambda: log_tail(log),
+                )
                 upstream.chunks = 3  # the stream in flight keeps its 30
                 async with fresh.post(
                     base + "/v1/chat/completions", json={**body, "stream": False}
                 ) as resp:
                     assert resp.status == 200, "a request in the lame duck is served"
                     assert resp.headers.get("Connection", "").lower() == "close"
-            await _until(
-                lambda: _connects("127.0.0.1", port), False, "stopped listening after it", log
+            await eventually(
+                lambda: _connects("127.0.0.1", port),
+                "stopped listening after the lame duck",
+                until=lambda connects: not connects,
+                within_s=STOPS_WITHIN_S,
+                detail=lambda: log_tail(log),
             )
             assert not in_flight.done(), "the held stream ended before it was released"
             assert await _connects("127.0.0.1", lifecycle), "alive while draining"
@@ -354,16 +374,3 @@ async def test_sigterm_serves_through_the_lame_duck_then_drains_streams(
     finally:
         await end_front(proc)
     assert proc.returncode == 0, log_tail(log)
-
-
-async def _until(
-    probe: Callable[[], Awaitable[object]], want: object, what: str, log: Path
-) -> None:
-    """Until `probe()` returns `want`; fail naming `what`, with the front's log, after a
-    minute (what a stopping front does within a second, given the CPU)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 60
-    while (got := await probe()) != want:
-        if loop.time() > deadline:
-            raise AssertionError(f"{what}: still {got!r} after 60 s\n{log_tail(log)}")
-        await asyncio.sleep(0.05)

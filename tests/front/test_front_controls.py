@@ -17,9 +17,8 @@ import re
 import aiohttp
 import pytest
 
+from harness.front_app import MakeFront
 from harness.standin import StandinUpstream
-
-from .conftest import MakeFront
 
 Standin = tuple[StandinUpstream, str]
 CHAT = "/v1/chat/completions"

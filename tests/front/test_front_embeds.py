@@ -11,6 +11,8 @@ import aiohttp
 import pytest
 import torch
 
+from harness.embeds_objects import seeded_tensor
+from harness.front_app import MakeFront
 from harness.standin import StandinUpstream
 from promptcache.contract import IsolationMode
 from promptcache.embeds.ids import compute_prompt_embeds_id
@@ -18,8 +20,6 @@ from promptcache.embeds.turboquant import decode as tq_decode
 from promptcache.embeds.turboquant import encode as tq_encode
 from promptcache.embeds.wire import encode_payload
 from promptcache.front.client import EmbedsPayload, PromptCacheClient
-
-from .conftest import MakeFront
 
 pytestmark = pytest.mark.torch
 
@@ -29,12 +29,8 @@ COMPLETIONS = "/v1/completions"
 KEY = "x-prompt-cache-isolation-key"
 
 
-def _tensor(seed: int, rows: int = 6, dim: int = 32) -> torch.Tensor:
-    return torch.randn(rows, dim, generator=torch.Generator().manual_seed(seed))
-
-
 def _payload(seed: int) -> EmbedsPayload:
-    return EmbedsPayload.from_object(_tensor(seed))
+    return EmbedsPayload.from_object(seeded_tensor(seed))
 
 
 async def _post(
@@ -313,7 +309,7 @@ async def test_turboquant_is_forwarded_dense_and_hits_stay_identical(
 ) -> None:
     upstream, _ = standin
     front = await make_front()
-    compressed = tq_encode(_tensor(70, rows=8, dim=64), bits=4)
+    compressed = tq_encode(seeded_tensor(70, rows=8, dim=64), bits=4)
     p = EmbedsPayload.from_object(compressed)
     assert p.identifier == compute_prompt_embeds_id(compressed)
     assert (await _post(http, front.url + COMPLETIONS, {"model": "m", "prompt_embeds": [p.data]}))[

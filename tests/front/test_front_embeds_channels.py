@@ -21,12 +21,11 @@ from typing import Any
 import aiohttp
 import pytest
 
+from harness.embeds_objects import seeded_tensor
+from harness.front_app import MakeFront
 from harness.standin import StandinUpstream
 from promptcache.contract import IsolationMode
 from promptcache.front.client import EmbedsPayload
-
-from .conftest import MakeFront
-from .test_front_embeds import _tensor
 
 Standin = tuple[StandinUpstream, str]
 MODES = [IsolationMode.SHARED, IsolationMode.PER_KEY, IsolationMode.REQUIRED]
@@ -135,7 +134,7 @@ async def test_a_verified_payload_is_forwarded_and_then_resolved_there(
 ) -> None:
     upstream, _ = standin
     front = await make_front(isolation_mode=mode)
-    payload = EmbedsPayload.from_object(_tensor(7))
+    payload = EmbedsPayload.from_object(seeded_tensor(7))
     status, answer = await post(http, front.url + route, build(payload.data))
     assert status == 200, answer
     assert where(upstream.requests[-1].json()) == payload.data

@@ -17,14 +17,13 @@ import aiohttp
 import pytest
 
 from harness.busy import kept_asking
-from harness.extproc_gateway import eventually
+from harness.front_app import MakeFront
 from harness.standin import StandinUpstream
+from harness.waiting import eventually
 from promptcache.contract import IsolationMode
 from promptcache.tenancy import errors
 from promptcache.tenancy.fair_share import MAX_WAITERS
 from promptcache.tenancy.shares import identity_key
-
-from .conftest import MakeFront
 
 RATE = 64 * 1024
 KEY = "x-prompt-cache-isolation-key"
@@ -109,7 +108,12 @@ async def test_past_the_waiters_cap_a_key_gets_429(
         waiting = [
             asyncio.create_task(post(http, front.url, "a", small)) for _ in range(MAX_WAITERS)
         ]
-        await eventually(lambda: front.state.fair_share.waiting(a) == MAX_WAITERS)
+        await eventually(
+            lambda: front.state.fair_share.waiting(a),
+            "front.state.fair_share.waiting(a) == MAX_WAITERS",
+            until=lambda got: got == MAX_WAITERS,
+            within_s=30,
+        )
         async with http.post(front.url + "/v1/completions", data=small, headers=headers) as r:
             refusal = await r.json()
             assert r.status == 429
@@ -164,7 +168,9 @@ async def test_headers_refused_before_the_body_never_reach_the_meter(
     read: it neither pays nor waits, and leaves no key behind in the meter."""
     front = await make_front(isolation_mode=IsolationMode.PER_KEY, fair_share_bytes_per_second=RATE)
     async with tenant_b(http, front.url) as b_latencies:
-        await eventually(lambda: len(b_latencies) > 0)  # B's key is in the meter
+        await eventually(
+            lambda: len(b_latencies), "len(b_latencies) > 0", until=lambda got: got > 0, within_s=30
+        )  # B's key is in the meter
         remembered = front.state.fair_share.remembered()
         for _ in range(3):
             assert await _raw_post(front.url, header_lines, DENSE) == status

@@ -18,11 +18,10 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from harness.front_app import SECRET, MakeFront
 from harness.standin import StandinUpstream
 from promptcache.contract import IsolationMode
 from promptcache.tenancy.salt import derive_salt
-
-from .conftest import SECRET, MakeFront
 
 CORPUS = json.loads((Path(__file__).parent / "hostile" / "corpus.json").read_text())["cases"]
 MODES = [IsolationMode.SHARED, IsolationMode.PER_KEY, IsolationMode.REQUIRED]

@@ -13,11 +13,10 @@ import aiohttp
 import pytest
 
 from harness.executors import CountingExecutor
-from harness.extproc_gateway import eventually
+from harness.front_app import MakeFront
 from harness.standin import StandinUpstream
+from harness.waiting import eventually
 from promptcache.contract import IsolationMode
-
-from .conftest import MakeFront
 
 Standin = tuple[StandinUpstream, str]
 CHAT = "/v1/chat/completions"
@@ -220,10 +219,9 @@ async def test_healthz_fails_while_a_decode_job_never_finishes(
     """Liveness that can fail: a loop that answers while a decoder hangs would serve no
     prompt embeds and never be restarted. A job unfinished past `stuck_after` fails
     `/healthz` (503, the reason named) and it recovers when the job ends."""
+    from harness.embeds_objects import seeded_tensor
     from promptcache.front import verify
     from promptcache.front.client import EmbedsPayload
-
-    from .test_front_embeds import _tensor
 
     release = threading.Event()
     real = verify.verify_payload
@@ -241,15 +239,20 @@ async def test_healthz_fails_while_a_decode_job_never_finishes(
             return resp.status, await resp.json()
 
     assert (await health())[0] == 200
-    payload = EmbedsPayload.from_object(_tensor(3))
+    payload = EmbedsPayload.from_object(seeded_tensor(3))
     body = {"model": "m", "prompt_embeds": payload.data}
     pending = asyncio.create_task(
         http.post(front.url + "/v1/completions", json=body, headers=KEYED)
     )
     try:
-        await eventually(lambda: bool(front.state.jobs), within_s=10)
+        await eventually(lambda: dict(front.state.jobs), "a job running", within_s=10)
         assert (await health())[0] == 200  # running, not yet stuck
-        await eventually(lambda: front.state.oldest_job_seconds() > 0.3, within_s=10)
+        await eventually(
+            front.state.oldest_job_seconds,
+            "front.state.oldest_job_seconds() > 0.3",
+            until=lambda got: got > 0.3,
+            within_s=10,
+        )
         status, answer = await health()
         assert status == 503
         assert answer["status"] == "stuck"

@@ -15,9 +15,8 @@ from urllib.parse import urlsplit
 import aiohttp
 import pytest
 
+from harness.front_app import MakeFront
 from harness.standin import StandinUpstream
-
-from .conftest import MakeFront
 
 HEAD = b"Host: front\r\n"
 CASES = [

@@ -21,11 +21,10 @@ import aiohttp
 import pytest
 
 from harness.amplification import JSON, Attack, attacks, dense_payload
+from harness.front_app import SECRET
 from harness.net import free_port
 from harness.standin import StandinUpstream
 from promptcache.contract import IsolationMode
-
-from .conftest import SECRET
 
 MAX_BODY = 16 << 20
 BUDGET = 96 << 20

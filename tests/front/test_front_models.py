@@ -8,10 +8,9 @@ import json
 import aiohttp
 import pytest
 
+from harness.front_app import MakeFront
 from harness.standin import StandinUpstream
 from promptcache.contract import IsolationMode
-
-from .conftest import MakeFront
 
 Standin = tuple[StandinUpstream, str]
 

@@ -15,21 +15,20 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from harness.embeds_objects import seeded_tensor
 from harness.executors import CountingExecutor
+from harness.front_app import MakeFront
 from harness.standin import StandinUpstream
 from promptcache.contract import IsolationMode
 from promptcache.front.client import EmbedsPayload
 from promptcache.runtime.spawn import WORKER_NICENESS
 from promptcache.tenancy.canonical import LOOP_TOKENS, json_work
 
-from .conftest import MakeFront
-from .test_front_embeds import _tensor
-
 Standin = tuple[StandinUpstream, str]
 MODES = [IsolationMode.SHARED, IsolationMode.PER_KEY, IsolationMode.REQUIRED]
 KEY = "x-prompt-cache-isolation-key"
 CHAT = b'"model":"m","messages":[{"role":"user","content":"hi"}]'
-PAYLOAD = EmbedsPayload.from_object(_tensor(11))
+PAYLOAD = EmbedsPayload.from_object(seeded_tensor(11))
 
 # (name, route, body without its outer braces, headers)
 CASES: list[tuple[str, str, bytes, dict[str, str]]] = [

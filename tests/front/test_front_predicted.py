@@ -13,6 +13,7 @@ import time
 import aiohttp
 from aiohttp import web
 
+from harness.front_app import SECRET, MakeFront
 from harness.standin import StandinUpstream
 from promptcache.contract import PREDICTED_MATCH_HEADER, SCOPE_CLASSES, IsolationMode
 from promptcache.embeds.cache import PromptEmbedsCache
@@ -21,8 +22,6 @@ from promptcache.front.http_server import create_runner
 from promptcache.front.sampling import PredictionSampler
 from promptcache.front.settings import FrontSettings
 from promptcache.tenancy.prediction import Prediction, prediction_key, sign
-
-from .conftest import SECRET, MakeFront
 
 CHAT = "/v1/chat/completions"
 Standin = tuple[StandinUpstream, str]

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from harness.front_app import SECRET
 from harness.standin import StandinUpstream, start_standin
 from promptcache.contract import IsolationMode
 from promptcache.embeds.cache import PromptEmbedsCache
@@ -27,8 +28,6 @@ from promptcache.front.settings import FrontSettings
 from promptcache.tenancy.errors import FrontError
 from promptcache.tenancy.routes import ROUTES, RouteClass, canonical_target, check_route
 from promptcache.tenancy.salt import derive_salt
-
-from .conftest import SECRET
 
 KEY = "x-prompt-cache-isolation-key"
 MODES = (IsolationMode.SHARED, IsolationMode.PER_KEY, IsolationMode.REQUIRED)

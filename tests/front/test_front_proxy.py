@@ -8,14 +8,13 @@ import json
 import aiohttp
 import pytest
 
-from harness.extproc_gateway import eventually
+from harness.front_app import SECRET, MakeFront
 from harness.net import free_port
 from harness.standin import StandinUpstream
+from harness.waiting import eventually
 from promptcache.contract import IsolationMode
 from promptcache.front.client import parse_usage_comments
 from promptcache.tenancy.salt import derive_salt, is_valid_vllm_salt
-
-from .conftest import SECRET, MakeFront
 
 Standin = tuple[StandinUpstream, str]
 CHAT = "/v1/chat/completions"
@@ -479,7 +478,12 @@ async def test_in_flight_cap_answers_503(
     front = await make_front(max_in_flight=2)  # one client may hold one of the two
     first = asyncio.create_task(_post(http, front.url + CHAT, _chat(), headers=KEY_A))
     other = asyncio.create_task(_post(http, front.url + CHAT, _chat(), headers=KEY_C))
-    await eventually(lambda: front.state.in_flight == 2)
+    await eventually(
+        lambda: front.state.in_flight,
+        "front.state.in_flight == 2",
+        until=lambda got: got == 2,
+        within_s=30,
+    )
     status, body, _ = await _post(http, front.url + CHAT, _chat(), headers=KEY_B)
     assert status == 503  # another client, holding nothing: the process is full
     assert isinstance(body, dict)

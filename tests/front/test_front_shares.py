@@ -32,13 +32,12 @@ import aiohttp
 import pytest
 from multidict import CIMultiDict
 
-from harness.extproc_gateway import eventually
+from harness.front_app import SECRET, Front, MakeFront
 from harness.standin import StandinUpstream
+from harness.waiting import eventually
 from promptcache.contract import IDENTITY_ATTESTATION_HEADER, IsolationMode
 from promptcache.tenancy.attestation import Attester
 from promptcache.tenancy.identity import Account
-
-from .conftest import SECRET, Front, MakeFront
 
 KEY = "x-prompt-cache-isolation-key"
 SLOTS = 8
@@ -238,7 +237,12 @@ async def test_slow_readers_hold_at_most_their_share_of_slots_while_others_hold(
         assert first.startswith(b"HTTP/1.1 200 "), first
         holding = [sock for sock, f in readers if f.startswith(b"HTTP/1.1 200 ")]
         _close(socks, holding[SHARE:])  # the attacker keeps its share
-        await eventually(lambda: front.state.in_flight == SHARE + 1)
+        await eventually(
+            lambda: front.state.in_flight,
+            "front.state.in_flight == SHARE + 1",
+            until=lambda got: got == SHARE + 1,
+            within_s=30,
+        )
         more = [await slow_reader(front.url, headers(SLOTS + i, LONG_STREAM)) for i in range(2)]
         socks += [sock for sock, _ in more]
         assert all(_is_share_refusal(first) for _, first in more), more
@@ -257,8 +261,18 @@ async def test_stalled_bodies_alone_leave_the_reserve_of_body_reads(
     body = json.dumps(SMALL).encode()
     socks = [await stalled_body(front.url, headers(i, body), len(body)) for i in range(SLOTS)]
     async with closing(socks):
-        await eventually(lambda: front.state.body_reads == SLOTS - RESERVE)
-        await eventually(lambda: _share_refusals(front, "body_reads") == RESERVE)
+        await eventually(
+            lambda: front.state.body_reads,
+            "front.state.body_reads == SLOTS - RESERVE",
+            until=lambda got: got == SLOTS - RESERVE,
+            within_s=30,
+        )
+        await eventually(
+            lambda: _share_refusals(front, "body_reads"),
+            '_share_refusals(front, "body_reads") == RESERVE',
+            until=lambda got: got == RESERVE,
+            within_s=30,
+        )
         answers = await _answers(socks)
         refused = [a for a in answers if a is not None]
         assert len(refused) == RESERVE, answers
@@ -284,8 +298,18 @@ async def test_stalled_bodies_hold_at_most_their_share_of_memory_while_others_ho
     )
     socks = [await stalled_body(front.url, {KEY: "mallory"}, 4 * MiB) for _ in range(SLOTS)]
     async with closing(socks):
-        await eventually(lambda: front.state.body_reads == 3)
-        await eventually(lambda: _share_refusals(front, "memory") == SLOTS - 3)
+        await eventually(
+            lambda: front.state.body_reads,
+            "front.state.body_reads == 3",
+            until=lambda got: got == 3,
+            within_s=30,
+        )
+        await eventually(
+            lambda: _share_refusals(front, "memory"),
+            '_share_refusals(front, "memory") == SLOTS - 3',
+            until=lambda got: got == SLOTS - 3,
+            within_s=30,
+        )
         answers = await _answers(socks)
         refused = [a for a in answers if a is not None]
         assert len(refused) == SLOTS - 3, answers
@@ -294,14 +318,29 @@ async def test_stalled_bodies_hold_at_most_their_share_of_memory_while_others_ho
         _served(await well_behaved(front.url, http))
 
         alice = await stalled_body(front.url, {KEY: "alice"}, 1024)
-        await eventually(lambda: front.state.body_reads == 4)
+        await eventually(
+            lambda: front.state.body_reads,
+            "front.state.body_reads == 4",
+            until=lambda got: got == 4,
+            within_s=30,
+        )
         held = [sock for sock, answer in zip(socks, answers, strict=True) if answer is None]
         _close(socks, held[1:])
         socks.append(alice)
-        await eventually(lambda: front.state.bytes_in_flight == 4 * MiB + 1024)
+        await eventually(
+            lambda: front.state.bytes_in_flight,
+            "front.state.bytes_in_flight == 4 * MiB + 1024",
+            until=lambda got: got == 4 * MiB + 1024,
+            within_s=30,
+        )
         more = [await stalled_body(front.url, {KEY: "mallory"}, 4 * MiB) for _ in range(2)]
         socks += more
-        await eventually(lambda: _share_refusals(front, "memory") == SLOTS - 3 + 1)
+        await eventually(
+            lambda: _share_refusals(front, "memory"),
+            '_share_refusals(front, "memory") == SLOTS - 3 + 1',
+            until=lambda got: got == SLOTS - 3 + 1,
+            within_s=30,
+        )
         assert front.state.bytes_in_flight == 8 * MiB + 1024  # its share, beside alice's
         answers = await _answers(more)
         assert sum(a is not None and _is_share_refusal(a) for a in answers) == 1, answers
@@ -341,21 +380,27 @@ async def test_every_deadline_frees_what_it_held_and_is_counted(
     heads = [await half_head(front.url) for _ in range(n)]
     async with closing([s for s, _ in readers] + stalled + heads):
         assert all(first.startswith(b"HTTP/1.1 200 ") for _, first in readers)
-        await eventually(lambda: front.state.body_reads == n)
+        await eventually(
+            lambda: front.state.body_reads,
+            "front.state.body_reads == n",
+            until=lambda got: got == n,
+            within_s=30,
+        )
         deadlines = front.state.metrics.deadlines
 
         def fired(name: str) -> float:
             return deadlines.labels(deadline=name)._value.get()  # type: ignore[no-any-return]
 
         await eventually(
-            lambda: fired("write") >= n and fired("body") >= n and fired("header") >= n,
+            lambda: {name: fired(name) for name in ("write", "body", "header")},
+            f"each deadline fired {n} times",
+            until=lambda got: min(got.values()) >= n,
             within_s=20,
         )
         await eventually(
-            lambda: (
-                (front.state.in_flight, front.state.body_reads, front.state.bytes_in_flight)
-                == (0, 0, 0)
-            ),
+            lambda: (front.state.in_flight, front.state.body_reads, front.state.bytes_in_flight),
+            "(in flight, body reads, bytes in flight) == (0, 0, 0)",
+            until=lambda got: got == (0, 0, 0),
             within_s=10,
         )
         for sock in stalled:

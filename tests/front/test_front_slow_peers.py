@@ -19,34 +19,16 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from harness.extproc_gateway import eventually
+from harness.front_app import MakeFront
+from harness.slow_clients import stalled_reader
 from harness.standin import StandinUpstream
+from harness.waiting import eventually
 from promptcache.contract import IsolationMode
 from promptcache.front.pool import HIGH_WATER
 from promptcache.front.state import FrontState
 
-from .conftest import MakeFront
-
 MODES = [IsolationMode.SHARED, IsolationMode.PER_KEY, IsolationMode.REQUIRED]
 KEY = {"x-prompt-cache-isolation-key": "tenant-b"}
-
-
-async def stalled_reader(url: str, body: bytes) -> socket.socket:
-    """A client that sends its request, reads a little, and then never reads again."""
-    parts = urlsplit(url)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.setblocking(False)
-    loop = asyncio.get_running_loop()
-    await loop.sock_connect(sock, (parts.hostname, parts.port))
-    head = (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        f"x-prompt-cache-isolation-key: tenant-a\r\nContent-Length: {len(body)}\r\n\r\n"
-    ).encode()
-    await loop.sock_sendall(sock, head + body)
-    first = await asyncio.wait_for(loop.sock_recv(sock, 1024), 10)
-    assert first.startswith(b"HTTP/1.1 200"), first[:100]
-    return sock
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -160,7 +142,12 @@ async def _held_while_not_read(front_url: str, state: FrontState, least: int) ->
             + body,
         )
         with contextlib.suppress(AssertionError):
-            await eventually(lambda: state.bytes_in_flight >= least, within_s=10)
+            await eventually(
+                lambda: state.bytes_in_flight,
+                "state.bytes_in_flight >= least",
+                until=lambda got: got >= least,
+                within_s=10,
+            )
         return state.bytes_in_flight
     finally:
         sock.close()
@@ -188,6 +175,11 @@ async def test_an_answer_the_front_holds_is_charged_to_its_memory_budget(
         runner.app[RELEASE].set()
         assert held >= least, (held, least)
         # the client left: the handler ends, and its charge with it
-        await eventually(lambda: front.state.bytes_in_flight == 0, within_s=10)
+        await eventually(
+            lambda: front.state.bytes_in_flight,
+            "front.state.bytes_in_flight == 0",
+            until=lambda got: got == 0,
+            within_s=10,
+        )
     finally:
         await runner.cleanup()

@@ -18,12 +18,11 @@ import random
 import aiohttp
 import pytest
 
+from harness.front_app import MakeFront
 from harness.standin import StandinUpstream
 from promptcache.contract import IsolationMode
 from promptcache.front import usage
 from promptcache.front.usage import SseRelay
-
-from .conftest import MakeFront
 
 KEY = {"x-prompt-cache-isolation-key": "tenant-a"}
 

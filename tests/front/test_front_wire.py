@@ -19,11 +19,10 @@ from urllib.parse import urlsplit
 import aiohttp
 import pytest
 
+from harness.front_app import MakeFront
+from harness.slow_clients import stalled_reader
 from harness.standin import StandinUpstream
 from promptcache.contract import IsolationMode
-
-from .conftest import MakeFront
-from .test_front_slow_peers import stalled_reader
 
 TCPI_DATA_SEGS_IN = 152
 """Offset of `tcpi_data_segs_in` in Linux's `struct tcp_info`."""

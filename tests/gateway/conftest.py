@@ -3,50 +3,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 
-from harness.extproc_gateway import (
-    ECHO,
-    JSON,
-    SESSION,
-    TIMEOUT,
-    FakeEpp,
-    Gateway,
-    Stream,
-    Upstream,
-    body_msg,
-    canonical,
-    chat,
-    echoed,
-    eventually,
-    headers_msg,
-    read_rest,
-    start_upstream,
-)
+from harness.extproc_gateway import Gateway, GatewayPolicyFactory, Upstream, start_upstream
 from promptcache.gateway.server import RunningGatewayPolicy, start
 from promptcache.gateway.settings import GatewayPolicySettings
-
-__all__ = [
-    "ECHO",
-    "JSON",
-    "SESSION",
-    "TIMEOUT",
-    "FakeEpp",
-    "Gateway",
-    "Stream",
-    "Upstream",
-    "body_msg",
-    "canonical",
-    "chat",
-    "echoed",
-    "eventually",
-    "headers_msg",
-    "read_rest",
-    "start_upstream",
-]
 
 
 @pytest.fixture
@@ -56,9 +20,6 @@ async def upstream() -> AsyncIterator[Upstream]:
         yield up
     finally:
         await up.server.stop(0)
-
-
-GatewayPolicyFactory = Callable[..., Awaitable[RunningGatewayPolicy]]
 
 
 @pytest.fixture

@@ -8,17 +8,16 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from harness.extproc_gateway import TIMEOUT
+from harness.waiting import wait_for_line
 from promptcache.cli import build_parser
 from promptcache.contract import EPP_EXT_PROC_PORT, EPP_LOCAL_GRPC_PORT, GatewayPolicyEnv
 from promptcache.gateway.command import settings_from
 from promptcache.gateway.settings import GatewayPolicySettings, SettingsError
-
-from .conftest import TIMEOUT
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -143,18 +142,6 @@ def test_cli_works_without_the_gateway_extra() -> None:
     )
 
 
-def _wait_for_line(log: Path, text: str, proc: subprocess.Popen[bytes]) -> str:
-    deadline = time.monotonic() + TIMEOUT
-    while time.monotonic() < deadline:
-        content = log.read_text(errors="replace")
-        if text in content:
-            return content
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    raise AssertionError(f"{text!r} not logged (exit {proc.poll()}):\n{log.read_text()}")
-
-
 def test_process_logs_its_setup_and_stops_on_sigterm(tmp_path: Path) -> None:
     log = tmp_path / "shim.log"
     env = {
@@ -169,7 +156,9 @@ def test_process_logs_its_setup_and_stops_on_sigterm(tmp_path: Path) -> None:
             stdout=out, stderr=subprocess.STDOUT, env=env,
         )  # fmt: skip
         try:
-            started = _wait_for_line(log, "gateway policy step listening on 127.0.0.1:0", proc)
+            started = wait_for_line(
+                log, "gateway policy step listening on 127.0.0.1:0", proc, within_s=TIMEOUT
+            )
             assert "relaying ext_proc to the Endpoint Picker at 127.0.0.1:9" in started
             assert (
                 "session header 'x-session-affinity' from prompt_cache_key or body field 'user'"

@@ -28,14 +28,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from multidict import CIMultiDict
 
+from harness.extproc_gateway import JSON, GatewayPolicyFactory, Upstream, body_msg, headers_msg
 from promptcache.contract import IsolationMode
 from promptcache.gateway.decision import decide
 from promptcache.tenancy.attestation import Attester, Outcome, ReplayGuard
 from promptcache.tenancy.canonical import GO_FOLDS_TO_ASCII, parse_body
 from promptcache.tenancy.salt import derive_salt
 from promptcache.tenancy.settings import PolicySettings
-
-from .conftest import JSON, GatewayPolicyFactory, Upstream, body_msg, headers_msg
 
 SECRET = b"p" * 32
 KEY_HEADER = "x-prompt-cache-isolation-key"

@@ -21,14 +21,13 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from harness.busy import kept_asking
-from harness.extproc_gateway import eventually
+from harness.extproc_gateway import Gateway, GatewayPolicyFactory, body_msg, headers_msg
+from harness.waiting import eventually
 from promptcache.contract import IsolationMode
 from promptcache.gateway.server import RunningGatewayPolicy
 from promptcache.tenancy import errors
 from promptcache.tenancy.fair_share import MAX_WAITERS
 from promptcache.tenancy.shares import identity_key
-
-from .conftest import Gateway, GatewayPolicyFactory, body_msg, headers_msg
 
 SECRET = b"h" * 32
 RATE = 64 * 1024
@@ -115,7 +114,12 @@ async def test_past_the_waiters_cap_a_key_gets_429(
             asyncio.create_task(ask_step(gateway_for(shim), {KEY: "a"}, SMALL))
             for _ in range(MAX_WAITERS)
         ]
-        await eventually(lambda: shim.servicer.share.waiting(a) == MAX_WAITERS)
+        await eventually(
+            lambda: shim.servicer.share.waiting(a),
+            "shim.servicer.share.waiting(a) == MAX_WAITERS",
+            until=lambda got: got == MAX_WAITERS,
+            within_s=30,
+        )
         (only,) = await ask_step(gateway_for(shim), {KEY: "a"}, SMALL)
         answer = only.immediate_response
         assert answer.status.code == 429
@@ -187,7 +191,9 @@ async def test_a_head_the_front_refuses_is_refused_before_its_body(
         isolation_mode=IsolationMode.PER_KEY, secret=SECRET, fair_share_bytes_per_second=RATE
     )
     async with another_tenant(gateway_for(shim)) as b_latencies:
-        await eventually(lambda: len(b_latencies) > 0)  # B's key is in the meter
+        await eventually(
+            lambda: len(b_latencies), "len(b_latencies) > 0", until=lambda got: got > 0, within_s=30
+        )  # B's key is in the meter
         remembered = shim.servicer.share.remembered()
         call = gateway_for(shim).open()
         await call.write(_raw_headers(extra))  # no body sent: the answer cannot wait for it

@@ -16,11 +16,10 @@ import pytest
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
+from harness.extproc_gateway import GatewayPolicyFactory, Upstream, body_msg
 from promptcache.contract import IsolationMode
 from promptcache.contract.front import VLLM_ENGINE_STATE_FIELDS
 from promptcache.gateway import policy_step
-
-from .conftest import GatewayPolicyFactory, Upstream, body_msg
 
 SECRET = b"h" * 32
 MODES = [IsolationMode.SHARED, IsolationMode.PER_KEY, IsolationMode.REQUIRED]

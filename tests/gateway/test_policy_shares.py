@@ -31,14 +31,13 @@ from typing import Any
 import grpc
 import pytest
 
-from harness.extproc_gateway import eventually
+from harness.extproc_gateway import Gateway, GatewayPolicyFactory, body_msg, headers_msg
+from harness.waiting import eventually
 from promptcache.contract import IsolationMode
 from promptcache.gateway.decision import FORWARDED_FOR, step_identity
 from promptcache.gateway.server import RunningGatewayPolicy
 from promptcache.gateway.settings import GatewayPolicySettings
 from promptcache.tenancy.shares import identity_key
-
-from .conftest import Gateway, GatewayPolicyFactory, body_msg, headers_msg
 
 SECRET = b"h" * 32
 KEY = "x-prompt-cache-isolation-key"
@@ -165,7 +164,12 @@ async def test_stalled_bodies_hold_at_most_their_share_of_the_budget_while_other
 
     calls = [await stalled(gateway, headers(i), PIECE) for i in range(N)]
     async with cancelling(calls):
-        await eventually(lambda: refusals() == N - HELD_ALONE)
+        await eventually(
+            refusals,
+            "refusals() == N - HELD_ALONE",
+            until=lambda got: got == N - HELD_ALONE,
+            within_s=30,
+        )
         answers = await answered(calls, 5.0)
         refused = [a for a in answers if a is not None]
         assert len(refused) == N - HELD_ALONE, answers
@@ -177,14 +181,29 @@ async def test_stalled_bodies_hold_at_most_their_share_of_the_budget_while_other
         # once the well-behaved tenant holds part of a body, the attacker, down to its
         # share, is refused every further piece though the budget has room for it
         calls.append(await stalled(gateway, {KEY: "alice", ACCOUNT: "alice"}, 1024))
-        await eventually(lambda: budget.used == HELD_ALONE * PIECE + 1024)
+        await eventually(
+            lambda: budget.used,
+            "budget.used == HELD_ALONE * PIECE + 1024",
+            until=lambda got: got == HELD_ALONE * PIECE + 1024,
+            within_s=30,
+        )
         held = [call for call, answer in zip(calls, answers, strict=False) if answer is None]
         for call in held[HELD:]:
             call.cancel()
-        await eventually(lambda: budget.used == HELD * PIECE + 1024)
+        await eventually(
+            lambda: budget.used,
+            "budget.used == HELD * PIECE + 1024",
+            until=lambda got: got == HELD * PIECE + 1024,
+            within_s=30,
+        )
         more = [await stalled(gateway, headers(N + i), PIECE) for i in range(2)]
         calls += more
-        await eventually(lambda: refusals() == N - HELD_ALONE + len(more))
+        await eventually(
+            refusals,
+            "refusals() == N - HELD_ALONE + len(more)",
+            until=lambda got: got == N - HELD_ALONE + len(more),
+            within_s=30,
+        )
         answers = await answered(more, 5.0)
         assert all(
             a is not None and status_and_code(a) == (429, "tenant_share_exceeded") for a in answers
@@ -208,7 +227,12 @@ async def test_a_client_over_its_share_is_refused_on_its_headers_before_any_body
     calls = [await stalled(gateway, {KEY: "alice", ACCOUNT: "alice"}, 1024)]
     calls += [await stalled(gateway, {KEY: "mallory"}, PIECE) for _ in range(HELD)]
     async with cancelling(calls):
-        await eventually(lambda: budget.used == HELD * PIECE + 1024)
+        await eventually(
+            lambda: budget.used,
+            "budget.used == HELD * PIECE + 1024",
+            until=lambda got: got == HELD * PIECE + 1024,
+            within_s=30,
+        )
         announced = {"content-length": str(PIECE)}
         over = [await stalled(gateway, {KEY: "mallory", **announced}, 0) for _ in range(3)]
         within = [

@@ -19,6 +19,14 @@ from hypothesis import strategies as st
 from multidict import CIMultiDict
 
 from harness.executors import CountingExecutor
+from harness.extproc_gateway import (
+    JSON,
+    SESSION,
+    GatewayPolicyFactory,
+    Upstream,
+    body_msg,
+    headers_msg,
+)
 from promptcache.contract import IsolationMode
 from promptcache.gateway.decision import decide
 from promptcache.tenancy.errors import FrontError
@@ -26,8 +34,6 @@ from promptcache.tenancy.policy import apply_policy
 from promptcache.tenancy.routes import check_route
 from promptcache.tenancy.salt import derive_salt
 from promptcache.tenancy.settings import PolicySettings
-
-from .conftest import JSON, SESSION, GatewayPolicyFactory, Upstream, body_msg, headers_msg
 
 SECRET = b"s" * 32
 CHAT = check_route("POST", "/v1/chat/completions")

@@ -20,15 +20,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from hypothesis import given
 from hypothesis import strategies as st
 
-from promptcache.contract.session import MAX_SESSION_ID_CHARS
-from promptcache.gateway.decision import (
-    decide,
-    decide_cost,
-    session_from_body,
-)
-from promptcache.tenancy.settings import PolicySettings
-
-from .conftest import (
+from harness.extproc_gateway import (
     JSON,
     SESSION,
     TIMEOUT,
@@ -39,11 +31,18 @@ from .conftest import (
     canonical,
     chat,
     echoed,
-    eventually,
     headers_msg,
     read_rest,
     start_upstream,
 )
+from harness.waiting import eventually
+from promptcache.contract.session import MAX_SESSION_ID_CHARS
+from promptcache.gateway.decision import (
+    decide,
+    decide_cost,
+    session_from_body,
+)
+from promptcache.tenancy.settings import PolicySettings
 
 BAD_USERS: list[Any] = [
     "",
@@ -245,7 +244,12 @@ async def test_shared_budget_bounds_all_streams(
     a = gw.open()
     await a.write(headers_msg({}))
     await a.write(body_msg(raw_a[:250], end_of_stream=False))  # held: budget partly used
-    await eventually(lambda: shim.servicer.budget.used == 250)
+    await eventually(
+        lambda: shim.servicer.budget.used,
+        "shim.servicer.budget.used == 250",
+        until=lambda got: got == 250,
+        within_s=30,
+    )
     b = gw.open()
     await b.write(headers_msg({}))
     await b.write(body_msg(raw_b))  # does not fit beside a's bytes: 503, retryable
@@ -325,7 +329,12 @@ async def test_epp_failing_at_once_fails_the_gateway_stream(
             grpc.StatusCode.RESOURCE_EXHAUSTED,
             grpc.StatusCode.INTERNAL,
         }
-    await eventually(lambda: shim.servicer.budget.used == 0)
+    await eventually(
+        lambda: shim.servicer.budget.used,
+        "shim.servicer.budget.used == 0",
+        until=lambda got: got == 0,
+        within_s=30,
+    )
 
 
 async def test_gateway_going_away_frees_what_was_held(
@@ -336,11 +345,21 @@ async def test_gateway_going_away_frees_what_was_held(
     call = gw.open()
     await call.write(headers_msg({}))
     await call.write(body_msg(b'{"user": "ivy", "messages": [', end_of_stream=False))
-    await eventually(lambda: shim.servicer.budget.used > 0)  # the body is held, not yet sent
+    await eventually(
+        lambda: shim.servicer.budget.used,
+        "shim.servicer.budget.used > 0",
+        until=lambda got: got > 0,
+        within_s=30,
+    )  # the body is held, not yet sent
     call.cancel()
     # The held bytes are freed, and the picker was never asked about a request that never
     # arrived whole.
-    await eventually(lambda: shim.servicer.budget.used == 0)
+    await eventually(
+        lambda: shim.servicer.budget.used,
+        "shim.servicer.budget.used == 0",
+        until=lambda got: got == 0,
+        within_s=30,
+    )
     assert upstream.fake.streams == []
 
 
@@ -352,11 +371,21 @@ async def test_gateway_going_away_mid_answer_cancels_the_epp_stream(
     call = gw.open()
     await call.write(headers_msg({}))
     await call.write(body_msg(chat("ivy")))
-    await eventually(lambda: len(upstream.fake.streams) == 1)
+    await eventually(
+        lambda: len(upstream.fake.streams),
+        "len(upstream.fake.streams) == 1",
+        until=lambda got: got == 1,
+        within_s=30,
+    )
     call.cancel()
     # The picker's stream ends too: no stream left open per departed client.
     await asyncio.wait_for(upstream.fake.streams[0].ended.wait(), TIMEOUT)
-    await eventually(lambda: shim.servicer.budget.used == 0)
+    await eventually(
+        lambda: shim.servicer.budget.used,
+        "shim.servicer.budget.used == 0",
+        until=lambda got: got == 0,
+        within_s=30,
+    )
 
 
 async def test_epp_down_fails_the_stream_cleanly_and_recovers(

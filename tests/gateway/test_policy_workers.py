@@ -19,9 +19,7 @@ import grpc.aio
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from harness.net import free_port
-
-from .conftest import (
+from harness.extproc_gateway import (
     JSON,
     TIMEOUT,
     Gateway,
@@ -32,6 +30,7 @@ from .conftest import (
     headers_msg,
     read_rest,
 )
+from harness.net import free_port
 
 STARTED = "gateway policy step listening on"
 Launch = Callable[..., "Step"]

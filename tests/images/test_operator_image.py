@@ -14,7 +14,6 @@ import secrets
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import pytest
 
 from harness.images import PodRun, built_image, chart_operator_pod, pod_container
 from harness.net import free_port
+from harness.waiting import wait_for_line
 from promptcache import __version__
 from promptcache.api import OperatorDefaults
 from promptcache.contract import GatewayPolicyEnv, PickerTarget
@@ -89,18 +89,6 @@ def test_render_of_every_example_is_the_checkouts(operator_pod: PodRun, example:
     assert done.stdout == _checkout_render(example).stdout
 
 
-def _wait_for_line(log: Path, proc: subprocess.Popen[bytes], line: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        text = log.read_text(errors="replace") if log.exists() else ""
-        if line in text:
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"exited {proc.returncode} before {line!r}:\n{text[-3000:]}")
-        time.sleep(0.2)
-    raise AssertionError(f"no {line!r} after {timeout}s:\n{log.read_text(errors='replace')}")
-
-
 def test_gateway_policy_step_starts_and_answers_health(tmp_path: Path) -> None:
     """The EPP pod's `gateway-policy` container, from the image, as rendered for minimal.yaml
     under an operator whose default picker is llm-d-router (promptcache's has no step).
@@ -130,7 +118,7 @@ def test_gateway_policy_step_starts_and_answers_health(tmp_path: Path) -> None:
     log = tmp_path / "gateway-policy.log"
     proc = run.start(log)
     try:
-        _wait_for_line(log, proc, STARTED_LINE, timeout=120)
+        wait_for_line(log, STARTED_LINE, proc, within_s=120)
         # The rendered probes: a TCP connection to the gRPC port.
         with socket.create_connection(("127.0.0.1", listen), timeout=10):
             pass

@@ -15,7 +15,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.resources import rendered
+from harness.resources import (
+    env_of,
+    epp_containers,
+    epp_deployment,
+    gateway_policy_settings,
+    rendered,
+)
 from promptcache.contract import GatewayPolicyEnv
 from promptcache.contract.gateway_policy import MAX_GATEWAY_POLICY_WORKERS
 from promptcache.render.epp import GATEWAY_POLICY_RUNTIME_BYTES, GATEWAY_POLICY_TMP_VOLUME
@@ -26,8 +32,6 @@ from promptcache.render.epp_sizing import (
     STEP_COST,
     UTILIZATION,
 )
-
-from .test_render_gateway_policy import containers, env_of, epp_deployment, gateway_policy_settings
 
 MIB = 1024**2
 
@@ -54,7 +58,7 @@ def mib(quantity: str) -> int:
 
 
 def test_the_default_sizing_is_one_worker_and_the_pickers_floor() -> None:
-    pods = containers(pod(100))
+    pods = epp_containers(pod(100))
     assert millicores(pods["epp"]) == MIN_PICKER_MILLICORES
     assert env_of(pods["gateway-policy"])[GatewayPolicyEnv.WORKERS] == "1"
     assert "volumeMounts" not in pods["gateway-policy"] or all(
@@ -66,15 +70,15 @@ def test_the_default_sizing_is_one_worker_and_the_pickers_floor() -> None:
 def test_more_traffic_never_gets_less(r1: int, r2: int, k1: int, k2: int) -> None:
     low, high = pod(min(r1, r2), min(k1, k2)), pod(max(r1, r2), max(k1, k2))
     for name in ("epp", "gateway-policy"):
-        assert millicores(containers(high)[name]) >= millicores(containers(low)[name])
-    assert int(env_of(containers(high)["gateway-policy"])[GatewayPolicyEnv.WORKERS]) >= int(
-        env_of(containers(low)["gateway-policy"])[GatewayPolicyEnv.WORKERS]
+        assert millicores(epp_containers(high)[name]) >= millicores(epp_containers(low)[name])
+    assert int(env_of(epp_containers(high)["gateway-policy"])[GatewayPolicyEnv.WORKERS]) >= int(
+        env_of(epp_containers(low)["gateway-policy"])[GatewayPolicyEnv.WORKERS]
     )
 
 
 @pytest.mark.parametrize(("rate", "kib"), [(100, 8), (1000, 8), (3000, 2), (20_000, 64)])
 def test_requests_cover_the_measured_cost_with_headroom(rate: int, kib: int) -> None:
-    pods = containers(pod(rate, kib))
+    pods = epp_containers(pod(rate, kib))
     picker = PICKER_COST.cores(rate, kib) / UTILIZATION
     step = STEP_COST.cores(rate, kib) / UTILIZATION
     assert millicores(pods["epp"]) >= max(MIN_PICKER_MILLICORES, 1000 * picker)
@@ -86,7 +90,7 @@ def test_requests_cover_the_measured_cost_with_headroom(rate: int, kib: int) -> 
 @pytest.mark.parametrize(("rate", "kib"), [(1000, 8), (3000, 2), (20_000, 64), (100_000, 4096)])
 def test_a_worker_per_core_each_with_a_body_share_and_its_runtime(rate: int, kib: int) -> None:
     manifests = pod(rate, kib, front={"maxRequestBytes": 512 * MIB})
-    step = containers(manifests)["gateway-policy"]
+    step = epp_containers(manifests)["gateway-policy"]
     settings = gateway_policy_settings(step)  # the step's own parser accepts it
     workers = settings.workers
     assert workers == min(MAX_GATEWAY_POLICY_WORKERS, math.ceil(millicores(step) / 1000))

@@ -10,7 +10,6 @@ wiring is checked through the step's own command-line parser, so the renderer an
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 import pytest
@@ -18,14 +17,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.resource_strategies import resources
+from harness.resources import (
+    env_of,
+    epp_containers,
+    epp_deployment,
+    gateway_policy_settings,
+)
 from harness.resources import rendered as rendered_default
 from harness.schemas import validate_manifest
 from promptcache._version import __version__
 from promptcache.api import parse_resource
 from promptcache.contract import EPP_EXT_PROC_PORT, FrontEnv, GatewayPolicyEnv, IsolationMode
 from promptcache.contract.front import DEFAULT_FAIR_SHARE_BYTES_PER_SECOND
-from promptcache.gateway.command import settings_from
-from promptcache.gateway.settings import GatewayPolicySettings
 from promptcache.render import render, resolved
 from promptcache.render.epp import CONFIG_HASH_ANNOTATION
 
@@ -37,30 +40,8 @@ def rendered(**spec: Any) -> list[dict[str, Any]]:
     return rendered_default(gateway=gateway, **spec)
 
 
-def epp_deployment(manifests: list[dict[str, Any]]) -> dict[str, Any]:
-    (dep,) = [
-        m for m in manifests if m["kind"] == "Deployment" and m["metadata"]["name"].endswith("-epp")
-    ]
-    return dep
-
-
-def containers(manifests: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    pod = epp_deployment(manifests)["spec"]["template"]["spec"]
-    return {c["name"]: c for c in pod["containers"]}
-
-
 def flag(args: list[str], name: str) -> str:
     return args[args.index(name) + 1]
-
-
-def env_of(container: dict[str, Any]) -> dict[str, str]:
-    return {e["name"]: e["value"] for e in container["env"] if "value" in e}
-
-
-def gateway_policy_settings(container: dict[str, Any]) -> GatewayPolicySettings:
-    """What `promptcache gateway-policy` makes of the rendered container (args are the CLI's)."""
-    assert container["args"] == ["gateway-policy"]
-    return settings_from(argparse.Namespace(), env_of(container))
 
 
 def grpc_target(manifests: list[dict[str, Any]]) -> tuple[str, int]:
@@ -71,7 +52,7 @@ def grpc_target(manifests: list[dict[str, Any]]) -> tuple[str, int]:
     (port,) = [p for p in service["spec"]["ports"] if p["port"] == EPP_EXT_PROC_PORT]
     found = [
         (name, p["containerPort"])
-        for name, c in containers(manifests).items()
+        for name, c in epp_containers(manifests).items()
         for p in c.get("ports", [])
         if p["name"] == port["targetPort"]
     ]
@@ -81,7 +62,7 @@ def grpc_target(manifests: list[dict[str, Any]]) -> tuple[str, int]:
 
 def test_the_policy_step_fronts_the_picker() -> None:
     manifests = rendered(sessionAffinity={"enabled": True, "header": "x-conversation"})
-    pods = containers(manifests)
+    pods = epp_containers(manifests)
     assert list(pods) == ["epp", "gateway-policy"]
     epp, shim = pods["epp"], pods["gateway-policy"]
     epp_port = int(flag(epp["args"], "--grpc-port"))
@@ -128,7 +109,7 @@ def test_the_step_reads_the_fronts_salt_secret_and_settings() -> None:
     model_pod = model["spec"]["template"]["spec"]
     (salt,) = [v for v in epp_pod["volumes"] if "secret" in v]
     assert salt in model_pod["volumes"]  # the very Secret (and key) the front mounts
-    shim = containers(manifests)["gateway-policy"]
+    shim = epp_containers(manifests)["gateway-policy"]
     front = next(c for c in model_pod["containers"] if c["name"] != "vllm")
     front_env, gateway_policy_env = env_of(front), env_of(shim)
     for name in (
@@ -156,7 +137,7 @@ def test_the_step_refuses_engine_state_fields_as_the_front_does(allowed: bool) -
         m for m in manifests if m["kind"] == "Deployment" and m is not epp_deployment(manifests)
     )
     front = next(c for c in model["spec"]["template"]["spec"]["containers"] if c["name"] != "vllm")
-    step = containers(manifests)["gateway-policy"]
+    step = epp_containers(manifests)["gateway-policy"]
     assert env_of(front)[FrontEnv.ALLOW_ENGINE_STATE] == ("true" if allowed else "false")
     assert env_of(step)[FrontEnv.ALLOW_ENGINE_STATE] == env_of(front)[FrontEnv.ALLOW_ENGINE_STATE]
     assert gateway_policy_settings(step).allow_engine_state is allowed
@@ -171,7 +152,7 @@ def test_each_keys_fair_share_reaches_both_processes_alike(rate: int | None) -> 
         m for m in manifests if m["kind"] == "Deployment" and m is not epp_deployment(manifests)
     )
     front = next(c for c in model["spec"]["template"]["spec"]["containers"] if c["name"] != "vllm")
-    step = containers(manifests)["gateway-policy"]
+    step = epp_containers(manifests)["gateway-policy"]
     expected = DEFAULT_FAIR_SHARE_BYTES_PER_SECOND if rate is None else rate
     assert env_of(front)[FrontEnv.FAIR_SHARE_BYTES_PER_SECOND] == str(expected)
     assert gateway_policy_settings(step).fair_share_bytes_per_second == expected
@@ -186,7 +167,7 @@ def test_isolation_by_account_reaches_both_processes_alike() -> None:
         m for m in manifests if m["kind"] == "Deployment" and m is not epp_deployment(manifests)
     )
     front = next(c for c in model["spec"]["template"]["spec"]["containers"] if c["name"] != "vllm")
-    step = containers(manifests)["gateway-policy"]
+    step = epp_containers(manifests)["gateway-policy"]
     names = (FrontEnv.IDENTITY_HEADER, FrontEnv.IDENTITY_BEARER, FrontEnv.IDENTITY_REQUIRED)
     assert [env_of(front)[n] for n in names] == ["x-account-id", "true", "true"]
     assert [env_of(step)[n] for n in names] == [env_of(front)[n] for n in names]
@@ -196,7 +177,7 @@ def test_isolation_by_account_reaches_both_processes_alike() -> None:
         True,
         True,
     )
-    plain = containers(rendered())["gateway-policy"]
+    plain = epp_containers(rendered())["gateway-policy"]
     assert not set(names) & set(env_of(plain))
 
 
@@ -205,29 +186,29 @@ def test_the_image_can_be_chosen() -> None:
         sessionAffinity={"enabled": True},
         gateway={"gatewayPolicyImage": "registry.example/promptcache-operator@sha256:" + "a" * 64},
     )
-    assert containers(manifests)["gateway-policy"]["image"].startswith("registry.example/")
+    assert epp_containers(manifests)["gateway-policy"]["image"].startswith("registry.example/")
 
 
 def test_shared_without_sessions_keeps_the_picker_alone_on_tls() -> None:
     manifests = rendered(isolation={"mode": "Shared"})
-    pods = containers(manifests)
+    pods = epp_containers(manifests)
     assert list(pods) == ["epp"]
     assert int(flag(pods["epp"]["args"], "--grpc-port")) == EPP_EXT_PROC_PORT
     assert grpc_target(manifests) == ("epp", EPP_EXT_PROC_PORT)
     assert "--secure-serving=false" not in pods["epp"]["args"]
     # Sessions (prompt_cache_key names them even without `user`), or salts: the step.
     with_sessions = {"enabled": True, "useUserField": False}
-    assert "gateway-policy" in containers(
+    assert "gateway-policy" in epp_containers(
         rendered(isolation={"mode": "Shared"}, sessionAffinity=with_sessions)
     )
-    assert "gateway-policy" in containers(rendered(isolation={"mode": "PerKey"}))
+    assert "gateway-policy" in epp_containers(rendered(isolation={"mode": "PerKey"}))
 
 
 def test_shim_env_names_are_the_contracts() -> None:
     manifests = rendered(
         sessionAffinity={"enabled": True}, isolation={"identity": {"bearerToken": True}}
     )
-    names = set(env_of(containers(manifests)["gateway-policy"]))
+    names = set(env_of(epp_containers(manifests)["gateway-policy"]))
     declared = {v for k, v in vars(GatewayPolicyEnv).items() if k.isupper()}
     assert names == declared
 
@@ -252,7 +233,7 @@ def test_the_gateway_always_reaches_one_ext_proc_port(doc: dict[str, Any], user:
     doc["spec"]["sessionAffinity"]["useUserField"] = user
     pcd = resolved(parse_resource(doc))
     manifests = render(pcd)
-    pods = containers(manifests)
+    pods = epp_containers(manifests)
     step = pcd.spec.gateway.picker != "promptcache" and (
         pcd.spec.isolation.mode != "Shared" or pcd.spec.session_affinity.enabled
     )

@@ -1,9 +1,11 @@
-"""Build the objects the checked-in identifier test vectors describe.
+"""The torch objects prompt-embeds tests send: seeded random tensors, and the objects the
+checked-in identifier test vectors (tests/embeds/vectors) describe.
 
 A vector describes its object without pickles or torch's RNG (neither is stable
 across versions or languages): element bytes come from a blake3 XOF of a seed
 string, or from a small formula, so a client in another language can rebuild
-the same object and check it gets the same id.
+the same object and check it gets the same id. A seeded tensor needs no such
+stability: it only has to be the same within one run.
 """
 
 from __future__ import annotations
@@ -21,6 +23,11 @@ _DTYPES = {
     "int64": torch.int64,
     "uint8": torch.uint8,
 }
+
+
+def seeded_tensor(seed: int, rows: int = 6, dim: int = 32) -> torch.Tensor:
+    """A float32 `rows` x `dim` tensor of normal values, the same for the same seed."""
+    return torch.randn(rows, dim, generator=torch.Generator().manual_seed(seed))
 
 
 def xof_bytes(seed: str, length: int) -> bytes:
@@ -42,7 +49,7 @@ def tensor_from_spec(spec: dict[str, Any]) -> torch.Tensor:
         numel *= d
     itemsize = torch.empty((), dtype=dtype).element_size()
     if "ramp" in spec:
-        scale, offset = spec["ramp"]
+        scale, offset = (float(x) for x in spec["ramp"])
         return (torch.arange(numel, dtype=torch.float64) * scale + offset).to(dtype).reshape(shape)
     raw = bytes.fromhex(spec["hex"]) if "hex" in spec else xof_bytes(spec["xof"], numel * itemsize)
     assert len(raw) == numel * itemsize

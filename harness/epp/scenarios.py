@@ -77,14 +77,16 @@ def index_size(epp: MetricsSource) -> float | None:
 
 
 @contextmanager
-def index_grows(epp: MetricsSource, by: int = 1, within_s: float = 30) -> Iterator[None]:
+def index_grows(epp: MetricsSource | None, by: int = 1, within_s: float = 30) -> Iterator[None]:
     """Around a pick: after it, until the picker's prefix index holds `by` more blocks.
 
     The picker adds a pick's blocks to its prefix index in a goroutine after it answered
     (GIE v1.5.0 `approximateprefix/plugin.go` `PreRequest`), so a follow-up sent at once may
     not see them. Waiting on the index's own size says they are in; a fixed pause only
     guessed it. The size is read before the pick, so the picks it wraps must add blocks the
-    index does not hold yet (a fresh prefix) and the index must not be at its capacity."""
+    index does not hold yet (a fresh prefix) and the index must not be at its capacity.
+    `epp` is a pool's optional picker process, so a pool without one fails here."""
+    assert epp is not None, "no picker process to read the prefix index of"
     before = index_size(epp) or 0.0
     yield
     wait_until(

@@ -24,7 +24,7 @@ from harness.epp.binary import find_epp_binary, missing_reason
 from harness.epp.extproc import chat_body
 from harness.epp.launch import Launcher, routing_patch
 from harness.epp.pool import PodHandle, PoolOnCluster
-from harness.epp.scenarios import prefixed, settle_index, unique_text
+from harness.epp.scenarios import index_grows, prefixed, unique_text
 from harness.extproc_gateway import envoy_applies
 from promptcache.contract import (
     DEFAULT_ISOLATION_HEADER,
@@ -101,7 +101,8 @@ def test_the_pod_counts_what_the_picker_predicted_beside_what_the_engine_deliver
     ladder: list[tuple[int, int]] = []
     with pool.client() as gateway:
         for _ in range(4):
-            pick = gateway.pick(chat_body(prefixed(system, 200)), headers={KEY: "a"})
+            with index_grows(pool.epp):
+                pick = gateway.pick(chat_body(prefixed(system, 200)), headers={KEY: "a"})
             handle = pool.by_endpoint(pick.endpoint)
             assert handle is not None
             pod_headers = envoy_applies(pick.sent_headers, pick.responses)
@@ -112,7 +113,6 @@ def test_the_pod_counts_what_the_picker_predicted_beside_what_the_engine_deliver
             usage = _post(handle, pick.body, pod_headers)["usage"]
             turns.append((handle, match, total, block, usage))
             ladder.append((seen, held))
-            settle_index()
     first, *later = turns
     assert first[1] == 0, "nothing was predicted for a prompt never seen"
     assert ladder[0] == (0, 0), "nor would a perfect cache have held it"

@@ -9,7 +9,10 @@ reads the header, `prompt_cache_key` and `user` itself.
 
 Load steers the picks here: a pod reported with a long queue and a full KV cache is the
 last the scorers choose, so a request that still goes there went by its session's pin.
-Every prompt is unique, so no prefix draws a request anywhere. The llm-d-router session
+Every prompt is unique, so no prefix draws a request anywhere, and a pick's pin is stored
+before the picker answers (the plugin's PreRequest hook runs in GIE's request path before
+the response, v1.5.0 `requestcontrol/director.go` `prepareRequest`): the next request
+needs no pause to see it. The llm-d-router session
 tests (`e2e/test_epp.py`) skip where its binary is absent; these run on our build always.
 """
 
@@ -26,7 +29,8 @@ from harness.epp.binary import find_epp_binary, missing_reason
 from harness.epp.extproc import ExtProcClient, chat_body
 from harness.epp.launch import Launcher, routing_patch
 from harness.epp.pool import PodHandle, PoolOnCluster
-from harness.epp.scenarios import settle_index, unique_text, wait_scrapes
+from harness.epp.scenarios import unique_text, wait_scrapes
+from harness.waiting import wait_until
 from promptcache.contract import SESSION_AFFINITY_PLUGIN, PickerTarget, SessionParam
 
 pytestmark = [pytest.mark.epp, pytest.mark.cluster]
@@ -90,7 +94,6 @@ def spread(
     for sid in sids:
         load(pool, list(placed.values()))
         placed[sid] = pod_at(pool, pick(client, header, sid))
-        settle_index()
     assert len({h.name for h in placed.values()}) == len(sids), placed
     return placed
 
@@ -102,7 +105,6 @@ def test_a_session_stays_on_its_pod_and_another_lands_elsewhere(launch: Launcher
     assert pool.epp is not None
     with pool.epp.client() as client:
         home = pod_at(pool, pick(client, header, "alice"))
-        settle_index()
         load(pool, [home])  # alice's pod is now the worst choice by load
         picks = {pick(client, header, "alice") for _ in range(20)}
         assert picks == {home.endpoint}, picks
@@ -138,21 +140,26 @@ def test_a_session_whose_pod_leaves_the_pool_moves_and_stays(launch: Launcher) -
             "controller.kubernetes.io/pod-deletion-cost=-1000", "--overwrite",
         )  # fmt: skip
         pool.cluster.kubectl("scale", "deployment", deployment, "-n", ns, "--replicas=2")
-        deadline = time.monotonic() + 60
-        while gone.name in {p["metadata"]["name"] for p in pool.ready_pods()}:
-            assert time.monotonic() < deadline, f"{gone.name} still in the pool"
-            time.sleep(0.3)
+        wait_until(
+            lambda: {p["metadata"]["name"] for p in pool.ready_pods()},
+            f"{gone.name} leaving the pool's ready pods",
+            within_s=60,
+            interval_s=0.3,
+            until=lambda ready: gone.name not in ready,
+        )
         remaining = [p for p in pool.pods if p is not gone]
         load(pool, [], remaining)
-        moved = None
-        deadline = time.monotonic() + 30
-        while moved is None or moved == gone.endpoint:  # until the picker saw it leave
-            assert time.monotonic() < deadline, "the picker still routes to a deleted pod"
-            moved = pick(client, header, "alice")
-            time.sleep(0.2)
+        # Until the picker saw it leave: each probe is a request of the session, and the
+        # first that lands elsewhere is where the session now lives.
+        moved = wait_until(
+            lambda: pick(client, header, "alice"),
+            f"the picker routing session alice away from the deleted {gone.endpoint}",
+            within_s=30,
+            interval_s=0.2,
+            until=lambda endpoint: endpoint is not None and endpoint != gone.endpoint,
+        )
         new_home = pod_at(pool, moved)
         assert new_home in remaining
-        settle_index()
         load(pool, [new_home], remaining)  # its new pod is now the worst choice by load: it stays
         assert {pick(client, header, "alice") for _ in range(10)} == {new_home.endpoint}
         for sid in ("bob", "carol"):

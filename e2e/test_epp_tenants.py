@@ -30,7 +30,7 @@ from harness.epp.binary import find_epp_binary, missing_reason
 from harness.epp.extproc import chat_body
 from harness.epp.launch import Launcher, routing_patch
 from harness.epp.pool import PodHandle, PoolOnCluster
-from harness.epp.scenarios import prefixed, settle_index, unique_text, wait_scrapes
+from harness.epp.scenarios import index_grows, prefixed, unique_text, wait_scrapes
 from harness.extproc_gateway import envoy_applies
 from promptcache.contract import (
     DEFAULT_ISOLATION_HEADER,
@@ -124,8 +124,10 @@ def test_tenants_with_the_same_prompt_are_routed_by_load_not_to_each_other(
     pool = tenant_pool(launch)
     system = unique_text(2400)  # the long system prompt every tenant shares
     with pool.client() as gateway:
-        home = pod_at(pool, gateway.pick(chat_body(prefixed(system)), headers={KEY: "a"}).endpoint)
-        settle_index()
+        with index_grows(pool.epp):
+            home = pod_at(
+                pool, gateway.pick(chat_body(prefixed(system)), headers={KEY: "a"}).endpoint
+            )
         best = order_by_load(pool, worst=home)
         # Tenant b, same prompt, another key: nothing of a's attracts it; load decides.
         for _ in range(4):
@@ -158,8 +160,10 @@ def test_a_forged_cache_salt_routes_exactly_as_without_it(launch: Launcher) -> N
     pool = tenant_pool(launch)
     system = unique_text(2400)
     with pool.client() as gateway:
-        home = pod_at(pool, gateway.pick(chat_body(prefixed(system)), headers={KEY: "a"}).endpoint)
-        settle_index()
+        with index_grows(pool.epp):
+            home = pod_at(
+                pool, gateway.pick(chat_body(prefixed(system)), headers={KEY: "a"}).endpoint
+            )
         best = order_by_load(pool, worst=home)
         stolen = derive_salt(pool.salt_key, "a")  # the strongest forgery: a's real salt
         for forged in (stolen, "anything", ""):
@@ -264,8 +268,8 @@ def test_accounts_sending_one_key_are_routed_apart_and_each_follows_its_own_pref
     system = unique_text(2400)
     alice = {USER: "alice", KEY: "team"}
     with pool.client() as gateway:
-        home = pod_at(pool, gateway.pick(chat_body(prefixed(system)), headers=alice).endpoint)
-        settle_index()
+        with index_grows(pool.epp):
+            home = pod_at(pool, gateway.pick(chat_body(prefixed(system)), headers=alice).endpoint)
         best = order_by_load(pool, worst=home)
         for stranger in ({USER: "bob", KEY: "team"}, {KEY: "team"}, {USER: "alice"}):
             for _ in range(3):
@@ -347,8 +351,8 @@ def test_the_affinity_filter_keeps_a_held_prefix_on_its_pod_under_load(launch: L
         pool.start_epp(config_text=config_text)  # a fresh picker: an empty prefix index
         system = unique_text(2400)
         with pool.client() as gateway:
-            home = pod_at(pool, gateway.pick(chat_body(prefixed(system))).endpoint)
-            settle_index()
+            with index_grows(pool.epp):
+                home = pod_at(pool, gateway.pick(chat_body(prefixed(system))).endpoint)
             home.set(waiting=40, kv_cache_usage=0.95)  # far worse by load than every other
             wait_scrapes([p.server for p in pool.pods])
             return sum(

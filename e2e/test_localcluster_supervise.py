@@ -8,7 +8,6 @@ import contextlib
 import os
 import signal
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 
 from e2e.localcluster.errors import ClusterError, ComponentExitedError
 from e2e.localcluster.supervise import Supervisor, pid_alive
+from harness.waiting import wait_until
 
 # Every child gets the work dir as its last argument, as the components get the cluster dir
 # in their flags: that is what marks a pid as ours in /proc.
@@ -104,10 +104,13 @@ def test_stop_ends_the_whole_group(procs: Supervisor) -> None:
     assert pid_alive(grandchild, str(procs.workdir))
     procs.stop(["parent"], grace=30)
     assert not procs.alive("parent")
-    deadline = time.monotonic() + 30
-    while pid_alive(grandchild, str(procs.workdir)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not pid_alive(grandchild, str(procs.workdir))
+    wait_until(
+        lambda: pid_alive(grandchild, str(procs.workdir)),
+        f"the grandchild {grandchild} gone after its group was stopped (alive?)",
+        within_s=30,
+        interval_s=0.05,
+        until=lambda alive: not alive,
+    )
 
 
 def test_sigterm_ignored_then_killed_after_grace(
@@ -134,7 +137,10 @@ def test_another_process_sees_liveness_through_proc(procs: Supervisor, tmp_path:
     assert not other.alive("svc")
     # /proc drops an exiting process's command line a moment before the kernel reports its
     # exit to the parent: our own handle may lag the /proc view by that moment.
-    deadline = time.monotonic() + 30
-    while procs.alive("svc") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not procs.alive("svc")
+    wait_until(
+        lambda: procs.alive("svc"),
+        "our own handle seeing svc exit (alive?)",
+        within_s=30,
+        interval_s=0.05,
+        until=lambda alive: not alive,
+    )

@@ -10,8 +10,8 @@ It must take a resource to Ready=True (the `Available` transition) as the proces
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +19,7 @@ from harness.images import PodRun, built_image, chart_operator_pod, embedded_kub
 from harness.net import answers_ok, free_port
 from harness.operator import apply_yaml, condition, get_json, install_crd, resource
 from harness.pytest_cluster import Cluster
+from harness.waiting import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.images]
 
@@ -50,20 +51,36 @@ def test_operator_image_makes_a_resource_available(cluster: Cluster, tmp_path: P
     log = tmp_path / "operator.log"
     proc = run.start(log)
     try:
-        deadline = time.monotonic() + TIMEOUT_S
-        while not answers_ok(f"http://127.0.0.1:{health}/healthz"):
-            assert proc.poll() is None, f"operator exited {proc.returncode}:\n{log.read_text()}"
-            assert time.monotonic() < deadline, f"no health in {TIMEOUT_S}s:\n{log.read_text()}"
-            time.sleep(1)
-        apply_yaml(cluster.kubectl, resource("fromimage", ns))
-        while True:
+
+        def exited() -> str | None:
+            code = proc.poll()
+            return None if code is None else f"the operator exited {code}"
+
+        def ready() -> dict[str, Any] | None:
             obj = get_json(cluster.kubectl, "pcd", "fromimage", "-n", ns)
-            ready = condition(obj, "Ready")
-            if ready and ready["status"] == "True":
-                break
-            assert proc.poll() is None, f"operator exited {proc.returncode}:\n{log.read_text()}"
-            assert time.monotonic() < deadline, f"not Ready in {TIMEOUT_S}s:\n{log.read_text()}"
-            time.sleep(1)
+            return condition(obj, "Ready")
+
+        def operator_log() -> str:
+            return f"operator log:\n{log.read_text()}"
+
+        wait_until(
+            lambda: answers_ok(f"http://127.0.0.1:{health}/healthz"),
+            "the operator's /healthz answering",
+            within_s=TIMEOUT_S,
+            interval_s=1,
+            fail_if=exited,
+            detail=operator_log,
+        )
+        apply_yaml(cluster.kubectl, resource("fromimage", ns))
+        wait_until(
+            ready,
+            "fromimage Ready (its Ready condition)",
+            within_s=TIMEOUT_S,
+            interval_s=1,
+            until=lambda cond: cond is not None and cond["status"] == "True",
+            fail_if=exited,
+            detail=operator_log,
+        )
         events = get_json(cluster.kubectl, "events", "-n", ns,
                           "--field-selector", "involvedObject.name=fromimage")  # fmt: skip
         assert any(e["reason"] == "Available" for e in events["items"]), log.read_text()

@@ -11,7 +11,6 @@ import base64
 import hashlib
 import json
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -125,8 +124,8 @@ def test_idle_resync_writes_nothing(cluster: Cluster, env: dict[str, Any]) -> No
     # none at the API server either (the Deployment controller still writes its revision
     # annotation after a rollout, and the server's counter cannot tell clients apart).
     wait_for(
-        lambda: _quiet(op, 2 * RESYNC_S + 1) and _server_quiet(cluster, RESYNC_S + 1),
-        "the operator and the API server to go quiet",
+        lambda: _quiet_across_resyncs(cluster, op, 2),
+        "the operator and the API server to go quiet for two resyncs",
         timeout=180,
         every=0.1,
     )
@@ -144,16 +143,20 @@ def test_idle_resync_writes_nothing(cluster: Cluster, env: dict[str, Any]) -> No
     assert op.counter("promptcache_api_requests_total", verb="GET") - reads_before <= 2
 
 
-def _server_quiet(cluster: Cluster, window_s: float) -> bool:
-    before = apiserver_writes(cluster.kubectl)
-    time.sleep(window_s)  # the measurement window itself, not a synchronisation
-    return apiserver_writes(cluster.kubectl) == before
-
-
-def _quiet(op: OperatorProcess, window_s: float) -> bool:
-    before = op.writes()
-    time.sleep(window_s)  # the measurement window itself, not a synchronisation
-    return op.writes() == before
+def _quiet_across_resyncs(cluster: Cluster, op: OperatorProcess, resyncs: int) -> bool:
+    """Whether neither the operator nor the API server wrote while the operator resynced
+    `resyncs` times. Counted in resyncs, not seconds: on a busy machine a window of seconds
+    may hold fewer resyncs than it was sized for, and prove less than it says."""
+    server_before, client_before = apiserver_writes(cluster.kubectl), op.writes()
+    start = op.counter("promptcache_reconciles_total", trigger="resync")
+    wait_for(
+        lambda: op.counter("promptcache_reconciles_total", trigger="resync") >= start + resyncs,
+        f"{resyncs} resyncs (from {start:g})",
+        timeout=60,
+        every=0.1,
+        operator=op,
+    )
+    return op.writes() == client_before and apiserver_writes(cluster.kubectl) == server_before
 
 
 def test_drift_on_owned_fields_is_reverted_foreign_changes_stay(

@@ -9,7 +9,8 @@ The pool runs as rendered for `gateway.picker: promptcache` (the real picker bin
 rendered config and args, on the local control plane), except that ext_proc is served in
 plain gRPC (`--secure-serving=false`): the hostile clients here must control the HTTP/2
 stream themselves (a TLS relay in between would read what they leave unread). Over real
-sockets, at once, for a few body deadlines:
+sockets, at once, until each kind of client has seen its outcome a stated number of times
+(`ENOUGH`; three body deadlines at least):
 
 * senders of huge bodies (64 MiB each, in 64 KiB messages) get the front's 413 once the
   cap passes, and stop;
@@ -41,6 +42,7 @@ from harness.epp.binary import find_epp_binary, missing_reason
 from harness.epp.extproc import DESTINATION_HEADER, chat_body
 from harness.epp.launch import Launcher, routing_patch
 from harness.epp.scenarios import unique_text
+from harness.waiting import wait_until
 from promptcache.contract import PickerFlag, PickerTarget
 
 pytestmark = [pytest.mark.epp, pytest.mark.cluster]
@@ -56,7 +58,21 @@ HUGE = 64 * 1024 * 1024
 """What each huge sender would send if nothing stopped it."""
 ATTACKERS = 4
 """Clients of each hostile kind, each on its own HTTP/2 connection, all at once."""
-ATTACK_S = 3 * DEADLINE_S + 2
+TENANT_PICKS = 20
+"""The well-behaved tenant's requests the attack lasts for, at least."""
+ENOUGH = {
+    "huge:413": ATTACKERS,
+    "slow:408": ATTACKERS,
+    "unread:DEADLINE_EXCEEDED": ATTACKERS,
+    "tenant:routed": TENANT_PICKS,
+}
+"""The attack lasts until every kind of client has seen this many of its outcomes (an unread
+stream takes three deadlines, so the attack spans at least that), not for a fixed time: on
+a busy machine a fixed window once held fewer than the counts asserted."""
+ATTACK_WITHIN_S = 120.0
+"""The deadline for those counts: generous, since only a picker that stalls misses it."""
+WARM_PICKS = 10
+"""The tenant's requests before the idle memory is read."""
 TENANT_BOUND_S = 1.0
 """The most one of the well-behaved tenant's requests may wait for its pick while the
 attack runs: half the body deadline (a tenant locked out behind a hostile body would wait
@@ -120,6 +136,10 @@ class Tally:
             self.counts[what] = self.counts.get(what, 0) + 1
             if wait is not None:
                 self.waits.setdefault(what, []).append(wait)
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.counts)
 
 
 def _outcome(call: Any) -> str:
@@ -274,11 +294,20 @@ def test_hostile_bodies_neither_exhaust_the_picker_nor_lock_out_a_tenant(
 
     stop, tally = threading.Event(), Tally()
     # Warm: the tenant alone, so the idle level includes a served request's footprint.
-    warm = threading.Thread(target=tenant, args=(target, stop, Tally()), daemon=True)
+    warmed = Tally()
+    warm = threading.Thread(target=tenant, args=(target, stop, warmed), daemon=True)
     warm.start()
-    time.sleep(1.0)
-    stop.set()
-    warm.join(10)
+    try:
+        wait_until(
+            warmed.snapshot,
+            f"the tenant alone routed {WARM_PICKS} times (its outcomes so far)",
+            within_s=60,
+            interval_s=0.05,
+            until=lambda counts: counts.get("tenant:routed", 0) >= WARM_PICKS,
+        )
+    finally:
+        stop.set()
+        warm.join(10)
     idle = _rss_mib(pid)
 
     stop = threading.Event()
@@ -288,15 +317,28 @@ def test_hostile_bodies_neither_exhaust_the_picker_nor_lock_out_a_tenant(
         *_run(target, not_reading, ATTACKERS, stop, tally, SMALL_WINDOW),
         threading.Thread(target=tenant, args=(target, stop, tally), daemon=True),
     ]
+    peak = idle
+
+    def sample() -> dict[str, int]:
+        """The outcomes so far, and the picker's memory now, every 50 ms."""
+        nonlocal peak
+        peak = max(peak, _rss_mib(pid))
+        return tally.snapshot()
+
     for t in threads:
         t.start()
-    peak, deadline = idle, time.monotonic() + ATTACK_S
-    while time.monotonic() < deadline:
-        peak = max(peak, _rss_mib(pid))
-        time.sleep(0.05)
-    stop.set()
-    for t in threads:
-        t.join(40)
+    try:
+        wait_until(
+            sample,
+            f"every client kind seeing its count of outcomes {ENOUGH} (outcomes so far)",
+            within_s=ATTACK_WITHIN_S,
+            interval_s=0.05,
+            until=lambda counts: all(counts.get(k, 0) >= n for k, n in ENOUGH.items()),
+        )
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(40)
     assert not any(t.is_alive() for t in threads), "a client never finished"
     assert pool.epp.returncode is None, pool.epp.log_tail()
     counts = tally.counts
@@ -324,7 +366,7 @@ def test_hostile_bodies_neither_exhaust_the_picker_nor_lock_out_a_tenant(
         f"tenant: {len(waits)} routed, p50 {statistics.median(waits) * 1000:.1f} ms, "
         f"max {max(waits) * 1000:.1f} ms"
     )
-    assert len(waits) >= 20, waits
+    assert len(waits) >= TENANT_PICKS, waits
     assert max(waits) <= TENANT_BOUND_S, waits
     # Each end is counted where the picker's metrics are served.
     metrics = pool.epp.metrics_text()

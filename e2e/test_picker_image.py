@@ -22,7 +22,7 @@ from harness.epp.extproc import chat_body
 from harness.epp.image import EppFromImage
 from harness.epp.launch import Launcher, routing_patch
 from harness.epp.pool import PoolOnCluster
-from harness.epp.scenarios import prefixed, settle_index, unique_text
+from harness.epp.scenarios import index_grows, prefixed, unique_text
 from promptcache.contract import DEFAULT_ISOLATION_HEADER, PickerTarget
 from promptcache.tenancy.salt import derive_salt
 from tools.images import podman_env
@@ -71,12 +71,14 @@ def test_the_picker_image_routes_by_prefix_and_salts_as_rendered(pool: PoolOnClu
     assert _process_users(pool.epp) == ["65532"]
     system = unique_text(2400)
     with pool.client() as gateway:
-        first = gateway.pick(chat_body(prefixed(system), cache_salt="forged"), headers={KEY: "a"})
+        with index_grows(pool.epp):
+            first = gateway.pick(
+                chat_body(prefixed(system), cache_salt="forged"), headers={KEY: "a"}
+            )
         assert pool.by_endpoint(first.endpoint) is not None, first.endpoint
         forwarded = json.loads(first.body)
         # The salt comes from the rendered Secret, as the fronts derive it; the client's is gone.
         assert forwarded["cache_salt"] == derive_salt(pool.salt_key, "a")
-        settle_index()
         for _ in range(4):  # the tenant's next turns follow its prefix
             pick = gateway.pick(chat_body(prefixed(system)), headers={KEY: "a"})
             assert pick.endpoint == first.endpoint, pool.epp.log_tail()

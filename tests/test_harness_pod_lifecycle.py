@@ -23,6 +23,7 @@ import harness.pod
 import harness.vllm.slots as slots
 from e2e.localcluster.lifecycle import PROCESS_POD_ANNOTATION
 from harness.pod import VLLM_CONTAINER, ProcessPod, running_pods
+from harness.waiting import wait_until
 
 
 def _spec(name: str, **extra: Any) -> dict[str, Any]:
@@ -123,9 +124,8 @@ def test_the_kubelet_starts_a_pod_once_however_long_building_it_takes(
         say=lambda _: None,
     )
     with kubelet:
-        deadline = time.monotonic() + 30
-        while not built and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: list(built), "the kubelet building the first pod", within_s=30,
+                   interval_s=0.01)  # fmt: skip
         time.sleep(0.5)  # ten more ticks while the first pod is still being built
         building_done.set()
         time.sleep(0.2)
@@ -152,10 +152,13 @@ def test_a_restart_by_liveness_is_logged_with_what_the_probe_said(tmp_path: Path
     )
     events = tmp_path / "kubelet.log"
     with pod:
-        deadline = time.monotonic() + 60
-        while pod.container("front").restarts == 0:
-            assert time.monotonic() < deadline, f"no restart within 60 s; events: {_read(events)}"
-            time.sleep(0.1)
+        wait_until(
+            lambda: pod.container("front").restarts,
+            "a restart of front by its liveness probe (restarts)",
+            within_s=60,
+            interval_s=0.1,
+            detail=lambda: f"events: {_read(events)}",
+        )
     logged = _read(events)
     assert "front: liveness probe failed: exit 1: engine wedged after" in logged, logged
     assert (

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Protocol
 
 from harness.waiting import wait_until
 
@@ -51,8 +52,56 @@ def wait_scrapes(pods: Sequence[FakePod], n: int = 3, timeout_s: float = 30) -> 
     )
 
 
+PREFIX_INDEX_SIZE = "inference_extension_prefix_indexer_size"
+"""GIE's gauge of the prefix index's entries (blocks, summed over pods): its indexer reports
+it every second (v1.5.0 `approximateprefix/indexer.go` `reportLRUSize`)."""
+
+
+class MetricsSource(Protocol):
+    """A picker whose Prometheus text a test can read (`EppProcess`)."""
+
+    def metrics_text(self) -> str: ...
+
+
+def index_size(epp: MetricsSource) -> float | None:
+    """The picker's last reported prefix index size; None before its first report (or while
+    its metrics port is down)."""
+    try:
+        text = epp.metrics_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(PREFIX_INDEX_SIZE):
+            return float(line.rsplit(None, 1)[-1])
+    return None
+
+
+@contextmanager
+def index_grows(epp: MetricsSource | None, by: int = 1, within_s: float = 30) -> Iterator[None]:
+    """Around a pick: after it, until the picker's prefix index holds `by` more blocks.
+
+    The picker adds a pick's blocks to its prefix index in a goroutine after it answered
+    (GIE v1.5.0 `approximateprefix/plugin.go` `PreRequest`), so a follow-up sent at once may
+    not see them. Waiting on the index's own size says they are in; a fixed pause only
+    guessed it. The size is read before the pick, so the picks it wraps must add blocks the
+    index does not hold yet (a fresh prefix) and the index must not be at its capacity.
+    `epp` is a pool's optional picker process, so a pool without one fails here."""
+    assert epp is not None, "no picker process to read the prefix index of"
+    before = index_size(epp) or 0.0
+    yield
+    wait_until(
+        lambda: index_size(epp),
+        f"the picker's prefix index growing by {by} blocks from {before:g} ({PREFIX_INDEX_SIZE})",
+        within_s=within_s,
+        interval_s=0.2,
+        until=lambda size: size is not None and size >= before + by,
+    )
+
+
 def settle_index(seconds: float = 0.5) -> None:
-    """The EPP adds a pick to its prefix index asynchronously after answering."""
+    """A fixed pause for the prefix index, kept only for callers that cannot observe it: the
+    llm-d-router picker (not buildable here, its metrics unverified) and e2e/engine (real
+    engines). Everything else waits with `index_grows`."""
     time.sleep(seconds)
 
 

@@ -53,7 +53,10 @@ async def test_slow_bodies_do_not_lock_tenants_out_and_time_out_with_408(
         isolation_mode=mode, max_in_flight=2, max_body_reads=64, body_timeout_seconds=1.5
     )
     slow = [await _slow_body(front.url) for _ in range(8)]
-    await asyncio.sleep(0.2)
+    await eventually(
+        lambda: front.state.body_reads, "the 8 slow bodies being read", within_s=10,
+        until=lambda reads: reads == 8,
+    )  # fmt: skip
     started = time.monotonic()
     async with http.post(front.url + CHAT, json=BODY, headers=KEYED) as resp:
         assert resp.status == 200
@@ -74,14 +77,20 @@ async def test_the_body_read_cap_answers_503_with_its_own_code(
         isolation_mode=mode, max_body_reads=2, body_timeout_seconds=5, tenant_share_percent=100
     )
     slow = [await _slow_body(front.url) for _ in range(2)]
-    await asyncio.sleep(0.2)
+    await eventually(
+        lambda: front.state.body_reads, "the 2 slow bodies holding the cap", within_s=10,
+        until=lambda reads: reads == 2,
+    )  # fmt: skip
     async with http.post(front.url + CHAT, json=BODY, headers=KEYED) as resp:
         assert resp.status == 503
         assert (await resp.json())["error"]["code"] == "body_reads_saturated"
         assert resp.headers["Retry-After"] == "1"
     for _, writer in slow:
         writer.close()
-    await asyncio.sleep(0.2)
+    await eventually(
+        lambda: front.state.body_reads, "the closed bodies' reads released", within_s=10,
+        until=lambda reads: reads == 0,
+    )  # fmt: skip
     async with http.post(front.url + CHAT, json=BODY, headers=KEYED) as resp:
         assert resp.status == 200
 
@@ -98,7 +107,12 @@ async def test_a_connection_that_never_finishes_its_headers_is_closed(
         if reader.at_eof():
             break
         writer.write(b"X-A: b\r\n")
-    rest = await asyncio.wait_for(reader.read(), 5)
+    try:
+        rest = await asyncio.wait_for(reader.read(), 5)
+    except ConnectionResetError:
+        # The front closed with trickled bytes still unread: the kernel then resets rather
+        # than ends the connection (a busy machine makes that likelier), closed all the same.
+        rest = b""
     assert rest == b""  # closed without a request ever being handled
     assert time.monotonic() - started < 3.0
     writer.close()

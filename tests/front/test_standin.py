@@ -24,6 +24,7 @@ from harness.standin import (
     parse_prompt,
     start_standin,
 )
+from harness.waiting import eventually
 
 CFG = EngineConfig(block_size=4, bytes_per_token=1)
 
@@ -265,13 +266,20 @@ async def test_queueing_and_prefill_cost_shape_time_to_first_token() -> None:
             assert cold >= 0.4
             assert warm < cold - 0.25  # 192 of 200 tokens cached
             slow = asyncio.create_task(ttft({"prompt": "z", "max_tokens": 20, "stream": True}))
-            await asyncio.sleep(0.2)
-            assert upstream.engine.running == 1
+            await eventually(
+                lambda: upstream.engine.running, "the slow request running", within_s=10,
+                until=lambda running: running == 1,
+            )  # fmt: skip
             queued = asyncio.create_task(ttft({"prompt": "w", "max_tokens": 1, "stream": True}))
-            await asyncio.sleep(0.1)
-            async with http.get(url + "/metrics") as resp:
-                text = await resp.text()
-            assert _metric(text, "num_requests_waiting") == 1
+
+            async def metrics() -> str:
+                async with http.get(url + "/metrics") as resp:
+                    return await resp.text()
+
+            text = await eventually(
+                metrics, "the second request reported waiting", within_s=10,
+                until=lambda text: _metric(text, "num_requests_waiting") == 1,
+            )  # fmt: skip
             assert _metric(text, "num_requests_running") == 1
             assert _metric(text, "kv_cache_usage_perc") > 0
             await slow

@@ -31,6 +31,7 @@ from harness.extproc_gateway import (
     read_rest,
 )
 from harness.net import free_port
+from harness.waiting import eventually
 
 STARTED = "gateway policy step listening on"
 Launch = Callable[..., "Step"]
@@ -52,13 +53,21 @@ class Step:
         return self.log_path.read_text(errors="replace")
 
     async def started(self) -> None:
-        for _ in range(int(TIMEOUT / 0.05)):
-            if STARTED in self.log():
-                return
-            if self.proc.poll() is not None:
-                raise AssertionError(f"exited {self.proc.returncode}:\n{self.log()}")
-            await asyncio.sleep(0.05)  # polling the log until the start-up line, not a sync
-        raise AssertionError(f"never started:\n{self.log()}")
+        """Until the log holds the start-up line; at once if the step exits first."""
+
+        def exited() -> str | None:
+            code = self.proc.poll()
+            return None if code is None else f"exited {code}"
+
+        await eventually(
+            self.log,
+            f"{STARTED!r} in the step's log",
+            within_s=TIMEOUT,
+            interval_s=0.05,
+            until=lambda log: STARTED in log,
+            fail_if=exited,
+            detail=lambda: f"log:\n{self.log()}",
+        )
 
     async def exited(self) -> int:
         code = await asyncio.to_thread(self.proc.wait, TIMEOUT)
@@ -201,8 +210,9 @@ async def test_workers_of_a_killed_step_drain_and_free_the_port(launch: Launch) 
                 return True
             return False
 
-    for _ in range(int(TIMEOUT / 0.1)):
-        if await asyncio.to_thread(port_free):
-            break
-        await asyncio.sleep(0.1)  # polling the port until the workers let go of it
-    assert await asyncio.to_thread(port_free), "a worker still serves the killed step's port"
+    await eventually(
+        lambda: asyncio.to_thread(port_free),
+        "the killed step's workers letting go of its port (free?)",
+        within_s=TIMEOUT,
+        interval_s=0.1,
+    )

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness.waiting import eventually
 from promptcache.tenancy import errors
 from promptcache.tenancy.fair_share import (
     ACTIVE_SECONDS,
@@ -112,7 +113,10 @@ async def test_waiters_past_the_cap_are_refused_with_429() -> None:
 
     active = asyncio.create_task(keep_b_active())
     waiting = [asyncio.create_task(share.admit(A)) for _ in range(MAX_WAITERS)]
-    await asyncio.sleep(0.05)
+    await eventually(
+        lambda: share.waiting(A), f"{MAX_WAITERS} of A's requests waiting", within_s=10,
+        until=lambda n: n == MAX_WAITERS,
+    )  # fmt: skip
     refused = await share.admit(A)
     assert isinstance(refused, Refusal)
     error = share_exceeded(refused)

@@ -12,7 +12,6 @@ import yaml
 
 from harness.resources import rendered
 from promptcache._version import __version__
-from promptcache.api.pickers import Feature, lacking
 from promptcache.contract import (
     EPP_EXT_PROC_PORT,
     PREDICTED_MATCH_PLUGIN,
@@ -23,7 +22,9 @@ from promptcache.contract import (
     PickerFlag,
     PickerTarget,
     TenantSaltParam,
+    lacking,
 )
+from promptcache.contract import PickerFeature as Feature
 from promptcache.render.epp import GATEWAY_POLICY_CONTAINER
 from promptcache.render.epp_config import PREFIX_PRODUCER
 

@@ -110,12 +110,10 @@ DEFAULT_NAMES = frozenset(
         "DEFAULT_FRONT_IMAGE",
         "DEFAULT_GATEWAY_POLICY_IMAGE",
         "DEFAULT_MODEL_SERVER_USER",
-        "DEFAULT_EPP_IMAGE",
-        "DEFAULT_GIE_EPP_IMAGE",
-        "DEFAULT_PICKER_IMAGE",
     }
 )
-"""Where an operator-wide default (or a picker's pinned image) comes from."""
+"""Where an operator-wide default comes from (a picker's pinned image is its row's, read
+through `render.picker.picker_target` of the resolved resource)."""
 MAY_READ_DEFAULTS = frozenset(
     {
         "render/__init__.py",  # render(pcd, defaults) hands them to resolved, nothing else

@@ -21,17 +21,14 @@ from promptcache.api.base import (
     OptionalHeaderName,
     Quantity,
 )
-from promptcache.api.constants import (
-    DEFAULT_BLOCK_SIZE_TOKENS,
-    DEFAULT_LRU_CAPACITY_PER_SERVER,
-    DEFAULT_VLLM_IMAGE,
-)
+from promptcache.api.constants import DEFAULT_BLOCK_SIZE_TOKENS, DEFAULT_VLLM_IMAGE
 from promptcache.api.podtemplate import GatewayPodTemplate, ModelPodTemplate
 from promptcache.api.rules import default_max_loras, enforce_rules
 from promptcache.contract import (
     DEFAULT_CACHED_PROMPT_TOKENS_HEADER,
     DEFAULT_ISOLATION_FIELD,
     DEFAULT_ISOLATION_HEADER,
+    DEFAULT_LRU_CAPACITY_PER_SERVER,
     DEFAULT_PROMPT_TOKENS_HEADER,
     DEFAULT_SESSION_HEADER,
     MAX_CACHE_GIB,

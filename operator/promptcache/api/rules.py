@@ -84,7 +84,7 @@ GIE_LRU_CAPACITY = _fallback_lru(_NO_LRU)
 def _by(pickers: tuple[PickerTarget, ...]) -> str:
     """`gateway.picker a or b (what they are)`, as the messages name the refusing pickers."""
     names = " or ".join(p.value for p in pickers)
-    if len(pickers) > 1 and all(p.gie_based for p in pickers):
+    if len(pickers) > 1 and all(profile_of(p).gie_based for p in pickers):
         return f"gateway.picker {names} (GIE v1.5.0's picker)"
     if len(pickers) == 1:
         return f"gateway.picker {names} ({profile_of(pickers[0]).about})"

@@ -101,6 +101,11 @@ class PickerProfile:
     def name(self) -> str:
         return self.picker.value
 
+    @property
+    def gie_based(self) -> bool:
+        """GIE v1.5.0's picker underneath: its config dialect, plugins and limits."""
+        return self.config_api_version == GIE_CONFIG_API_VERSION
+
     def effective_block_size(self, requested: int) -> int:
         """The block size the picker uses for `requested` tokens."""
         return max(requested, self.min_block_size_tokens)

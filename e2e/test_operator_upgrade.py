@@ -30,8 +30,12 @@ from harness.operator import (
     wait_for,
 )
 from harness.pytest_cluster import Cluster
-from promptcache.api.constants import DEFAULT_EPP_IMAGE, DEFAULT_PICKER_IMAGE
-from promptcache.contract import EPP_EXT_PROC_PORT, GATEWAY_POLICY_METRICS_PORT
+from promptcache.contract import (
+    EPP_EXT_PROC_PORT,
+    GATEWAY_POLICY_METRICS_PORT,
+    PROFILES,
+    PickerTarget,
+)
 from promptcache.render.epp import GATEWAY_POLICY_CONTAINER
 
 pytestmark = pytest.mark.cluster
@@ -92,7 +96,7 @@ def test_an_old_default_resource_rolls_to_promptcaches_picker(
         before = ready(cluster, ns, old)
         epp = picker(cluster, ns)
         assert set(containers(epp)) == {"epp", GATEWAY_POLICY_CONTAINER}
-        assert containers(epp)["epp"]["image"] == DEFAULT_EPP_IMAGE
+        assert containers(epp)["epp"]["image"] == PROFILES[PickerTarget.LLM_D_ROUTER].image
         assert GATEWAY_POLICY_METRICS_PORT in admitted(cluster, ns)
         salt = get_json(cluster.kubectl, "secret", f"{NAME}-salt", "-n", ns)
         model = get_json(cluster.kubectl, "deployment", NAME, "-n", ns)
@@ -108,7 +112,7 @@ def test_an_old_default_resource_rolls_to_promptcaches_picker(
 
         epp = wait_for(rolled, f"the picker rolled\n{new.log_tail()}", timeout=TIMEOUT_S)
         container = containers(epp)["epp"]
-        assert container["image"] == DEFAULT_PICKER_IMAGE
+        assert container["image"] == PROFILES[PickerTarget.PROMPTCACHE].image
         args = container["args"]
         assert args[args.index("--grpc-port") + 1] == str(EPP_EXT_PROC_PORT)
         assert "--secure-serving=false" not in args  # alone on the Service's port: TLS

@@ -8,6 +8,7 @@ import copy
 from typing import Any
 
 from promptcache.api import parse_resource
+from promptcache.contract import Command
 from promptcache.gateway.command import settings_from
 from promptcache.gateway.settings import GatewayPolicySettings
 from promptcache.render import render
@@ -64,7 +65,7 @@ def env_of(container: dict[str, Any]) -> dict[str, str]:
 
 def gateway_policy_settings(container: dict[str, Any]) -> GatewayPolicySettings:
     """What `promptcache gateway-policy` makes of the rendered container (args are the CLI's)."""
-    assert container["args"] == ["gateway-policy"]
+    assert container["args"] == [Command.GATEWAY_POLICY]
     return settings_from(argparse.Namespace(), env_of(container))
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from e2e.localcluster.paths import BIN_ROOT
 from e2e.localcluster.targets import find_target
-from promptcache.contract import PickerTarget
+from promptcache.contract import PROFILES, PickerTarget
 
 EPP_MODULE = "github.com/llm-d/llm-d-router"
 """The Go module the llm-d Endpoint Picker comes from (formerly llm-d-inference-scheduler)."""
@@ -51,7 +51,7 @@ class PickerBinary:
     how_to_build: str
 
     def default_path(self) -> Path:
-        if self.target.gie_based:
+        if PROFILES[self.target].gie_based:
             return find_target("epp").out_dir() / "epp"  # where `e2e/cluster build` puts it
         return default_epp_path(self.version)
 
@@ -116,4 +116,4 @@ def missing_reason(picker: PickerTarget = PickerTarget.LLM_D_ROUTER) -> str:
 
 def available_pickers() -> list[PickerTarget]:
     """The pickers this machine can run (GIE's build always counts: its absence must fail)."""
-    return [t for t in PICKERS if t.gie_based or PICKERS[t].find() is not None]
+    return [t for t in PICKERS if PROFILES[t].gie_based or PICKERS[t].find() is not None]

@@ -21,13 +21,13 @@ import yaml
 
 from promptcache.contract import (
     PREDICTED_MATCH_PLUGIN,
+    PROFILES,
     TENANT_SALT_PARSER,
     Command,
     PickerTarget,
     PredictedMatchParam,
     TenantSaltParam,
 )
-from promptcache.render.epp_config import CONFIG_API_VERSIONS
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
@@ -152,10 +152,10 @@ class Rendered:
         if self.tenant_salt_plugin is not None:
             return PickerTarget.PROMPTCACHE  # GIE's apiVersion, with our parser
         version = self.epp_config["apiVersion"]
-        for target, api_version in CONFIG_API_VERSIONS.items():
+        for target, profile in PROFILES.items():
             if target is PickerTarget.PROMPTCACHE:
                 continue
-            if api_version == version:
+            if profile.config_api_version == version:
                 return target
         raise LookupError(f"no picker target renders config apiVersion {version!r}")
 

@@ -26,9 +26,9 @@ import aiohttp
 import yaml
 
 from harness.epp.extproc import DESTINATION_HEADER
-from promptcache.api.constants import EPP_MIN_BLOCK_SIZE_TOKENS
+from promptcache.contract import PROFILES, PickerTarget
 
-GIE_API_VERSION = "inference.networking.x-k8s.io/v1alpha1"
+GIE_API_VERSION = PROFILES[PickerTarget.GIE].config_api_version
 VOCAB = [f"w{i:04d}" for i in range(4000)]
 
 
@@ -276,7 +276,9 @@ VARIANTS: dict[str, str] = {
 }
 """Named picker configurations the benchmark can compare (`--routers NAME,...`)."""
 
-REPORTED_BLOCK_SIZE: dict[str, int] = {"index=4x pod cache": EPP_MIN_BLOCK_SIZE_TOKENS}
+REPORTED_BLOCK_SIZE: dict[str, int] = {
+    "index=4x pod cache": PROFILES[PickerTarget.LLM_D_ROUTER].min_block_size_tokens
+}
 """Variants whose pods report another `block_size` in `vllm:cache_config_info` than their
 cache uses. GIE v1.5 has no 64-token floor and ignores `lruCapacityPerServer` (autoTune
 off means 31250 entries whatever is set), so llm-d-router's belief (num_gpu_blocks entries
@@ -437,7 +439,6 @@ async def run_trace(
 def use_gie_picker() -> str:
     """The GIE v1.5.0 picker `e2e/cluster build` builds (the harness's default target);
     exits with the reason when it is not built."""
-    from promptcache.contract import PickerTarget  # noqa: PLC0415
 
     from . import binary  # noqa: PLC0415 - the harness, only when a picker runs
 

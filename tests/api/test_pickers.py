@@ -8,11 +8,10 @@ from typing import Any
 import pytest
 
 from promptcache.api import parse_resource
-from promptcache.api.constants import DEFAULT_LRU_CAPACITY_PER_SERVER
-from promptcache.api.pickers import PROFILES, Feature, lacking
 from promptcache.api.reference import api_reference_markdown
 from promptcache.api.rules import GIE_LRU_CAPACITY, picker_refusals, picker_refused_fields
-from promptcache.contract import PickerTarget
+from promptcache.contract import DEFAULT_LRU_CAPACITY_PER_SERVER, PROFILES, PickerTarget, lacking
+from promptcache.contract import PickerFeature as Feature
 
 
 def test_every_picker_has_one_row() -> None:

@@ -20,11 +20,10 @@ import yaml
 from promptcache._version import __version__
 from promptcache.api.constants import (
     DEFAULT_FRONT_IMAGE,
-    DEFAULT_IMAGE_REGISTRY,
-    DEFAULT_PICKER_IMAGE,
     FRONT_IMAGE_REPOSITORY,
     OPERATOR_IMAGE_REPOSITORY,
 )
+from promptcache.contract import DEFAULT_IMAGE_REGISTRY, PROFILES, PickerTarget
 from tools import install_assets
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,7 +67,7 @@ def test_default_images_are_what_the_dockerfile_publishes() -> None:
     assert published == {
         "operator": f"{OPERATOR_IMAGE}:{__version__}",
         "front": f"ghcr.io/promptcache/promptcache-front:{__version__}",
-        "picker": DEFAULT_PICKER_IMAGE,
+        "picker": PROFILES[PickerTarget.PROMPTCACHE].image,
     }
     # The chart's defaults (tag empty = appVersion) and the renderer's built-in ones agree.
     image = values()["image"]

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from promptcache.api import OperatorDefaults, PromptCacheDeployment, prompt_embeds_ceiling
-from promptcache.api.pickers import PROFILES
 from promptcache.api.status import PromptCacheDeploymentStatus
+from promptcache.contract import PROFILES
 from promptcache.contract import PickerTarget as Picker
 from promptcache.controller.conditions import Desired, set_condition, transitions
 from promptcache.controller.scrape import ScrapedPrefixCache

@@ -21,7 +21,8 @@ from promptcache.contract import (
     SessionParam,
     SessionSource,
 )
-from promptcache.render.epp_config import AFFINITY_FILTER, SESSION_FILTER
+from promptcache.contract.picker_profiles import SESSION_FILTER
+from promptcache.render.epp_config import AFFINITY_FILTER
 
 OURS = {"picker": "promptcache"}
 

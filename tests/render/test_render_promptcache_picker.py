@@ -12,10 +12,10 @@ import yaml
 
 from harness.resources import rendered
 from promptcache._version import __version__
-from promptcache.api.pickers import Feature, lacking
 from promptcache.contract import (
     EPP_EXT_PROC_PORT,
     PREDICTED_MATCH_PLUGIN,
+    PROFILES,
     SALT_KEY_FILE,
     SALT_KEY_MOUNT_DIR,
     TENANT_SALT_PARSER,
@@ -23,7 +23,9 @@ from promptcache.contract import (
     PickerFlag,
     PickerTarget,
     TenantSaltParam,
+    lacking,
 )
+from promptcache.contract import PickerFeature as Feature
 from promptcache.render.epp import GATEWAY_POLICY_CONTAINER
 from promptcache.render.epp_config import PREFIX_PRODUCER
 
@@ -217,4 +219,4 @@ def test_the_api_refuses_for_it_what_it_refuses_for_gie() -> None:
     """The pickers GIE's picker is underneath lack what GIE's lacks (their rows in the
     profile table), so the API refuses tiers, vLLM's render and a custom LRU for both."""
     for feature in (Feature.PREFIX_TIERS, Feature.TOKEN_PRODUCER, Feature.LRU_CAPACITY):
-        assert {p for p in PickerTarget if p.gie_based} == set(lacking(feature))
+        assert {p for p in PickerTarget if PROFILES[p].gie_based} == set(lacking(feature))

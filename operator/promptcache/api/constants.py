@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Final
 
 from promptcache._version import __version__
-from promptcache.contract.names import API_GROUP
+from promptcache.contract.names import API_GROUP, DEFAULT_IMAGE_REGISTRY
 
 GROUP: Final[str] = API_GROUP
 VERSION: Final[str] = "v1alpha1"
@@ -19,12 +19,6 @@ CRD_NAME: Final[str] = f"{PLURAL}.{GROUP}"
 
 DEFAULT_VLLM_IMAGE: Final[str] = "vllm/vllm-openai:v0.33.0"
 """Pinned, never `latest`: a model server that changes under a rollout is an outage."""
-DEFAULT_EPP_IMAGE: Final[str] = "ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.10.0"
-"""The llm-d-router release the generated EndpointPickerConfig is verified against."""
-DEFAULT_GIE_EPP_IMAGE: Final[str] = "registry.k8s.io/gateway-api-inference-extension/epp:v1.5.0"
-"""The upstream GIE Endpoint Picker release `picker: gie-v1.5` targets (its chart's image)."""
-DEFAULT_IMAGE_REGISTRY: Final[str] = "ghcr.io/promptcache"
-"""Where the release pipeline publishes this project's images (and the chart defaults to)."""
 OPERATOR_IMAGE_REPOSITORY: Final[str] = "promptcache-operator"
 FRONT_IMAGE_REPOSITORY: Final[str] = "promptcache-front"
 DEFAULT_FRONT_IMAGE: Final[str] = f"{DEFAULT_IMAGE_REGISTRY}/{FRONT_IMAGE_REPOSITORY}:{__version__}"
@@ -34,22 +28,10 @@ DEFAULT_GATEWAY_POLICY_IMAGE: Final[str] = (
 )
 """The Endpoint Picker's gateway policy step runs from the operator image (its `gateway` extra):
 no torch, and one image less to publish and pin."""
-PICKER_IMAGE_REPOSITORY: Final[str] = "promptcache-picker"
-DEFAULT_PICKER_IMAGE: Final[str] = (
-    f"{DEFAULT_IMAGE_REGISTRY}/{PICKER_IMAGE_REPOSITORY}:{__version__}"
-)
-"""promptcache's Endpoint Picker (`picker/`, the Dockerfile's `picker` target), tagged with
-this version: the image of `gateway.picker: promptcache`."""
 
 DEFAULT_MODEL_SERVER_USER: Final[int] = 1000
 """UID the vLLM container runs as unless configured: the upstream image declares no user."""
 
-EPP_MIN_BLOCK_SIZE_TOKENS: Final[int] = 64
-"""llm-d-router raises smaller prefix block sizes to this (#1158); its row in
-`api.pickers.PROFILES` says so."""
 DEFAULT_BLOCK_SIZE_TOKENS: Final[int] = 64
 """`prefixCache.blockSizeTokens` (and a tier's) when empty: always written into the picker's
 config, so a picker's own default (GIE's is 16) never applies."""
-DEFAULT_LRU_CAPACITY_PER_SERVER: Final[int] = 31250
-"""The approximate prefix producer's own per-pod capacity (both GIE v1.5.0 and
-llm-d-router), and so `prefixCache.lruCapacityPerServer` when empty."""

@@ -12,8 +12,9 @@ from typing import Any
 from promptcache._version import __version__
 from promptcache.api.constants import API_VERSION, KIND, SHORT_NAMES
 from promptcache.api.crd import openapi_schema
-from promptcache.api.pickers import PROFILES, Feature
 from promptcache.api.rules import RULES, picker_refused_fields
+from promptcache.contract import PROFILES
+from promptcache.contract import PickerFeature as Feature
 
 
 def _cell(text: str) -> str:
@@ -66,7 +67,7 @@ def _rows(node: dict[str, Any], path: str) -> list[str]:
 
 
 def _picker_rows() -> list[str]:
-    """One row per Endpoint Picker, from `api.pickers.PROFILES` (what render, status and the
+    """One row per Endpoint Picker, from `contract.PROFILES` (what render, status and the
     rules read too)."""
     rows = []
     for profile in PROFILES.values():
@@ -104,10 +105,10 @@ def api_reference_markdown() -> str:
         "",
         "## Endpoint Pickers",
         "",
-        "What `spec.gateway.picker` chooses (one row each in `api/pickers.py`): its image when",
-        "`gateway.eppImage` is empty, the block-size floor, the per-pod index capacity it uses",
-        "when it does not take `lruCapacityPerServer`, its optional features, the fields the",
-        "API refuses for it, and whether the gateway's policy step fronts it.",
+        "What `spec.gateway.picker` chooses (one row each in `contract/picker_profiles.py`):",
+        "its image when `gateway.eppImage` is empty, the block-size floor, the per-pod index",
+        "capacity it uses when it does not take `lruCapacityPerServer`, its optional features,",
+        "the fields the API refuses for it, and whether the gateway's policy step fronts it.",
         "",
         "| picker | image | block-size floor | LRU default | features | refuses | policy step |",
         "|---|---|---|---|---|---|---|",

@@ -12,8 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from promptcache.api.constants import DEFAULT_LRU_CAPACITY_PER_SERVER, DEFAULT_VLLM_IMAGE
-from promptcache.api.pickers import Feature, lacking, profile_of
+from promptcache.api.constants import DEFAULT_VLLM_IMAGE
 from promptcache.contract import (
     DEFAULT_PICKER,
     ENDPOINT_PICKER_POD,
@@ -28,9 +27,12 @@ from promptcache.contract import (
     OwnedEngineFlags,
     OwnedPodParts,
     PickerTarget,
+    lacking,
     needs_salt_key,
     owned_flag_pattern,
+    profile_of,
 )
+from promptcache.contract import PickerFeature as Feature
 
 M = TypeVar("M")
 _REQUIRED = IsolationMode.REQUIRED.value
@@ -67,10 +69,22 @@ _NO_SESSIONS = lacking(Feature.SESSION_AFFINITY)
 _NO_LRU = lacking(Feature.LRU_CAPACITY)
 
 
+def _fallback_lru(pickers: tuple[PickerTarget, ...]) -> int:
+    """The per-pod LRU `pickers` use whatever `lruCapacityPerServer` says, from their rows:
+    the rule below holds the field to it with one CEL equality, so they must agree."""
+    (capacity,) = {profile_of(p).default_lru_capacity for p in pickers}
+    return capacity
+
+
+GIE_LRU_CAPACITY = _fallback_lru(_NO_LRU)
+"""The per-pod prefix LRU the pickers without `Feature.LRU_CAPACITY` use whatever
+`lruCapacityPerServer` says (their rows' `default_lru_capacity`)."""
+
+
 def _by(pickers: tuple[PickerTarget, ...]) -> str:
     """`gateway.picker a or b (what they are)`, as the messages name the refusing pickers."""
     names = " or ".join(p.value for p in pickers)
-    if len(pickers) > 1 and all(p.gie_based for p in pickers):
+    if len(pickers) > 1 and all(profile_of(p).gie_based for p in pickers):
         return f"gateway.picker {names} (GIE v1.5.0's picker)"
     if len(pickers) == 1:
         return f"gateway.picker {names} ({profile_of(pickers[0]).about})"
@@ -96,7 +110,7 @@ def _others(pickers: tuple[PickerTarget, ...]) -> str:
 
 def picker_refusals(spec: Any, picker: str) -> list[str]:
     """What `picker` cannot honour in `spec`, as the messages the rules below use (each
-    from a feature its row in `api.pickers.PROFILES` lacks).
+    from a feature its row in `contract.PROFILES` lacks).
 
     The rules check an explicit `gateway.picker`; the renderer calls this with the picker
     it resolved (the operator's default when the field is empty), so both say the same."""
@@ -123,9 +137,7 @@ REFUSED_WITHOUT: dict[Feature, str] = {
     Feature.TOKEN_PRODUCER: f"`prefixCache.tokenProducer: {VLLM_RENDER}`",
     Feature.PREFIX_TIERS: "`prefixCache.tiers`",
     Feature.SESSION_AFFINITY: "`sessionAffinity.enabled`",
-    Feature.LRU_CAPACITY: (
-        f"`prefixCache.lruCapacityPerServer` other than {DEFAULT_LRU_CAPACITY_PER_SERVER}"
-    ),
+    Feature.LRU_CAPACITY: (f"`prefixCache.lruCapacityPerServer` other than {GIE_LRU_CAPACITY}"),
 }
 """The field `picker_refusals` refuses for a picker without each feature (the docs table)."""
 
@@ -135,9 +147,6 @@ def picker_refused_fields(picker: PickerTarget) -> list[str]:
     return [field for f, field in REFUSED_WITHOUT.items() if f not in profile_of(picker).features]
 
 
-GIE_LRU_CAPACITY = DEFAULT_LRU_CAPACITY_PER_SERVER
-"""The per-pod prefix LRU the pickers without `Feature.LRU_CAPACITY` use whatever
-`lruCapacityPerServer` says (a test holds their rows to it)."""
 GIE_LRU_MESSAGE = (
     "prefixCache.lruCapacityPerServer cannot be honoured by "
     f"{_by(_NO_LRU)}: it "

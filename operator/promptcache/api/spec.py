@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, Strict, model_validator
 
+from promptcache._version import __version__
 from promptcache.api.base import (
     ApiModel,
     DnsLabel,
@@ -21,20 +22,18 @@ from promptcache.api.base import (
     OptionalHeaderName,
     Quantity,
 )
-from promptcache.api.constants import (
-    DEFAULT_BLOCK_SIZE_TOKENS,
-    DEFAULT_LRU_CAPACITY_PER_SERVER,
-    DEFAULT_VLLM_IMAGE,
-)
+from promptcache.api.constants import DEFAULT_BLOCK_SIZE_TOKENS, DEFAULT_VLLM_IMAGE
 from promptcache.api.podtemplate import GatewayPodTemplate, ModelPodTemplate
 from promptcache.api.rules import default_max_loras, enforce_rules
 from promptcache.contract import (
     DEFAULT_CACHED_PROMPT_TOKENS_HEADER,
     DEFAULT_ISOLATION_FIELD,
     DEFAULT_ISOLATION_HEADER,
+    DEFAULT_LRU_CAPACITY_PER_SERVER,
     DEFAULT_PROMPT_TOKENS_HEADER,
     DEFAULT_SESSION_HEADER,
     MAX_CACHE_GIB,
+    PROFILES,
     SALT_KEY_SECRET_KEY,
     IsolationMode,
     PickerTarget,
@@ -487,6 +486,20 @@ class GatewaySizingSpec(ApiModel):
     """Typical request body in KiB (the prompt: the picker hashes it, the step parses it)."""
 
 
+def _epp_image_description() -> str:
+    """`gateway.eppImage`'s description, naming each picker's pinned image from its row
+    (this project's own without the tag: it is this release's)."""
+    tag = f":{__version__}"
+    images = [
+        f"this release's\n`{p.image.removesuffix(tag)}`"
+        if p.image.endswith(tag)
+        else f"`{p.image}`"
+        for p in PROFILES.values()
+    ]
+    listed = ",\n".join(images[:-1]) + ", or " + images[-1]
+    return f"Endpoint Picker image. Empty: the pinned release of `picker`\n({listed})."
+
+
 class GatewaySpec(ApiModel):
     """The InferencePool and its Endpoint Picker."""
 
@@ -498,11 +511,7 @@ class GatewaySpec(ApiModel):
     Gateway API Inference Extension EPP v1.5.0, with the policy step in front; no session
     affinity and no prefix tiers). Empty: the operator's default (the chart's
     `defaultPicker`, flag `--picker`; `promptcache` unless changed)."""
-    epp_image: ImageRef | None = None
-    """Endpoint Picker image. Empty: the pinned release of `picker`
-    (`ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.10.0`,
-    `registry.k8s.io/gateway-api-inference-extension/epp:v1.5.0`, or this release's
-    `ghcr.io/promptcache/promptcache-picker`)."""
+    epp_image: Annotated[ImageRef | None, Field(description=_epp_image_description())] = None
     replicas: Annotated[int, Field(ge=1, le=5)] = 1
     """Endpoint Picker replicas; above 1 they elect a leader (approximate prefix indexes are
     per replica, so active-active would split them): more replicas add availability, not

@@ -10,6 +10,7 @@ import asyncio
 import logging
 from typing import Any
 
+from promptcache.contract.pods import Command
 from promptcache.contract.router import CATALOG_HEALTH_PORT, CATALOG_PORT
 
 # ruff: noqa: PLC0415 - the CLI builds its parser from this module; aiohttp waits for `run`
@@ -36,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     parser = sub.add_parser(
-        "catalog",
+        Command.CATALOG.value,
         help="answer GET /v1/models for Gateways shared by resources routing by model",
         description="The model-list responder: lists, per Gateway, every model and adapter "
         "that the PromptCacheDeployments routing by model serve on it (only what a ready "

@@ -11,6 +11,8 @@ same grammar and bounds. None of them defines its own copy.
   the parsers; `front` and `shim` declare each process' settings with it.
 - `cache_size`: `SG_PROMPT_EMBEDS_CACHE_GIB`, its bound, parser and format.
 - `picker`: which Endpoint Picker a rendered gateway targets, and the operator's default.
+- `picker_profiles`: one row per picker (`PROFILES`): its image, config dialect, block-size
+  floor, LRU default, features, and whether the policy step fronts it.
 - `engine`: the `vllm serve` flags the operator writes or relies on, and the pattern of every
   spelling vLLM's parser reads as one of them (what `engine.extraArgs` may not carry).
 - `session`: what names a request's session, and the `promptcache` picker's session plugin.
@@ -60,6 +62,7 @@ from promptcache.contract.names import (
     AUTHORIZATION_HEADER,
     CACHE_SALT_FIELD,
     DEFAULT_CACHED_PROMPT_TOKENS_HEADER,
+    DEFAULT_IMAGE_REGISTRY,
     DEFAULT_ISOLATION_FIELD,
     DEFAULT_ISOLATION_HEADER,
     DEFAULT_PROMPT_TOKENS_HEADER,
@@ -101,6 +104,14 @@ from promptcache.contract.picker import (
     PredictedMatchParam,
     TenantSaltParam,
 )
+from promptcache.contract.picker_profiles import (
+    DEFAULT_LRU_CAPACITY_PER_SERVER,
+    PROFILES,
+    PickerProfile,
+    lacking,
+    profile_of,
+)
+from promptcache.contract.picker_profiles import Feature as PickerFeature
 from promptcache.contract.pods import (
     ENDPOINT_PICKER_POD,
     GO_GC_PERCENT_ENV,
@@ -130,8 +141,10 @@ __all__ = [
     "BODY_FIELD_PATTERN",
     "CACHE_SALT_FIELD",
     "DEFAULT_CACHED_PROMPT_TOKENS_HEADER",
+    "DEFAULT_IMAGE_REGISTRY",
     "DEFAULT_ISOLATION_FIELD",
     "DEFAULT_ISOLATION_HEADER",
+    "DEFAULT_LRU_CAPACITY_PER_SERVER",
     "DEFAULT_MAX_SESSIONS",
     "DEFAULT_PICKER",
     "DEFAULT_PICKER_ENV",
@@ -168,6 +181,7 @@ __all__ = [
     "POD_TERMINATION_GRACE_SECONDS",
     "PREDICTED_MATCH_HEADER",
     "PREDICTED_MATCH_PLUGIN",
+    "PROFILES",
     "PROMPT_CACHE_KEY_FIELD",
     "PROMPT_CACHE_MAX_LEN_FIELD",
     "PROMPT_EMBEDS_NOT_CACHED_ERROR_CODE",
@@ -190,7 +204,9 @@ __all__ = [
     "LadderCounter",
     "OwnedEngineFlags",
     "OwnedPodParts",
+    "PickerFeature",
     "PickerFlag",
+    "PickerProfile",
     "PickerTarget",
     "PredictedMatchParam",
     "SessionParam",
@@ -208,9 +224,11 @@ __all__ = [
     "format_float",
     "is_body_field",
     "is_header_name",
+    "lacking",
     "needs_salt_key",
     "owned_flag_pattern",
     "parse_cache_gib",
+    "profile_of",
     "request_session",
     "session_sources",
 ]

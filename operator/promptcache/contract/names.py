@@ -14,6 +14,9 @@ from typing import Final
 API_GROUP: Final[str] = "serving.promptcache.io"
 """The one spelling of the group; `api.GROUP`, the annotation prefixes and the operator's
 kopf storage derive from it."""
+DEFAULT_IMAGE_REGISTRY: Final[str] = "ghcr.io/promptcache"
+"""Where the release pipeline publishes this project's images (and the chart defaults to):
+the operator's, the cache front's and the picker's (`contract.picker_profiles`)."""
 
 # --- spec/000: the prompt-embeds cache size, per API-server process -----------
 SG_PROMPT_EMBEDS_CACHE_GIB_ENV_VAR: Final[str] = "SG_PROMPT_EMBEDS_CACHE_GIB"

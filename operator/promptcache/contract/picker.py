@@ -24,11 +24,6 @@ class PickerTarget(StrEnum):
     the tenant salt derived inside it (`TENANT_SALT_PARSER`), so no policy step fronts it.
     Otherwise GIE v1.5.0's behaviour and dialect."""
 
-    @property
-    def gie_based(self) -> bool:
-        """GIE v1.5.0's picker underneath: its config dialect, plugins and limits."""
-        return self is not PickerTarget.LLM_D_ROUTER
-
 
 DEFAULT_PICKER: Final[PickerTarget] = PickerTarget.PROMPTCACHE
 """The operator-wide default when neither the resource nor the operator names one:

@@ -26,10 +26,15 @@ class Container(StrEnum):
 
 
 class Command(StrEnum):
-    """The `promptcache` sub-commands the rendered containers run (their first argument)."""
+    """The `promptcache` sub-commands containers run (their first argument): the rendered
+    pods' and the operator chart's. The CLI registers each under this name."""
 
     FRONT = "front"
     GATEWAY_POLICY = "gateway-policy"
+    RUN = "run"
+    """The operator (the chart's Deployment)."""
+    CATALOG = "catalog"
+    """The model-list responder (the chart's `model-list.yaml`)."""
 
 
 @dataclass(frozen=True)

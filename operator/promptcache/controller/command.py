@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from promptcache.api.defaults import add_default_flags, defaults_from_args
+from promptcache.contract import Command
 from promptcache.controller.options import (
     DEFAULT_BIND_ADDRESS,
     DEFAULT_HEALTH_PORT,
@@ -33,7 +34,9 @@ from promptcache.controller.options import (
 
 
 def register(sub: Any) -> None:
-    run = sub.add_parser("run", help="run the operator (reconcile PromptCacheDeployments)")
+    run = sub.add_parser(
+        Command.RUN.value, help="run the operator (reconcile PromptCacheDeployments)"
+    )
     scope = run.add_mutually_exclusive_group(required=True)
     scope.add_argument(
         "-n",

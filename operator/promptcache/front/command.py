@@ -13,6 +13,7 @@ import sys
 from collections.abc import Mapping
 
 from promptcache.contract.front import FRONT_SETTINGS
+from promptcache.contract.pods import Command
 from promptcache.contract.settings import add_flags, collect
 from promptcache.front.settings import FrontSettings, SettingsError
 
@@ -43,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the `front` sub-command to the `promptcache` CLI."""
     parser = subparsers.add_parser(
-        "front",
+        Command.FRONT.value,
         help="run the cache front in a model-server pod",
         description="The cache front: isolation salts, prompt embeds by reference, usage "
         "headers and merged metrics in front of vLLM on localhost. Every flag can also "

@@ -14,13 +14,15 @@ import sys
 from collections.abc import Mapping
 
 from promptcache.contract.gateway_policy import GATEWAY_POLICY_SETTINGS
+from promptcache.contract.pods import Command
 from promptcache.contract.settings import SettingsError, add_flags, collect
 from promptcache.gateway.settings import GatewayPolicySettings
 from promptcache.tenancy.settings import read_salt_key
 
 EXIT_BAD_SETTINGS = 2
 EXIT_MISSING_EXTRA = 3
-COMMAND = "gateway-policy"
+COMMAND = Command.GATEWAY_POLICY.value
+"""The sub-command the rendered policy-step container runs (`contract.Command`)."""
 
 
 def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> GatewayPolicySettings:

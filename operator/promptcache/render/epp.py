@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from promptcache.api import PromptCacheDeployment, filled
-from promptcache.api.pickers import Feature
 from promptcache.contract import (
     EPP_EXT_PROC_PORT,
     EPP_LOCAL_GRPC_PORT,
@@ -22,6 +21,7 @@ from promptcache.contract import (
     GatewayPolicyEnv,
     PickerFlag,
 )
+from promptcache.contract import PickerFeature as Feature
 from promptcache.contract.gateway_policy import (
     DEFAULT_GATEWAY_POLICY_LISTEN,
     DEFAULT_GATEWAY_POLICY_MAX_BUFFERED_BYTES,

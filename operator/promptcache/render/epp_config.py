@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Any, Final
 
 from promptcache.api import PromptCacheDeployment
-from promptcache.api.pickers import Feature
 from promptcache.contract import (
     DEFAULT_MAX_SESSIONS,
     PREDICTED_MATCH_PLUGIN,
@@ -27,19 +26,12 @@ from promptcache.contract import (
     TenantSaltParam,
     session_sources,
 )
-from promptcache.contract import PickerTarget as Picker
+from promptcache.contract import PickerFeature as Feature
+from promptcache.contract.picker_profiles import SESSION_FILTER
 from promptcache.render.names import names_of
 from promptcache.render.picker import PickerProfile, picker_of, picker_target
 from promptcache.yamlio import dump
 
-EPP_CONFIG_API_VERSION: Final[str] = "llm-d.ai/v1alpha1"
-GIE_CONFIG_API_VERSION: Final[str] = "inference.networking.x-k8s.io/v1alpha1"
-"""The only config apiVersion GIE v1.5.0 decodes (llm-d-router's is refused there)."""
-CONFIG_API_VERSIONS: Final[dict[Picker, str]] = {
-    Picker.LLM_D_ROUTER: EPP_CONFIG_API_VERSION,
-    Picker.GIE: GIE_CONFIG_API_VERSION,
-    Picker.PROMPTCACHE: GIE_CONFIG_API_VERSION,
-}
 PREFIX_PRODUCER: Final[str] = "approx-prefix-cache-producer"
 PREFIX_SCORER: Final[str] = "prefix-cache-scorer"
 QUEUE_SCORER: Final[str] = "queue-scorer"
@@ -48,7 +40,6 @@ LORA_SCORER: Final[str] = "lora-affinity-scorer"
 """Scores pods by the request's adapter from `vllm:lora_requests_info` (both pickers read that
 metric by default and the plugin takes no parameters: GIE v1.5.0 and llm-d-router v0.10.0
 `scorer/loraaffinity`)."""
-SESSION_FILTER: Final[str] = "session-affinity-filter"
 AFFINITY_FILTER: Final[str] = "prefix-cache-affinity-filter"
 """Keeps only pods whose prefix match reaches a threshold (GIE v1.5.0
 `filter/prefixcacheaffinity`: `affinityThreshold`, `explorationProbability`,
@@ -111,12 +102,13 @@ def endpoint_picker_config(pcd: PromptCacheDeployment) -> dict[str, Any]:
     # The upstream GIE picker has no session plugin: the API refuses sessionAffinity there
     # (api/rules.py). promptcache's build has its own, a filter: first, so a pinned session
     # keeps its pod whatever the prefix filter or the scorers say (picker/README.md).
-    if session.enabled and picker_of(pcd) is Picker.PROMPTCACHE:
+    session_plugin = picker_target(pcd).session_plugin if session.enabled else None
+    if session_plugin == SESSION_AFFINITY_PLUGIN:
         plugins.append(
             {"type": SESSION_AFFINITY_PLUGIN, "parameters": session_affinity_parameters(pcd)}
         )
         profile.append({"pluginRef": SESSION_AFFINITY_PLUGIN})
-    if session.enabled and picker_of(pcd) is Picker.LLM_D_ROUTER:
+    if session_plugin == SESSION_FILTER:
         plugins.append(
             {
                 "type": SESSION_FILTER,
@@ -177,7 +169,7 @@ def endpoint_picker_config(pcd: PromptCacheDeployment) -> dict[str, Any]:
     plugins += [{"type": PICKER, "parameters": {"maxNumOfEndpoints": 1}}, {"type": PROFILE_HANDLER}]
     profile.append({"pluginRef": PICKER})
     config: dict[str, Any] = {
-        "apiVersion": CONFIG_API_VERSIONS[picker_of(pcd)],
+        "apiVersion": picker_target(pcd).config_api_version,
         "kind": "EndpointPickerConfig",
         "plugins": plugins,
         "schedulingProfiles": [{"name": PROFILE, "plugins": profile}],
@@ -247,7 +239,7 @@ def _token_producer(pcd: PromptCacheDeployment) -> list[dict[str, Any]]:
     """The explicit `token-producer`, when the resource names one (llm-d-router only: the
     API refuses VllmRender on GIE, and Estimate is what both do without one)."""
     chosen = pcd.spec.prefix_cache.token_producer
-    if chosen is None or picker_of(pcd) is not Picker.LLM_D_ROUTER:
+    if chosen is None or Feature.TOKEN_PRODUCER not in picker_target(pcd).features:
         return []
     if chosen == "Estimate":
         return [{"type": TOKEN_PRODUCER}]
@@ -275,7 +267,7 @@ def _notes(pcd: PromptCacheDeployment) -> list[str]:
         f"(Endpoint Picker: {picker_of(pcd).value}); edits are reverted by the operator.",
     ]
     session = pcd.spec.session_affinity
-    if session.enabled and picker_of(pcd) is Picker.PROMPTCACHE:
+    if session.enabled and picker_target(pcd).session_plugin == SESSION_AFFINITY_PLUGIN:
         notes.append(
             f"{SESSION_AFFINITY_PLUGIN}: a session stays on its pod for ttlSeconds after its "
             "last request, until that pod leaves the pool; at most maxSessions are tracked "

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any, Final
 
 from promptcache.api import PromptCacheDeployment, ceiling_of, filled
-from promptcache.api.pickers import Feature, profile_of
 from promptcache.contract import (
     FRONT_HEALTH_PATH,
     FRONT_LAME_DUCK_SECONDS,
@@ -26,7 +25,9 @@ from promptcache.contract import (
     format_bool,
     format_cache_gib,
     format_float,
+    profile_of,
 )
+from promptcache.contract import PickerFeature as Feature
 from promptcache.contract.front import (
     DEFAULT_LISTEN,
     DEFAULT_MAX_IN_FLIGHT,

@@ -2,7 +2,7 @@
 
 The generated config and the status both say what the picker will use, not what was
 asked: the block size after its floor, the per-pod index capacity after autoTune. What
-differs between pickers is one row each in `api.pickers.PROFILES`; `picker_target` gives
+differs between pickers is one row each in `contract.PROFILES`; `picker_target` gives
 the row of the picker the resource deploys (`spec.gateway.picker`, filled from the
 operator's defaults by `api.resolved`, so callers pass the resolved resource).
 """
@@ -10,8 +10,7 @@ operator's defaults by `api.resolved`, so callers pass the resolved resource).
 from __future__ import annotations
 
 from promptcache.api import PromptCacheDeployment, filled
-from promptcache.api.pickers import PickerProfile, profile_of
-from promptcache.contract import PickerTarget
+from promptcache.contract import PickerProfile, PickerTarget, profile_of
 
 __all__ = ["PickerProfile", "picker_of", "picker_target"]
 
@@ -23,5 +22,5 @@ def picker_of(pcd: PromptCacheDeployment) -> PickerTarget:
 
 
 def picker_target(pcd: PromptCacheDeployment) -> PickerProfile:
-    """The row (`api.pickers.PROFILES`) of the picker the resolved resource deploys."""
+    """The row (`contract.PROFILES`) of the picker the resolved resource deploys."""
     return profile_of(picker_of(pcd))

@@ -1,9 +1,11 @@
 """One row per Endpoint Picker: what each picker is, has and cannot do, written once.
 
-The API's rules (what the API server refuses for a picker), the renderer (its image, its
-flags, whether the gateway's policy step fronts it), the status (the block size and index
-capacity it really uses) and the docs table all read `PROFILES`; none of them names a
-picker by its string or repeats one of these numbers. A fourth picker is one more row.
+Beside the enum it describes (`contract.picker`), so everything that names a picker finds
+its facts here: the API's rules (what the API server refuses for a picker), the renderer
+(its image, config dialect, session plugin, flags, whether the gateway's policy step fronts
+it), the status (the block size and index capacity it really uses), the docs table and the
+test harness all read `PROFILES`; none of them names a picker by its string or repeats one
+of these numbers. A fourth picker is one more row.
 
     >>> PROFILES[PickerTarget.LLM_D_ROUTER].effective_block_size(16)
     64
@@ -17,16 +19,31 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
-from promptcache.api.constants import (
-    DEFAULT_EPP_IMAGE,
-    DEFAULT_GIE_EPP_IMAGE,
-    DEFAULT_LRU_CAPACITY_PER_SERVER,
-    DEFAULT_PICKER_IMAGE,
-    EPP_MIN_BLOCK_SIZE_TOKENS,
-)
-from promptcache.contract import PickerTarget
+from promptcache._version import __version__
+from promptcache.contract.names import DEFAULT_IMAGE_REGISTRY
+from promptcache.contract.picker import PickerTarget
+from promptcache.contract.session import SESSION_AFFINITY_PLUGIN
 
-__all__ = ["PROFILES", "Feature", "PickerProfile", "lacking", "profile_of"]
+__all__ = [
+    "DEFAULT_LRU_CAPACITY_PER_SERVER",
+    "PROFILES",
+    "SESSION_FILTER",
+    "Feature",
+    "PickerProfile",
+    "lacking",
+    "profile_of",
+]
+
+DEFAULT_LRU_CAPACITY_PER_SERVER: Final[int] = 31250
+"""The approximate prefix producer's own per-pod capacity (both GIE v1.5.0 and
+llm-d-router), and so `prefixCache.lruCapacityPerServer` when empty."""
+PICKER_IMAGE_REPOSITORY: Final[str] = "promptcache-picker"
+
+LLM_D_ROUTER_CONFIG_API_VERSION: Final[str] = "llm-d.ai/v1alpha1"
+GIE_CONFIG_API_VERSION: Final[str] = "inference.networking.x-k8s.io/v1alpha1"
+"""The only config apiVersion GIE v1.5.0 decodes (llm-d-router's is refused there)."""
+SESSION_FILTER: Final[str] = "session-affinity-filter"
+"""llm-d-router's session plugin (an Alpha plugin: `--allow-experimental-plugins`)."""
 
 
 class Feature(StrEnum):
@@ -62,18 +79,32 @@ class PickerProfile:
     """How messages and docs name it beside its value."""
     image: str
     """The pinned release `gateway.eppImage` defaults to."""
+    config_api_version: str
+    """The `EndpointPickerConfig` apiVersion it decodes (its config dialect)."""
     min_block_size_tokens: int
     """Block sizes below this are raised to it, configured or auto-tuned (1: no floor)."""
     default_lru_capacity: int
     """Per-pod index capacity it uses when it does not take the configured one."""
     features: frozenset[Feature]
+    session_plugin: str | None
+    """The plugin type it pins sessions with (None: no session plugin; the row has
+    `Feature.SESSION_AFFINITY` exactly when it has one)."""
     policy_step: bool
     """Whether the gateway's policy step fronts it (when isolation derives salts or the body
     names sessions): it cannot derive the tenant's salt itself."""
 
+    def __post_init__(self) -> None:
+        if (self.session_plugin is not None) != (Feature.SESSION_AFFINITY in self.features):
+            raise ValueError(f"{self.picker}: a session plugin exactly with session affinity")
+
     @property
     def name(self) -> str:
         return self.picker.value
+
+    @property
+    def gie_based(self) -> bool:
+        """GIE v1.5.0's picker underneath: its config dialect, plugins and limits."""
+        return self.config_api_version == GIE_CONFIG_API_VERSION
 
     def effective_block_size(self, requested: int) -> int:
         """The block size the picker uses for `requested` tokens."""
@@ -108,8 +139,10 @@ PROFILES: Final[dict[PickerTarget, PickerProfile]] = {
         PickerProfile(
             picker=PickerTarget.LLM_D_ROUTER,
             about="llm-d-router v0.10.0",
-            image=DEFAULT_EPP_IMAGE,
-            min_block_size_tokens=EPP_MIN_BLOCK_SIZE_TOKENS,
+            image="ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.10.0",
+            # the release the generated EndpointPickerConfig is verified against
+            config_api_version=LLM_D_ROUTER_CONFIG_API_VERSION,
+            min_block_size_tokens=64,  # raises smaller prefix block sizes to 64 (#1158)
             default_lru_capacity=DEFAULT_LRU_CAPACITY_PER_SERVER,
             features=frozenset(
                 {
@@ -120,21 +153,26 @@ PROFILES: Final[dict[PickerTarget, PickerProfile]] = {
                     Feature.EXPERIMENTAL_FLAG,
                 }
             ),
+            session_plugin=SESSION_FILTER,
             policy_step=True,
         ),
         PickerProfile(
             picker=PickerTarget.GIE,
             about="the upstream GIE v1.5.0 picker",
-            image=DEFAULT_GIE_EPP_IMAGE,
+            image="registry.k8s.io/gateway-api-inference-extension/epp:v1.5.0",  # its chart's
+            config_api_version=GIE_CONFIG_API_VERSION,
             min_block_size_tokens=1,
             default_lru_capacity=DEFAULT_LRU_CAPACITY_PER_SERVER,
             features=_GIE_FEATURES,
+            session_plugin=None,
             policy_step=True,
         ),
         PickerProfile(
             picker=PickerTarget.PROMPTCACHE,
             about="promptcache's build of GIE v1.5.0's picker",
-            image=DEFAULT_PICKER_IMAGE,
+            # `picker/`, the Dockerfile's `picker` target, tagged with this version
+            image=f"{DEFAULT_IMAGE_REGISTRY}/{PICKER_IMAGE_REPOSITORY}:{__version__}",
+            config_api_version=GIE_CONFIG_API_VERSION,
             min_block_size_tokens=1,
             default_lru_capacity=DEFAULT_LRU_CAPACITY_PER_SERVER,
             features=_GIE_FEATURES
@@ -144,6 +182,7 @@ PROFILES: Final[dict[PickerTarget, PickerProfile]] = {
                 Feature.PREDICTED_MATCH,
                 Feature.BODY_BOUNDS,
             },
+            session_plugin=SESSION_AFFINITY_PLUGIN,
             policy_step=False,
         ),
     )

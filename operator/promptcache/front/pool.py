@@ -179,7 +179,7 @@ class _Connection(asyncio.Protocol):
 
     # --- parsing ----------------------------------------------------------------------
 
-    def _feed(self, data: bytes) -> None:  # noqa: PLR0915 (one state machine reads best whole)
+    def _feed(self, data: bytes) -> None:  # noqa: C901, PLR0915 - one state machine, read whole
         if self._buffer:
             data = self._buffer + data
             self._buffer = b""
@@ -255,7 +255,7 @@ class _Connection(asyncio.Protocol):
             else:  # _DONE: more bytes after a complete answer
                 raise UpstreamFailedError("the model server sent more than one answer")
 
-    def _head(self, head: bytes) -> None:  # noqa: PLR0915 (one pass over the head)
+    def _head(self, head: bytes) -> None:  # noqa: C901, PLR0915 - one pass over the head
         lines = head.split(b"\r\n")
         parts = lines[0].split(b" ", 2)
         if (

@@ -45,7 +45,7 @@ from harness.epp.scenarios import (
 )
 from harness.waiting import NotMet
 from promptcache.api.rules import GIE_SESSIONS_MESSAGE, GIE_TIERS_MESSAGE
-from promptcache.contract import PickerTarget
+from promptcache.contract import PROFILES, PickerTarget
 
 pytestmark = [pytest.mark.epp, pytest.mark.cluster]
 
@@ -114,7 +114,7 @@ def indexed(pool: PoolOnCluster, by: int = 1) -> AbstractContextManager[None]:
     pickers report the index's size). llm-d-router's index metric is unverified here (its
     binary cannot be built on this machine), so there it is still a fixed pause."""
     assert pool.epp is not None
-    if pool.rendered.picker.gie_based:
+    if PROFILES[pool.rendered.picker].gie_based:
         return index_grows(pool.epp, by)
     return _paused()
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -39,6 +40,24 @@ async def make_gateway_policy(upstream: Upstream) -> AsyncIterator[GatewayPolicy
     finally:
         for shim in running:
             await shim.stop(grace_s=0)
+        await _rpc_tasks_ended()
+
+
+_GRPC_RPC_TASKS = ("_handle_exceptions", "_schedule_rpc_coro")
+
+
+async def _rpc_tasks_ended() -> None:
+    """A server stopped with no grace cancels the RPCs it still runs, but their tasks end
+    only when the loop next runs them: a test whose stream the step had just ended could
+    return with them pending (the leak guard's error, once in a CI run). Wait for them."""
+    current = asyncio.current_task()
+    left = [
+        t
+        for t in asyncio.all_tasks()
+        if t is not current and getattr(t.get_coro(), "__qualname__", "") in _GRPC_RPC_TASKS
+    ]
+    if left:
+        await asyncio.wait(left, timeout=10)
 
 
 @pytest.fixture

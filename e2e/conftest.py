@@ -1,4 +1,4 @@
-"""Registers the shared cluster fixtures (harness/pytest_cluster.py) for the e2e tree.
+"""Registers the harness's pytest plugins (harness/pytest_plugins.py) for the e2e tree.
 
 `e2e` is a package, imported from the checkout root as `tests` is. What its tests share
 with the unit tests, the benches and the demo lives in `harness` (`harness.pytest_cluster`,
@@ -13,19 +13,11 @@ from collections.abc import Iterator
 import pytest
 
 from harness.pod import running_pods
+from harness.pytest_plugins import register
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # Registered once per session whichever conftest loads first, so `tests/` and `e2e/`
-    # share one session cluster instead of defining the fixture twice.
-    if not config.pluginmanager.has_plugin("pytest_cluster"):
-        from harness import pytest_cluster  # noqa: PLC0415 - only when not registered yet
-
-        config.pluginmanager.register(pytest_cluster, "pytest_cluster")
-    if not config.pluginmanager.has_plugin("pytest_guards"):
-        from harness import pytest_guards  # noqa: PLC0415 - only when not registered yet
-
-        config.pluginmanager.register(pytest_guards, "pytest_guards")
+    register(config)
 
 
 @pytest.fixture(scope="module", autouse=True)

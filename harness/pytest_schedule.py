@@ -1,0 +1,79 @@
+"""Pytest plugin: how a run with pytest-xdist (`scripts/test` runs two workers) shares the
+suite between its worker processes.
+
+Why: run one test at a time, half of the suite's time is the real-engine tests and the other
+half everything else, and neither half keeps both cores busy: an engine test mostly waits
+for one engine to start or answer, a control-plane test for the API server. Two workers,
+one of them given every real-engine test first, overlap the two halves.
+
+- **Every test under `e2e/engine/` is one unit of work**, scheduled first: they share the
+  session's engine pod and its fronts (`e2e/engine/conftest.py`), so on two workers they
+  would start a second engine (4 GB, a minute of CPU) and compete for the machine's engine
+  slots. One worker runs them in their usual order; the other starts on the rest at once.
+- **Every other module is a unit of its own**, as `--dist loadfile` makes it: its module
+  fixtures (an operator, a picker, a cluster namespace) start once, on one worker, and the
+  guards' per-module checks (`harness.pytest_guards`, `e2e/conftest.py`) see the whole
+  module on one process.
+- Each worker has its own session fixtures, so the control-plane tests of each start one
+  local control plane per worker (they pick free ports and pod CIDRs; see
+  `e2e/localcluster/state.py`).
+
+Units are handed out in collection order, which this plugin makes "engine tests first";
+xdist's own reordering (largest unit first, by number of tests) is turned off, since a
+module's number of tests says nothing about its time here (a corpus of 300 cases takes
+seconds; three engine rollouts take ten minutes).
+
+Registered by `harness.pytest_plugins.register`; inert without xdist.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+ENGINE_TESTS = "e2e/engine/"
+"""The node-id prefix of the real-engine tests: one unit of work, first."""
+TAKEN_OVER = frozenset({"load", "loadscope", "loadfile", "loadgroup"})
+"""The distributions this plugin replaces: each would split the engine tests over workers
+(`load`, `loadscope`, `loadfile`) or need every test marked (`loadgroup`)."""
+
+
+def unit_of(nodeid: str) -> str:
+    """The unit of work a test belongs to: all engine tests together, else its module."""
+    if nodeid.startswith(ENGINE_TESTS):
+        return ENGINE_TESTS
+    return nodeid.split("::", 1)[0]
+
+
+def engine_first(items: list[pytest.Item]) -> None:
+    """Reorder in place: the engine tests first, everything else after, each in its order."""
+    items.sort(key=lambda item: not item.nodeid.startswith(ENGINE_TESTS))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Only on an xdist worker, so a run of one process keeps pytest's own order.
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        engine_first(items)
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") not in TAKEN_OVER:
+        return None
+    from xdist.scheduler import (  # type: ignore[import-untyped]  # noqa: PLC0415 - under xdist only
+        LoadScopeScheduling,
+    )
+
+    class EngineFirstScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        """xdist's scope scheduler with the units of `unit_of`, in collection order."""
+
+        def __init__(self, config: pytest.Config, log: Any = None) -> None:
+            super().__init__(config, log)
+            config.option.loadscopereorder = False
+
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+    return EngineFirstScheduling(config, log)

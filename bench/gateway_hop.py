@@ -98,7 +98,7 @@ def loadgen_binary() -> Path:
 
 
 def _go_tool(source: Path, name: str, flags: Sequence[str] = ()) -> Path:
-    from e2e.localcluster.build import go_bin, go_env  # noqa: PLC0415 - only when built
+    from harness.localcluster.build import go_bin, go_env  # noqa: PLC0415 - only when built
 
     digest = hashlib.sha256()
     for file in ("go.mod", "go.sum", "main.go"):

@@ -3,7 +3,7 @@
 `e2e` is a package, imported from the checkout root as `tests` is. What its tests share
 with the unit tests, the benches and the demo lives in `harness` (`harness.pytest_cluster`,
 `harness.operator`, `harness.epp.*`, `harness.engine.*`); the control plane itself is
-`e2e.localcluster`. No test imports another test module, and no module edits `sys.path`.
+`harness.localcluster`. No test imports another test module, and no module edits `sys.path`.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.localcluster.build import (
+from harness.localcluster.build import (
     Target,
     build_groups,
     build_target,
@@ -18,9 +18,9 @@ from e2e.localcluster.build import (
     stamp_key,
     write_stamp,
 )
-from e2e.localcluster.errors import ClusterError
-from e2e.localcluster.paths import E2E
-from e2e.localcluster.targets import FOR_TESTS, TARGETS, find_target
+from harness.localcluster.errors import ClusterError
+from harness.localcluster.paths import E2E
+from harness.localcluster.targets import FOR_TESTS, TARGETS, find_target
 
 GOMOD = """module example.com/wrapper
 

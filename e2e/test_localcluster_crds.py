@@ -9,8 +9,8 @@ import uuid
 
 import pytest
 
-from e2e.localcluster.crds import established, kubectl_getter, wait_established
-from e2e.localcluster.errors import ClusterError
+from harness.localcluster.crds import established, kubectl_getter, wait_established
+from harness.localcluster.errors import ClusterError
 from harness.pytest_cluster import Cluster, binary
 
 pytestmark = pytest.mark.cluster

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from e2e.localcluster.kubeconfig import write_kubeconfig
-from e2e.localcluster.pki import make_pki
-from e2e.localcluster.targets import binary_path
+from harness.localcluster.kubeconfig import write_kubeconfig
+from harness.localcluster.pki import make_pki
+from harness.localcluster.targets import binary_path
 
 
 @pytest.fixture(scope="module")

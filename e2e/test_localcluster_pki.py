@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.localcluster.pki import APISERVER_SANS, admin_ssl, make_pki
+from harness.localcluster.pki import APISERVER_SANS, admin_ssl, make_pki
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """localcluster.state: the state file round-trips, ports are distinct, pod CIDRs avoid the
-ones other clusters in the cache use; and the thin `e2e/cluster` script answers from any
-directory with the package's results."""
+ones other clusters in the cache use; and the `e2e/cluster` launcher answers from any
+directory with the package's results (`harness.localcluster`, which it runs with the
+checkout root on the path)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from e2e.localcluster.errors import ClusterError
-from e2e.localcluster.paths import CLI
-from e2e.localcluster.state import State, cluster_dir, free_ports, pick_pod_cidr
-from e2e.localcluster.targets import binary_path
+from harness.localcluster.errors import ClusterError
+from harness.localcluster.paths import CLI, ROOT
+from harness.localcluster.state import State, cluster_dir, free_ports, pick_pod_cidr
+from harness.localcluster.targets import binary_path
 
 
 def test_state_round_trips_and_names_its_kubeconfig(tmp_path: Path) -> None:
@@ -88,8 +89,10 @@ def test_the_script_imports_its_package_from_any_directory(tmp_path: Path) -> No
 
 
 def test_the_script_needs_nothing_but_the_standard_library(tmp_path: Path) -> None:
-    """It must run before the project is installed: no site-packages (`-S`), no PYTHONPATH
-    (so no promptcache), and every localcluster module is imported on the way."""
+    """It must run before the project is installed (`scripts/test` builds with the system
+    `python3` before any venv exists): no site-packages (`-S`, which the launcher passes
+    on), no PYTHONPATH (so no promptcache), and every module the tool loads, `harness`'s
+    own `__init__` included, is the standard library's or the tool's."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     proc = subprocess.run(
         [sys.executable, "-S", str(CLI), "which", "kubectl"],
@@ -102,13 +105,25 @@ def test_the_script_needs_nothing_but_the_standard_library(tmp_path: Path) -> No
     )
     assert (proc.returncode, proc.stdout.strip()) == (0, str(binary_path("kubectl"))), proc.stderr
     loaded = subprocess.run(
-        [sys.executable, "-S", "-c", "import sys, localcluster.commands; print(list(sys.modules))"],
+        [
+            sys.executable,
+            "-S",
+            "-c",
+            "import sys, harness.localcluster.cli; print(' '.join(sys.modules))",
+        ],
         capture_output=True,
         text=True,
         timeout=120,
         check=True,
-        cwd=CLI.parent,
+        cwd=ROOT,  # `-c` puts the working directory on the path: the checkout, as the launcher
         env=env,
-    ).stdout
-    assert "'localcluster.lifecycle'" in loaded
-    assert "promptcache" not in loaded
+    ).stdout.split()
+    assert "harness.localcluster.lifecycle" in loaded
+    outside = [
+        m
+        for m in loaded
+        if m.partition(".")[0] not in sys.stdlib_module_names
+        and m not in ("__main__", "harness")
+        and not m.startswith("harness.localcluster")
+    ]
+    assert outside == [], f"the local cluster tool must stay stdlib-only: {outside}"

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from e2e.localcluster.errors import ClusterError, ComponentExitedError
-from e2e.localcluster.supervise import Supervisor, pid_alive
+from harness.localcluster.errors import ClusterError, ComponentExitedError
+from harness.localcluster.supervise import Supervisor, pid_alive
 from harness.waiting import wait_until
 
 # Every child gets the work dir as its last argument, as the components get the cluster dir

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from e2e.localcluster.crds import MONITORING_CRD_NAMES, monitoring_crd_files
+from harness.localcluster.crds import MONITORING_CRD_NAMES, monitoring_crd_files
 from harness.operator import (
     OperatorProcess,
     apply_yaml,

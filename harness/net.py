@@ -1,7 +1,7 @@
 """Loopback ports for the servers tests, benches and the demo start.
 
 One helper for every one of them (there were seven copies once). The local control plane
-picks its own components' ports together (`e2e.localcluster.state.free_ports`), since it
+picks its own components' ports together (`harness.localcluster.state.free_ports`), since it
 must hold every socket until all are chosen; a single server started a moment later needs
 only this.
 """

@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from e2e.localcluster.crds import wait_established as crd_wait
+from harness.localcluster.crds import wait_established as crd_wait
 from harness.net import answers_ok, free_port
 from harness.waiting import wait_until
 from promptcache.api.constants import API_VERSION, CRD_NAME, GROUP, KIND, PLURAL

@@ -36,9 +36,9 @@ import pytest
 import yaml
 from kubernetes import client, config
 
-from e2e.localcluster.paths import CACHE, CLI
-from e2e.localcluster.state import State
-from e2e.localcluster.targets import binary_path
+from harness.localcluster.paths import CACHE, CLI
+from harness.localcluster.state import State
+from harness.localcluster.targets import binary_path
 from harness.waiting import wait_until
 
 CLUSTER_CLI = CLI

@@ -15,7 +15,7 @@ import jsonschema
 import kubernetes_validate
 import yaml
 
-from e2e.localcluster.crds import gateway_crd_files, monitoring_crd_files
+from harness.localcluster.crds import gateway_crd_files, monitoring_crd_files
 
 ROOT = Path(__file__).resolve().parents[1]
 KUBERNETES_VERSION = "1.35.0"

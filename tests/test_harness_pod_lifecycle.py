@@ -21,7 +21,7 @@ import pytest
 import harness.engine.cluster_pods as cluster_pods
 import harness.pod
 import harness.vllm.slots as slots
-from e2e.localcluster.lifecycle import PROCESS_POD_ANNOTATION
+from harness.localcluster.lifecycle import PROCESS_POD_ANNOTATION
 from harness.pod import VLLM_CONTAINER, ProcessPod, running_pods
 from harness.waiting import wait_until
 

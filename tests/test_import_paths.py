@@ -82,8 +82,8 @@ def test_the_check_finds_each_form_of_path_edit() -> None:
 def test_the_helpers_are_packages() -> None:
     for package in (
         "e2e",
-        "e2e/localcluster",
         "harness",
+        "harness/localcluster",
         "harness/epp",
         "harness/engine",
         "harness/vllm",

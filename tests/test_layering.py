@@ -50,7 +50,7 @@ def test_the_tree_keeps_every_contract(tmp_path: Path) -> None:
         ("controller/status.py", "import torch", "the operator never imports torch"),
         ("contract/names.py", "import promptcache.api", "the contract imports nothing"),
         ("front/app.py", "import harness.vllm", "the product never imports test code"),
-        ("gateway/command.py", "from e2e.localcluster import state", "the product never imports"),
+        ("gateway/command.py", "import harness.localcluster.state", "the product never imports"),
         ("gateway/policy_step.py", "import promptcache.front.app", "the cache front and the"),
         ("front/app.py", "import promptcache.gateway.settings", "the cache front and the"),
         ("tenancy/routes.py", "import promptcache.front.settings", "tenancy is below both"),

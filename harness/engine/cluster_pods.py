@@ -22,8 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from e2e.localcluster.lifecycle import PROCESS_POD_ANNOTATION
 from harness.engine.pods import SaltSecrets
+from harness.localcluster.lifecycle import PROCESS_POD_ANNOTATION
 from harness.pod import ProcessPod
 from harness.pytest_cluster import Cluster
 from promptcache.contract import Container

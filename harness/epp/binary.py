@@ -21,8 +21,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from e2e.localcluster.paths import BIN_ROOT
-from e2e.localcluster.targets import find_target
+from harness.localcluster.paths import BIN_ROOT
+from harness.localcluster.targets import find_target
 from promptcache.contract import PROFILES, PickerTarget
 
 EPP_MODULE = "github.com/llm-d/llm-d-router"

@@ -9,10 +9,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-E2E = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
+"""The checkout (this file is harness/localcluster/paths.py)."""
+E2E = ROOT / "e2e"
 """The checkout's e2e/ directory: wrapper modules live in e2e/controlplane and e2e/tools/*."""
 CLI = E2E / "cluster"
-"""The command-line script (the cluster's watcher re-runs it as `_watch`)."""
+"""The command-line launcher (the cluster's watcher re-runs it as `_watch`)."""
 CACHE = Path(os.environ.get("PROMPTCACHE_CACHE_DIR") or Path.home() / ".cache" / "promptcache")
 BIN_ROOT = CACHE / "bin"
 CLUSTERS_ROOT = CACHE / "clusters"

@@ -1,8 +1,11 @@
 """The test harness: what tests, benches and the demo run beside the product.
 
 Nothing here ships in the images, and the product never imports it (an import contract in
-pyproject.toml says so).
+pyproject.toml says so). This `__init__` imports nothing: `harness.localcluster` runs on the
+bare system `python3` before any venv exists.
 
+- `harness.localcluster`: the local Kubernetes control plane behind `e2e/cluster` (build,
+  PKI, process supervision, state), Python stdlib only;
 - `harness.vllm`: the real engine: vLLM's CPU build installed by `scripts/engine`, tiny
   models made locally, and `vllm serve` as a process;
 - `harness.pod`: a rendered model-server pod run as processes, with its probes;

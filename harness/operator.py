@@ -103,10 +103,11 @@ def ladder_section(described: str) -> str:
 
 
 def wait_established(kubectl: Callable[..., Any], *crds: str, timeout: float = 60) -> None:
-    """Poll until every CRD named is Established (`localcluster.crds.wait_established`, the
-    one CRD wait of the e2e tree): `kubectl wait --for=condition=Established` right after
-    the apply fails at once while the API server has not yet shown the object or written
-    any condition, which a loaded machine makes likely."""
+    """Poll until every CRD named is Established (`harness.localcluster.crds`'s
+    `wait_established`, the one CRD wait of the e2e tree): `kubectl wait
+    --for=condition=Established` right after the apply fails at once while the API server
+    has not yet shown the object or written any condition, which a loaded machine makes
+    likely."""
     crd_wait(lambda name: get_json(kubectl, "crd", name), crds, timeout=timeout)
 
 

@@ -16,7 +16,7 @@ one of them given every real-engine test first, overlap the two halves.
   module on one process.
 - Each worker has its own session fixtures, so the control-plane tests of each start one
   local control plane per worker (they pick free ports and pod CIDRs; see
-  `e2e/localcluster/state.py`).
+  `harness/localcluster/state.py`).
 
 Units are handed out in collection order, which this plugin makes "engine tests first";
 xdist's own reordering (largest unit first, by number of tests) is turned off, since a

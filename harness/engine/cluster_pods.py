@@ -1,7 +1,7 @@
 """The kubelet's half for kwok pods that really run: their status written from real probes.
 
 kwok makes a pod annotated `kubelet.harness.promptcache.io/processes` Running with a pod
-IP but never Ready (e2e/localcluster/lifecycle.py). `run_on_cluster` reads that pod from
+IP but never Ready (harness/localcluster/lifecycle.py). `run_on_cluster` reads that pod from
 the API server, resolves its Secrets there, runs its containers as a `ProcessPod`, and
 writes Ready / ContainersReady and each container's `ready`, restart count and last
 termination (with its message) to the pod's status whenever the probes change their verdict

@@ -1,4 +1,4 @@
-"""What each subcommand of `e2e/cluster` does and prints; the script only parses arguments.
+"""What each subcommand of `e2e/cluster` does and prints; `cli` only parses arguments.
 
 Output contract (scripts, pytest_cluster and docs rely on it): progress on stderr; stdout
 carries only the answer (`env` exports, `which` paths, `build` name/version/path lines,

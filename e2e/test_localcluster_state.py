@@ -88,6 +88,20 @@ def test_the_script_imports_its_package_from_any_directory(tmp_path: Path) -> No
     assert env.stdout == ""  # `eval "$(e2e/cluster env)"` gets nothing to run
 
 
+def test_the_script_runs_its_own_checkouts_tool_from_inside_another(tmp_path: Path) -> None:
+    """Run from a directory holding another `harness` (another checkout, say main's), the
+    launcher still runs its own: `python -m` would put the working directory first on the
+    path, and the launcher's `-P` keeps it off (found running a worktree's `e2e/cluster`
+    from inside /work/main, whose harness has no `localcluster` yet)."""
+    decoy = tmp_path / "harness"
+    decoy.mkdir()
+    (decoy / "__init__.py").write_text("raise ImportError('the decoy harness was imported')\n")
+    which = cli("which", "kubectl", cwd=tmp_path)
+    assert (which.returncode, which.stdout.strip()) == (0, str(binary_path("kubectl"))), (
+        which.stderr
+    )
+
+
 def test_the_script_needs_nothing_but_the_standard_library(tmp_path: Path) -> None:
     """It must run before the project is installed (`scripts/test` builds with the system
     `python3` before any venv exists): no site-packages (`-S`, which the launcher passes

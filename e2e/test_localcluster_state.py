@@ -14,7 +14,8 @@ import pytest
 
 from harness.localcluster.errors import ClusterError
 from harness.localcluster.paths import CLI, ROOT
-from harness.localcluster.state import State, cluster_dir, free_ports, pick_pod_cidr
+from harness.localcluster.ports import free_ports
+from harness.localcluster.state import State, cluster_dir, pick_pod_cidr
 from harness.localcluster.targets import binary_path
 
 

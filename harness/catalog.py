@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from harness.localcluster.state import free_ports
+from harness.localcluster.ports import free_ports
 from harness.net import answers_ok
 from harness.pytest_cluster import Cluster
 from harness.waiting import log_tail, wait_until

@@ -1,22 +1,18 @@
-"""Loopback ports for the servers tests, benches and the demo start.
+"""Loopback ports for the servers tests, benches and the demo start, and a readiness poll.
 
-One helper for every one of them (there were seven copies once). The local control plane
-picks its own components' ports together (`harness.localcluster.state.free_ports`), since it
-must hold every socket until all are chosen; a single server started a moment later needs
-only this.
+One port helper for every one of them (there were seven copies once):
+`harness.localcluster.ports`, which the control plane's own components use too. Its ports
+lie below the kernel's ephemeral range, in a slice of their own per pytest-xdist worker, so
+no connection and no other worker takes one between the pick and the server's bind.
 """
 
 from __future__ import annotations
 
-import socket
 import urllib.request
 
+from harness.localcluster.ports import free_port
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port free on `host` right now, for a server the caller starts a moment later."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+__all__ = ["answers_ok", "free_port"]
 
 
 def answers_ok(url: str, timeout: float = 2) -> bool:

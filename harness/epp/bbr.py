@@ -21,7 +21,7 @@ from typing import Any, BinaryIO
 import grpc
 import yaml
 
-from harness.localcluster.state import free_ports
+from harness.localcluster.ports import free_ports
 from harness.waiting import wait_until
 
 from .extproc import ExtProcClient

@@ -25,7 +25,8 @@ from .errors import ClusterError, ComponentExitedError, say
 from .kubeconfig import write_kubeconfig
 from .paths import CLI, E2E
 from .pki import admin_ssl, make_pki
-from .state import State, free_ports, pick_pod_cidr
+from .ports import free_ports
+from .state import State, pick_pod_cidr
 from .supervise import Supervisor, http_ok, insecure_ssl
 from .targets import binary_path, ensure_binaries, find_target
 

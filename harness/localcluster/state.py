@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import random
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ClusterError
 from .paths import CLUSTERS_ROOT
+from .ports import SLICES, slice_index
 
 STATE_FILE = "cluster.json"
 DEFAULT_NAME = "dev"
@@ -55,21 +55,6 @@ def cluster_dir(name: str, dir: str | None) -> Path:
     return CLUSTERS_ROOT / name
 
 
-def free_ports(names: list[str]) -> dict[str, int]:
-    """Distinct free loopback ports: all sockets stay open until every port is picked,
-    so the kernel cannot hand the same port out twice."""
-    socks = []
-    try:
-        for _ in names:
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            socks.append(s)
-            s.bind(("127.0.0.1", 0))
-        return {n: int(s.getsockname()[1]) for n, s in zip(names, socks, strict=True)}
-    finally:
-        for s in socks:
-            s.close()
-
-
 def pick_pod_cidr(clusters_root: Path = CLUSTERS_ROOT) -> str:
     """A /16 inside 127.0.0.0/8 that no other cluster in the cache uses.
 
@@ -82,9 +67,11 @@ def pick_pod_cidr(clusters_root: Path = CLUSTERS_ROOT) -> str:
             st = State.load(d)
             if st is not None:
                 used.add(st.pod_cidr)
-    rng = random.SystemRandom()
-    for _ in range(200):
-        cidr = f"127.{rng.randint(100, 250)}.0.0/16"
-        if cidr not in used:
-            return cidr
-    raise ClusterError("no free 127.x.0.0/16 pod CIDR left")
+    # Each pytest-xdist worker picks from its own second octets (as it picks its own ports),
+    # so two workers starting clusters at the same moment cannot both choose one CIDR
+    # before either has written its state file.
+    mine = [x for x in range(100, 251) if (x - 100) % SLICES == slice_index()]
+    free = [f"127.{x}.0.0/16" for x in mine if f"127.{x}.0.0/16" not in used]
+    if not free:
+        raise ClusterError(f"no free 127.x.0.0/16 pod CIDR left among {len(mine)} of this worker")
+    return random.SystemRandom().choice(free)

@@ -1,10 +1,12 @@
-"""Pytest plugin: how a run with pytest-xdist (`scripts/test` runs two workers) shares the
-suite between its worker processes.
+"""Pytest plugin: how a run with pytest-xdist (`PROMPTCACHE_TEST_WORKERS=2 scripts/test`)
+shares the suite between its worker processes.
 
-Why: run one test at a time, half of the suite's time is the real-engine tests and the other
-half everything else, and neither half keeps both cores busy: an engine test mostly waits
-for one engine to start or answer, a control-plane test for the API server. Two workers,
-one of them given every real-engine test first, overlap the two halves.
+Why: run one test at a time, about half of the suite's time is the real-engine tests and
+the other half everything else. Two workers, one of them given every real-engine test first,
+overlap the two halves where the machine has the cores for it. On this project's 2-core
+machines it does not: one engine under traffic keeps both cores busy (its worker and
+engine-core processes spin between steps), so the split took 42 min against 43 and
+`scripts/test` runs one process by default there.
 
 - **Every test under `e2e/engine/` is one unit of work**, scheduled first: they share the
   session's engine pod and its fronts (`e2e/engine/conftest.py`), so on two workers they
@@ -14,6 +16,11 @@ one of them given every real-engine test first, overlap the two halves.
   fixtures (an operator, a picker, a cluster namespace) start once, on one worker, and the
   guards' per-module checks (`harness.pytest_guards`, `e2e/conftest.py`) see the whole
   module on one process.
+- **The worker running engine tests lowers its priority** (`ENGINE_NICENESS`, inherited by
+  the engines it starts): one engine under traffic keeps both cores busy (its worker and
+  engine-core processes spin between steps), and at equal priority it starved the other
+  worker's tests, whose processes then missed their own deadlines. Niced, the engines take
+  what the other worker leaves, and the whole machine once it is done.
 - Each worker has its own session fixtures, so the control-plane tests of each start one
   local control plane per worker (they pick free ports and pod CIDRs; see
   `harness/localcluster/state.py`).
@@ -40,6 +47,13 @@ TAKEN_OVER = frozenset({"load", "loadscope", "loadfile", "loadgroup"})
 (`load`, `loadscope`, `loadfile`) or need every test marked (`loadgroup`)."""
 
 
+ENGINE_NICENESS = 10
+"""How much lower the engine worker's priority is: a tenth of the CPU share of a process at
+the default priority (the kernel's weights), so the engines still get at least what a core
+kept busy by something else leaves them, a condition the engine tests are held to."""
+_reniced = False
+
+
 def unit_of(nodeid: str) -> str:
     """The unit of work a test belongs to: all engine tests together, else its module."""
     if nodeid.startswith(ENGINE_TESTS):
@@ -56,6 +70,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Only on an xdist worker, so a run of one process keeps pytest's own order.
     if os.environ.get("PYTEST_XDIST_WORKER"):
         engine_first(items)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # Before the test's fixtures start anything (the session's engine among them).
+    global _reniced  # noqa: PLW0603 - once per worker process
+    if _reniced or not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    if item.nodeid.startswith(ENGINE_TESTS):
+        os.nice(ENGINE_NICENESS)
+        _reniced = True
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)

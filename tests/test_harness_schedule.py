@@ -1,5 +1,6 @@
 """harness/pytest_schedule.py: under pytest-xdist, every real-engine test runs on one worker,
-before anything else on it, and every other module runs whole on one worker.
+before anything else on it and at a lower priority, and every other module runs whole on
+one worker.
 
 A real pytest session with two xdist workers runs a small tree shaped like the suite's
 (`e2e/engine/` beside other modules); each test records its worker and its turn, and the
@@ -14,7 +15,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from harness.pytest_schedule import ENGINE_TESTS, unit_of
+from harness.pytest_schedule import ENGINE_NICENESS, ENGINE_TESTS, unit_of
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,7 +25,7 @@ from pathlib import Path
 
 def record(request):
     line = {"test": request.node.nodeid, "worker": os.environ["PYTEST_XDIST_WORKER"],
-            "at": time.monotonic_ns()}
+            "at": time.monotonic_ns(), "nice": os.getpriority(os.PRIO_PROCESS, 0)}
     with open(os.environ["SCHEDULE_LOG"], "a") as log:
         log.write(json.dumps(line) + "\\n")
 """
@@ -80,6 +81,16 @@ def test_the_engine_tests_share_one_worker_first_and_modules_stay_whole(tmp_path
     first = [r["test"] for r in on_it[:engine_count]]
     assert all(t.startswith(ENGINE_TESTS) for t in first), [r["test"] for r in on_it]
     assert {"gw0", "gw1"} == {r["worker"] for r in records}, "the other worker ran nothing"
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    niceness = {r["test"]: r["nice"] for r in records}
+    assert all(
+        n == min(19, base + ENGINE_NICENESS)
+        for t, n in niceness.items()
+        if t.startswith(ENGINE_TESTS)
+    ), niceness
+    other = [r for r in records if r["worker"] != engine_worker]
+    assert all(r["nice"] == base for r in other), other
 
 
 def test_units() -> None:

@@ -290,16 +290,20 @@ async def _trickle(gaps: list[float], then_silent: bool = False) -> tuple[asynci
 
 
 async def test_read_timeout_is_silence_between_pieces_not_the_answers_length() -> None:
-    """Pieces 0.3 s apart for 1.5 s under a 0.5 s read timeout: no timeout, on a new and on
-    a reused connection (also after an idle spell longer than the timeout)."""
-    server, port = await _trickle([0.3] * 5)
-    pool = UpstreamPool(f"http://127.0.0.1:{port}", connect_timeout=5, read_timeout=0.5)
+    """Pieces 0.2 s apart for 1.2 s under a 1 s read timeout: no timeout, on a new and on
+    a reused connection (also after an idle spell longer than the timeout).
+
+    The server and the pool share this test's event loop, so a stall of the whole process
+    longer than the timeout less the gap fires the timeout before the piece that was due
+    is read: 0.8 s of margin here (0.2 s once; CI run ci-52, on a starved machine)."""
+    server, port = await _trickle([0.2] * 6)
+    pool = UpstreamPool(f"http://127.0.0.1:{port}", connect_timeout=5, read_timeout=1.0)
     try:
-        for idle in (0.0, 0.8):
+        for idle in (0.0, 1.1):
             await asyncio.sleep(idle)
             answer = await pool.request("GET", "/v1/models", [], b"")
             try:
-                assert await answer.read(100) == b"xxxxx"
+                assert await answer.read(100) == b"xxxxxx"
             finally:
                 answer.release()
         assert len(pool._all) == 1  # the second answer reused the connection
@@ -317,7 +321,9 @@ async def test_silence_after_some_pieces_is_a_timeout() -> None:
         with pytest.raises(UpstreamTimeoutError):
             await answer.read(100)
         waited = asyncio.get_running_loop().time() - started
-        assert 0.5 <= waited < 5, waited  # the timeout after the last piece, not at once
+        # The timeout after the last piece, not at once; the upper bound only says it fired
+        # on its own (a starved machine once held this loop 5.5 s past it: CI run ci-52).
+        assert 0.5 <= waited < 60, waited
         answer.release()
     finally:
         pool.close()

@@ -4,9 +4,9 @@ of the kernel's ephemeral range, and disjoint between the processes of one test 
 Why not "bind port 0 and close": that port comes from the kernel's ephemeral range
 (`net.ipv4.ip_local_port_range`), the range every outgoing connection on the machine takes
 its source port from. Between the pick and the server's own bind, another process's
-connection can take it, and the server fails with "address already in use". With
-`scripts/test`'s two pytest workers each making thousands of connections a minute, that
-happened (a TLS relay of the adapter tests, CI run ci-51). Ports below the ephemeral range
+connection can take it, and the server fails with "address already in use". With two
+pytest workers (`PROMPTCACHE_TEST_WORKERS=2`) each making thousands of connections a minute,
+that happened (a TLS relay of the adapter tests, CI run ci-51). Ports below the ephemeral range
 are never handed to a connection, so only a server can take one; and each pytest-xdist
 worker hands out its own slice of them, so two workers never pick the same port at once.
 
@@ -19,6 +19,7 @@ apart. Stdlib only, like the rest of the tool.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import random
 import socket
@@ -33,8 +34,10 @@ _RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _DEFAULT_EPHEMERAL = (32768, 60999)
 
 
+@functools.cache
 def ephemeral_range() -> tuple[int, int]:
-    """The kernel's ephemeral port range (Linux's default where it cannot be read)."""
+    """The kernel's ephemeral port range (Linux's default where it cannot be read); read
+    once per process, not once per port handed out."""
     with contextlib.suppress(OSError, ValueError):
         low, high = (int(x) for x in _RANGE_FILE.read_text().split())
         return low, high

@@ -15,7 +15,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.localcluster.ports import ephemeral_range, free_port, free_ports, own_range
+import pytest
+
+from harness.localcluster.ports import (
+    PortSequence,
+    ephemeral_range,
+    free_port,
+    free_ports,
+    own_range,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,12 +49,51 @@ def test_outgoing_connections_never_take_a_port_of_any_slice() -> None:
     assert min(sources) >= low, sources
 
 
+def quiet_stretch(width: int) -> range:
+    """`width` consecutive ports of this process's slice, all free now, found just past
+    the process's own sequence (where its next ports come from, so the likeliest free)."""
+    mine = own_range()
+    first = free_port()
+    for offset in range(len(mine)):
+        low = mine.start + (first + 1 - mine.start + offset) % len(mine)
+        stretch = range(low, low + width)
+        if stretch.stop <= mine.stop and all(_free(p) for p in stretch):
+            return stretch
+    raise AssertionError(f"no {width} consecutive free ports in {mine}")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def test_a_port_in_use_is_never_handed_out() -> None:
-    taken = free_port()
-    with socket.create_server(("127.0.0.1", taken)):
-        handed = free_ports([str(i) for i in range(len(own_range()) - 1)])
-    assert taken not in handed.values()
-    assert len(set(handed.values())) == len(handed)
+    """Every port of a small range but one is in use: the sequence hands out that one,
+    starting from the first port taken, and never a port a server holds."""
+    ports = quiet_stretch(4)
+    servers = [socket.create_server(("127.0.0.1", p)) for p in ports[:3]]
+    try:
+        sequence = PortSequence(ports, start=0)
+        assert sequence.take("127.0.0.1") == ports[3]
+    finally:
+        for server in servers:
+            server.close()
+
+
+def test_a_call_never_hands_out_one_port_twice_even_when_the_range_wraps() -> None:
+    """CI failed once on the old contract: asked for more ports than were free, the
+    sequence wrapped and named one port for two components. Now the call refuses."""
+    ports = quiet_stretch(4)
+    with socket.create_server(("127.0.0.1", ports[1])):
+        sequence = PortSequence(ports, start=2)
+        handed = free_ports(["a", "b", "c"], sequence=sequence)
+        assert sorted(handed.values()) == [ports[0], ports[2], ports[3]]
+        with pytest.raises(OSError, match=r"all 4 are bound or already handed out"):
+            free_ports(["a", "b", "c", "d"], sequence=PortSequence(ports, start=0))
 
 
 def test_two_workers_hand_out_disjoint_ports() -> None:

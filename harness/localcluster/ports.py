@@ -62,28 +62,41 @@ def own_range() -> range:
     return range(start, start + width)
 
 
-class _Sequence:
-    """The next port of this process's slice, each one free when handed out."""
+class PortSequence:
+    """The next free port of `ports`, in order from `start` (random when not given).
 
-    def __init__(self) -> None:
+    Why a class with its range passed in: the process-wide sequence walks this process's
+    slice, and the tests walk a small range of their own, where "every other port is taken"
+    can be arranged without racing the servers the test session itself runs.
+    """
+
+    def __init__(self, ports: range, start: int | None = None) -> None:
+        self.ports = ports
         self._lock = threading.Lock()
+        self._start = start
         self._pid = -1
         self._next = 0
 
-    def take(self, host: str) -> int:
-        ports = own_range()
-        if not ports:  # an ephemeral range reaching down here: the kernel's choice it is
-            return _bind_zero(host)
+    def take(self, host: str, avoid: frozenset[int] = frozenset()) -> int:
+        """A port bindable on `host` now and not in `avoid`; `OSError` when the whole range
+        has been tried (never a port handed out a moment ago, in its place)."""
+        ports = self.ports
         with self._lock:
             if self._pid != os.getpid():  # a fork starts its own sequence elsewhere
                 self._pid = os.getpid()
-                self._next = random.SystemRandom().randrange(len(ports))
+                chosen = self._start
+                self._next = (
+                    random.SystemRandom().randrange(len(ports)) if chosen is None else chosen
+                )
             for _ in range(len(ports)):
                 port = ports[self._next % len(ports)]
                 self._next += 1
-                if _bindable(host, port):
+                if port not in avoid and _bindable(host, port):
                     return port
-        raise OSError(f"no free port on {host} in {ports.start}-{ports.stop - 1}")
+        raise OSError(
+            f"no free port on {host} in {ports.start}-{ports.stop - 1}: "
+            f"all {len(ports)} are bound or already handed out"
+        )
 
 
 def _bindable(host: str, port: int) -> bool:
@@ -101,15 +114,37 @@ def _bind_zero(host: str) -> int:
         return int(s.getsockname()[1])
 
 
-_sequence = _Sequence()
+@functools.cache
+def _own_sequence() -> PortSequence | None:
+    """This process's sequence over its slice; None when the slice is empty (an ephemeral
+    range reaching down here: the kernel's choice it is)."""
+    ports = own_range()
+    return PortSequence(ports) if ports else None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A port free on `host` now, that no connection and no other worker will take before
     the caller's server binds it."""
-    return _sequence.take(host)
+    sequence = _own_sequence()
+    return _bind_zero(host) if sequence is None else sequence.take(host)
 
 
-def free_ports(names: list[str], host: str = "127.0.0.1") -> dict[str, int]:
-    """One distinct free port per name (the sequence never repeats within a slice's wrap)."""
-    return {name: free_port(host) for name in names}
+def free_ports(
+    names: list[str], host: str = "127.0.0.1", sequence: PortSequence | None = None
+) -> dict[str, int]:
+    """One distinct free port per name, or `OSError` when the range has too few free.
+
+    Distinct even when the sequence wraps within the call (a slice nearly full of the
+    session's own servers), so two components are never told to bind the same port."""
+    sequence = sequence or _own_sequence()
+    handed: dict[str, int] = {}
+    for name in names:
+        taken = frozenset(handed.values())
+        if sequence is None:
+            port = _bind_zero(host)
+            while port in taken:
+                port = _bind_zero(host)
+        else:
+            port = sequence.take(host, avoid=taken)
+        handed[name] = port
+    return handed

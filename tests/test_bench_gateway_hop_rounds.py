@@ -4,7 +4,12 @@ cluster here: the results are built by hand)."""
 
 from __future__ import annotations
 
-from bench.gateway_hop import Cell, Result, pooled
+import argparse
+import dataclasses
+
+import pytest
+
+from bench.gateway_hop import Cell, Result, env_arm_name, goals, parse_env_arm, pooled
 
 
 def _round(
@@ -46,3 +51,24 @@ def test_rounds_pool_exchanges_and_cpu_and_take_the_median_latency() -> None:
 def test_one_round_is_the_result_itself() -> None:
     one = _round(1000, 1.0, 1.0, 70, (5.0, 6.0))
     assert pooled([one]) is one
+
+
+def test_an_env_arm_is_named_by_its_environment_and_judged_as_the_product() -> None:
+    env = parse_env_arm("GOGC=100, GOMEMLIMIT=1GiB")
+    assert env == {"GOGC": "100", "GOMEMLIMIT": "1GiB"}
+    assert env_arm_name(env) == "promptcache+GOGC=100,GOMEMLIMIT=1GiB"
+    gie = _round(100, 1.0, 1.0, 1, (1.0, 1.0))
+    gie = dataclasses.replace(gie, cell=dataclasses.replace(gie.cell, arm="gie"))
+    variant = _round(90, 1.0, 1.0, 1, (1.0, 1.0))
+    variant = dataclasses.replace(
+        variant, cell=dataclasses.replace(variant.cell, arm=env_arm_name(env))
+    )
+    verdict = [g for g in goals([gie, variant], "1Gi") if "per core" in g]
+    assert len(verdict) == 1
+    assert verdict[0].startswith("missed"), verdict  # 0.9x: held to 0.95x, not the step's 0.8x
+
+
+@pytest.mark.parametrize("bad", ["GOGC", "=100", "GOGC=100,", ""])
+def test_a_malformed_env_arm_is_refused_by_name(bad: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="NAME=VALUE"):
+        parse_env_arm(bad)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -78,19 +79,29 @@ def pod_local(value: str, pod_ip: str, mounts: Mapping[str, Path]) -> str:
     One exception: a path that exists on this host and not in the pod's volume is left as
     it is. Here the host's files stand in for what an image or a volume would carry (the
     tiny model is a host directory named by `spec.model.name`), and a cache directory
-    under `/tmp` must not vanish behind the pod's `/tmp` emptyDir."""
+    under `/tmp` must not vanish behind the pod's `/tmp` emptyDir.
+
+    Paths inside a value (`--flag=/mount/...`, a JSON string such as vLLM's
+    `--lora-modules '{"path": "/adapters/..."}'`) are mapped in one pass: a path already
+    mapped to its host directory is never mapped again. Mount by mount, `/adapters` became
+    `/tmp/<cache>/adapters/...`, which the pod's `/tmp` mount then sent into its emptyDir,
+    where vLLM found no adapter (a CI run from a cache under /tmp)."""
     for local in _LOCALHOSTS:
         value = value.replace(local, pod_ip)
-    for mount, host_dir in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
+    ordered = sorted(mounts.items(), key=lambda kv: -len(kv[0]))
+    for mount, host_dir in ordered:
         if value == mount or value.startswith(mount.rstrip("/") + "/"):
             inside = str(host_dir) + value[len(mount.rstrip("/")) :]
             if value != mount and Path(value).exists() and not Path(inside).exists():
                 return value
             return inside
-        value = value.replace("=" + mount, "=" + str(host_dir))
-        # A path inside a JSON argument (vLLM's `--lora-modules '{"path": ...}'`).
-        value = value.replace(f'"{mount.rstrip("/")}/', f'"{host_dir}/')
-    return value
+    if not ordered:
+        return value
+    host_of = {mount.rstrip("/"): str(host_dir) for mount, host_dir in ordered}
+    embedded = re.compile(
+        r'(?<=[="])(' + "|".join(re.escape(m.rstrip("/")) for m, _ in ordered) + r')(?=/|"|$)'
+    )
+    return embedded.sub(lambda m: host_of[m.group(1)], value)
 
 
 @dataclass
@@ -397,14 +408,22 @@ class ProcessPod:
                 _RUNNING.add(self)
         return self
 
+    def crash_looping(self) -> str | None:
+        """What a container that keeps failing said last (its log tail), or None: a wait for
+        this pod, or for what it would make true, can stop at once instead of at its
+        timeout."""
+        for c in self.containers:
+            if c.proc is not None and c.proc.poll() is not None and c.restarts > 5:
+                return f"{self.name}/{c.name} keeps failing:\n{c.log_tail()}"
+        return None
+
     def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> ProcessPod:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.ready:
                 return self
-            for c in self.containers:
-                if c.proc is not None and c.proc.poll() is not None and c.restarts > 5:
-                    raise RuntimeError(f"{self.name}/{c.name} keeps failing:\n{c.log_tail()}")
+            if (failing := self.crash_looping()) is not None:
+                raise RuntimeError(failing)
             time.sleep(0.25)
         tails = "\n".join(f"--- {c.name}\n{c.log_tail()}" for c in self.containers)
         raise TimeoutError(f"pod {self.name} not Ready within {timeout_s:.0f} s:\n{tails}")

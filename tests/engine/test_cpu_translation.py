@@ -95,3 +95,17 @@ def test_engines_share_their_model_class_facts_and_nothing_else(tmp_path: Path) 
     assert (second / MODEL_INFO_DIR / "qwen2.json").read_text() == "{}"
     (first / "torch_compile_cache").mkdir()
     assert not (second / "torch_compile_cache").exists()
+
+
+def test_pod_local_maps_a_path_inside_a_value_once() -> None:
+    """An adapter under a cache in /tmp, mounted at /adapters, in a pod with a /tmp
+    emptyDir: the JSON path goes to the host's adapter, not on into the emptyDir (mapped
+    mount by mount it did, and vLLM found no adapter: a cold CI run, cache under /tmp)."""
+    mounts = {"/tmp": Path("/w/pod/tmp"), "/adapters": Path("/tmp/cache/adapters")}
+    lora = '{"name":"sql","path":"/adapters/lora-1","base_model_name":"m"}'
+    assert pod_local(lora, "127.50.0.2", mounts) == lora.replace(
+        "/adapters/lora-1", "/tmp/cache/adapters/lora-1"
+    )
+    assert pod_local("--dir=/adapters", "127.50.0.2", mounts) == "--dir=/tmp/cache/adapters"
+    assert pod_local("--dir=/tmp/x", "127.50.0.2", mounts) == "--dir=/w/pod/tmp/x"
+    assert pod_local("--dir=/adaptersx/y", "127.50.0.2", mounts) == "--dir=/adaptersx/y"

@@ -57,6 +57,7 @@ from harness.operator import get_json, namespaced_operator, parse_prometheus, wa
 from harness.pytest_cluster import Cluster
 from harness.vllm.adapters import TinyAdapter, tiny_adapter
 from harness.vllm.server import START_TIMEOUT_S
+from harness.waiting import wait_until
 from promptcache.contract import DEFAULT_ISOLATION_HEADER, PickerTarget
 from promptcache.render.epp_config import KV_CACHE_SCORER, LORA_SCORER
 from promptcache.render.names import Component, Names, selector_labels
@@ -95,16 +96,38 @@ class Alpha:
         pcd = get_json(self.cluster.kubectl, "pcd", NAME, "-n", self.ns)
         return {a["name"]: a for a in (pcd.get("status") or {}).get("adapters") or []}
 
-    def wait_adapters(self, want: dict[str, tuple[str, int]], what: str) -> None:
-        """Until status.adapters is exactly `want` (name -> (reason, readyReplicas))."""
+    def wait_adapters(
+        self, want: dict[str, tuple[str, int]], what: str, *, pods_must_start: bool = False
+    ) -> None:
+        """Until status.adapters is exactly `want` (name -> (reason, readyReplicas)); a
+        failure names the last status seen. With `pods_must_start`, a pod whose engine keeps
+        failing ends the wait at once with the engine's own words (a first pod that cannot
+        load its adapter would otherwise cost the whole rollout timeout: 20 min in one CI
+        run, the status saying only `False`)."""
 
-        def seen() -> bool:
-            got = {
+        def seen() -> dict[str, tuple[Any, Any]]:
+            return {
                 n: (a.get("reason"), a.get("readyReplicas", 0)) for n, a in self.status().items()
             }
-            return got == want
 
-        wait_for(seen, f"{what}: status.adapters {want}", ROLLOUT_TIMEOUT_S, operator=self.op)
+        def stop() -> str | None:
+            if self.op.exited():
+                return f"the operator exited {self.op.returncode()}"
+            if pods_must_start:
+                for pod in list(self.kubelet.pods.values()):
+                    if (failing := pod.crash_looping()) is not None:
+                        return failing
+            return None
+
+        wait_until(
+            seen,
+            f"{what}: status.adapters {want}",
+            within_s=ROLLOUT_TIMEOUT_S,
+            interval_s=0.5,
+            until=lambda got: got == want,
+            fail_if=stop,
+            detail=lambda: f"the operator's log tail:\n{self.op.log_tail()}",
+        )
 
     def entry(self, name: str, folder: str | None = None, **extra: Any) -> dict[str, Any]:
         """An adapter named `name` on the folder made for `folder` (default: for `name`)."""
@@ -167,7 +190,7 @@ def alpha(
             cluster, ns, selector, workdir / "pods", kv_cache_bytes=KV_CACHE_BYTES
         ) as kubelet:
             found = Alpha(cluster, ns, op, doc, kubelet, pool, folders)
-            found.wait_adapters({"sql-lora": ("Served", 1)}, "the first pod")
+            found.wait_adapters({"sql-lora": ("Served", 1)}, "the first pod", pods_must_start=True)
             pool.start_epp(wait_scraped=False)
             try:
                 yield found

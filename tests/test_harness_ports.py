@@ -19,6 +19,7 @@ import pytest
 
 from harness.localcluster.ports import (
     PortSequence,
+    bindable,
     ephemeral_range,
     free_port,
     free_ports,
@@ -57,18 +58,9 @@ def quiet_stretch(width: int) -> range:
     for offset in range(len(mine)):
         low = mine.start + (first + 1 - mine.start + offset) % len(mine)
         stretch = range(low, low + width)
-        if stretch.stop <= mine.stop and all(_free(p) for p in stretch):
+        if stretch.stop <= mine.stop and all(bindable("127.0.0.1", p) for p in stretch):
             return stretch
     raise AssertionError(f"no {width} consecutive free ports in {mine}")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def test_a_port_in_use_is_never_handed_out() -> None:

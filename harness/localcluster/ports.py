@@ -84,14 +84,15 @@ class PortSequence:
         with self._lock:
             if self._pid != os.getpid():  # a fork starts its own sequence elsewhere
                 self._pid = os.getpid()
-                chosen = self._start
                 self._next = (
-                    random.SystemRandom().randrange(len(ports)) if chosen is None else chosen
+                    random.SystemRandom().randrange(len(ports))
+                    if self._start is None
+                    else self._start
                 )
             for _ in range(len(ports)):
                 port = ports[self._next % len(ports)]
                 self._next += 1
-                if port not in avoid and _bindable(host, port):
+                if port not in avoid and bindable(host, port):
                     return port
         raise OSError(
             f"no free port on {host} in {ports.start}-{ports.stop - 1}: "
@@ -99,7 +100,8 @@ class PortSequence:
         )
 
 
-def _bindable(host: str, port: int) -> bool:
+def bindable(host: str, port: int) -> bool:
+    """Whether a server could bind `port` on `host` now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
             s.bind((host, port))

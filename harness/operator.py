@@ -62,23 +62,31 @@ def wait_for(
     every: float = 0.5,
     *,
     operator: OperatorProcess | None = None,
+    until: Callable[[Any], object] = bool,
+    fail_if: Callable[[], str | None] | None = None,
 ) -> Any:
-    """Poll until `cond()` is truthy (returns it); fail naming `what` and `cond`'s last value,
-    at once if `operator` exits meanwhile, and with its log tail. `harness.waiting.wait_until`
-    under the argument order the e2e modules use (condition, what, timeout)."""
+    """Poll until `until(cond())` holds (returns the state); fail naming `what` and `cond`'s
+    last value, at once if `operator` exits meanwhile or `fail_if()` gives a reason, and
+    with the operator's log tail. `harness.waiting.wait_until` under the argument order the
+    e2e modules use (condition, what, timeout)."""
     if operator is None:
-        return wait_until(cond, what, within_s=timeout, interval_s=every)
+        return wait_until(
+            cond, what, within_s=timeout, interval_s=every, until=until, fail_if=fail_if
+        )
     op = operator
 
-    def exited() -> str | None:
-        return f"the operator exited {op.returncode()}" if op.exited() else None
+    def stop() -> str | None:
+        if op.exited():
+            return f"the operator exited {op.returncode()}"
+        return None if fail_if is None else fail_if()
 
     return wait_until(
         cond,
         what,
         within_s=timeout,
         interval_s=every,
-        fail_if=exited,
+        until=until,
+        fail_if=stop,
         detail=lambda: f"the operator's log tail:\n{op.log_tail()}",
     )
 

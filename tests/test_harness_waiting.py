@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.operator import wait_for
 from harness.waiting import NotMet, eventually, wait_for_line, wait_until
 
 
@@ -106,6 +107,26 @@ def test_fail_if_stops_the_wait_at_once_with_its_reason() -> None:
     assert message.startswith("two: nothing will change it"), message
     assert "last state: 1" in message
     assert message.endswith("the context")
+
+
+def test_the_e2e_wait_for_judges_with_until_and_stops_on_fail_if() -> None:
+    """`harness.operator.wait_for` (the e2e modules' argument order) passes `until` and
+    `fail_if` through: a state that is truthy but not the one wanted does not end the wait,
+    and a reason to stop ends it at once, quoting the last state."""
+    states = iter([{"a": 1}, {"a": 2}])
+    assert wait_for(lambda: next(states), "a is 2", 60, 0.01, until=lambda s: s == {"a": 2}) == {
+        "a": 2
+    }
+    t0 = time.monotonic()
+    with pytest.raises(NotMet) as failed:
+        wait_for(
+            lambda: {"a": 1}, "a is 2", 60, 0.01,
+            until=lambda s: s == {"a": 2}, fail_if=lambda: "the pod keeps failing",
+        )  # fmt: skip
+    assert time.monotonic() - t0 < 5
+    message = str(failed.value)
+    assert message.startswith("a is 2: the pod keeps failing"), message
+    assert "last state: {'a': 1}" in message
 
 
 async def test_an_async_probe_is_awaited_and_its_state_returned() -> None:

@@ -57,7 +57,6 @@ from harness.operator import get_json, namespaced_operator, parse_prometheus, wa
 from harness.pytest_cluster import Cluster
 from harness.vllm.adapters import TinyAdapter, tiny_adapter
 from harness.vllm.server import START_TIMEOUT_S
-from harness.waiting import wait_until
 from promptcache.contract import DEFAULT_ISOLATION_HEADER, PickerTarget
 from promptcache.render.epp_config import KV_CACHE_SCORER, LORA_SCORER
 from promptcache.render.names import Component, Names, selector_labels
@@ -110,23 +109,19 @@ class Alpha:
                 n: (a.get("reason"), a.get("readyReplicas", 0)) for n, a in self.status().items()
             }
 
-        def stop() -> str | None:
-            if self.op.exited():
-                return f"the operator exited {self.op.returncode()}"
-            if pods_must_start:
-                for pod in list(self.kubelet.pods.values()):
-                    if (failing := pod.crash_looping()) is not None:
-                        return failing
+        def engine_keeps_failing() -> str | None:
+            for pod in list(self.kubelet.pods.values()):
+                if (failing := pod.crash_looping()) is not None:
+                    return failing
             return None
 
-        wait_until(
+        wait_for(
             seen,
             f"{what}: status.adapters {want}",
-            within_s=ROLLOUT_TIMEOUT_S,
-            interval_s=0.5,
+            ROLLOUT_TIMEOUT_S,
+            operator=self.op,
             until=lambda got: got == want,
-            fail_if=stop,
-            detail=lambda: f"the operator's log tail:\n{self.op.log_tail()}",
+            fail_if=engine_keeps_failing if pods_must_start else None,
         )
 
     def entry(self, name: str, folder: str | None = None, **extra: Any) -> dict[str, Any]:

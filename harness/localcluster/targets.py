@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from . import crds
-from .build import Target, build_lock, build_target
+from .build import Target, build_lock, build_target, prefetch_modules
 from .errors import ClusterError, say
 
 TARGETS: list[Target] = [
@@ -126,8 +126,13 @@ def build(only: list[str] | None = None, for_tests: bool = False) -> None:
         if only:
             wanted = {find_target(b).tool for b in only}
             targets = [t for t in TARGETS if t.tool in wanted]
-        for i, t in enumerate(targets, 1):
-            build_target(t, i, len(targets), t0)
+        # The first target compiles at once; the others' downloads start beside it.
+        pool = prefetch_modules(t for t in targets[1:] if not t.is_current())
+        try:
+            for i, t in enumerate(targets, 1):
+                build_target(t, i, len(targets), t0)
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
         if not only or "crds" in only:
             crds.crd_dirs()
         say(f"build: all binaries ready in {time.monotonic() - t0:.0f}s")

@@ -76,8 +76,11 @@ def world(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[dict[str
         apply(cluster, mapping_of(children))
     routes = [m for children in manifests.values() for m in children if m["kind"] == "HTTPRoute"]
     args = chart_router_args(install_assets.helm_template)
-    # No NAMESPACE: every namespace's mapping ConfigMaps, the chart's default.
-    with BbrProcess(built_binary("bbr"), tmp_path, cluster.kubeconfig, args) as bbr:
+    # Only this namespace's mapping ConfigMaps (the chart's `allNamespaces: false`), as every
+    # test's router on the shared control plane (`BbrProcess`'s `namespace`).
+    with BbrProcess(
+        built_binary("bbr"), tmp_path, cluster.kubeconfig, args, namespace=namespace
+    ) as bbr:
         bbr.wait_ready()
         yield {"bbr": bbr, "routes": routes, "beta": beta, "namespace": namespace}
 
@@ -180,7 +183,10 @@ def test_the_operator_takes_a_mapping_out_of_the_router_before_it_goes(
         }
         apply_yaml(cluster.kubectl, *docs.values())
         args = chart_router_args(install_assets.helm_template)
-        with BbrProcess(built_binary("bbr"), tmp_path / "bbr", cluster.kubeconfig, args) as bbr:
+        router = BbrProcess(
+            built_binary("bbr"), tmp_path / "bbr", cluster.kubeconfig, args, namespace=ns
+        )
+        with router as bbr:
             bbr.wait_ready()
             for adapter, base in (
                 ("sql-lora", "base-a"),

@@ -82,7 +82,9 @@ def gateway(
     args = chart_router_args(install_assets.helm_template)
     with (
         namespaced_operator(cluster, "models", workdir) as env,
-        BbrProcess(built_binary("bbr"), workdir / "bbr", cluster.kubeconfig, args) as bbr,
+        BbrProcess(
+            built_binary("bbr"), workdir / "bbr", cluster.kubeconfig, args, namespace=env["ns"]
+        ) as bbr,
         contextlib.ExitStack() as teardown,
     ):
         namespace = env["ns"]

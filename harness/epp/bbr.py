@@ -48,7 +48,16 @@ class RouterPorts:
 
 
 class BbrProcess:
-    """One running router; a context manager so it always stops."""
+    """One running router; a context manager so it always stops.
+
+    `namespace`: read only that namespace's mapping ConfigMaps (the chart's
+    `allNamespaces: false`); None reads every namespace (the chart's default). A test on the
+    session's shared control plane passes its own: other tests' namespaces are deleted in
+    the background after them, and a mapping ConfigMap the router lists as it starts, then
+    sees deleted with its namespace, stays mapped in that router for good (bbr v1.5.0
+    misses deletions: `e2e/test_bbr.py`). Another test's leftover `base-b` failed the
+    operator's exit test so in a CI run; one leftover mapping fails it every time.
+    """
 
     def __init__(
         self,

@@ -39,7 +39,7 @@ from harness.epp.binary import find_epp_binary, missing_reason
 from harness.epp.extproc import chat_body
 from harness.epp.pool import PoolOnCluster
 from harness.epp.rendered import Rendered, render_resource
-from harness.epp.scenarios import settle_index, unique_text
+from harness.epp.scenarios import index_grows, unique_text
 from harness.extproc_gateway import envoy_applies
 from harness.pod import ProcessPod
 from harness.pytest_cluster import Cluster
@@ -113,9 +113,9 @@ def _followers(pool: PoolOnCluster, pods: list[ProcessPod], auto_tune: bool) -> 
     with pool.client() as client:
         for _ in range(FAMILIES):
             shared = unique_text(SHARED_BYTES)
-            first = client.pick(chat_body(shared + "A" * 1200, model="tiny")).endpoint
+            with index_grows(pool.epp):  # the second pick must see the first's blocks
+                first = client.pick(chat_body(shared + "A" * 1200, model="tiny")).endpoint
             assert first is not None
-            settle_index()
             second = client.pick(chat_body(shared + "B" * 1200, model="tiny")).endpoint
             followed += second == first
     pool.stop_picker()
@@ -193,9 +193,9 @@ def test_accounts_are_isolated_by_the_engines_own_counts(
 
             def alices(text: str) -> tuple[ProcessPod, bytes, list[tuple[str, str]]]:
                 """Alice sends `text` twice; her repeat hits, on the pod the picker keeps."""
-                home, body, sent = through(text, alice)
+                with index_grows(pool.epp):  # her repeat must see her first's blocks
+                    home, body, sent = through(text, alice)
                 assert _serve(home, body, sent) == 0
-                settle_index()
                 again, body2, sent2 = through(text, alice)
                 assert again is home, "alice's repeat left the pod holding her prefix"
                 assert _serve(home, body2, sent2) > 0, "alice's repeat must hit her own scope"

@@ -100,8 +100,10 @@ def index_grows(epp: MetricsSource | None, by: int = 1, within_s: float = 30) ->
 
 def settle_index(seconds: float = 0.5) -> None:
     """A fixed pause for the prefix index, kept only for callers that cannot observe it: the
-    llm-d-router picker (not buildable here, its metrics unverified) and e2e/engine (real
-    engines). Everything else waits with `index_grows`."""
+    llm-d-router picker (not buildable here, its metrics unverified), and a pick that may add
+    no whole block (`e2e/engine/test_engine_predicted.py`: each turn adds a short suffix to a
+    prefix the index holds, so its size need not grow). Everything else waits with
+    `index_grows`."""
     time.sleep(seconds)
 
 

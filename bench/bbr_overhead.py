@@ -226,7 +226,11 @@ def setup(workdir: Path) -> Iterator[tuple[BbrProcess, PoolOnCluster]]:
                 "--secure-serving=false",
             ]
             with BbrProcess(
-                pytest_cluster.built_binary("bbr"), workdir / "bbr", cluster.kubeconfig, args
+                pytest_cluster.built_binary("bbr"),
+                workdir / "bbr",
+                cluster.kubeconfig,
+                args,
+                namespace=None,  # its own control plane: every namespace, the chart's default
             ) as bbr:
                 bbr.wait_ready()
                 probe = body_of(1, 1)

@@ -205,7 +205,11 @@ def shared_gateway(plan: Plan, workdir: Path) -> Iterator[Gateway]:
         args = chart_router_args(install_assets.helm_template)
         with (
             BbrProcess(
-                pytest_cluster.built_binary("bbr"), workdir / "bbr", cluster.kubeconfig, args
+                pytest_cluster.built_binary("bbr"),
+                workdir / "bbr",
+                cluster.kubeconfig,
+                args,
+                namespace=None,  # its own control plane: every namespace, the chart's default
             ) as bbr,
             contextlib.ExitStack() as teardown,
         ):

@@ -183,10 +183,9 @@ def test_the_operator_takes_a_mapping_out_of_the_router_before_it_goes(
         }
         apply_yaml(cluster.kubectl, *docs.values())
         args = chart_router_args(install_assets.helm_template)
-        router = BbrProcess(
+        with BbrProcess(
             built_binary("bbr"), tmp_path / "bbr", cluster.kubeconfig, args, namespace=ns
-        )
-        with router as bbr:
+        ) as bbr:
             bbr.wait_ready()
             for adapter, base in (
                 ("sql-lora", "base-a"),

@@ -50,9 +50,10 @@ class RouterPorts:
 class BbrProcess:
     """One running router; a context manager so it always stops.
 
-    `namespace`: read only that namespace's mapping ConfigMaps (the chart's
-    `allNamespaces: false`); None reads every namespace (the chart's default). A test on the
-    session's shared control plane passes its own: other tests' namespaces are deleted in
+    `namespace` (no default: each caller chooses): read only that namespace's mapping
+    ConfigMaps (the chart's `allNamespaces: false`); None reads every namespace (the chart's
+    default, for a control plane of the caller's own). A test on the session's shared
+    control plane passes its own: other tests' namespaces are deleted in
     the background after them, and a mapping ConfigMap the router lists as it starts, then
     sees deleted with its namespace, stays mapped in that router for good (bbr v1.5.0
     misses deletions: `e2e/test_bbr.py`). Another test's leftover `base-b` failed the
@@ -65,7 +66,8 @@ class BbrProcess:
         workdir: Path,
         kubeconfig: Path,
         args: Sequence[str],
-        namespace: str | None = None,
+        *,
+        namespace: str | None,
     ) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         ports = free_ports(["grpc", "health", "metrics"])

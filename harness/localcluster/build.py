@@ -230,6 +230,13 @@ def _go_build(t: Target, group: dict[str, str], out: Path, env: dict[str, str]) 
     shutil.rmtree(staging, ignore_errors=True)
 
 
+def target_env(t: Target, env: dict[str, str] | None = None) -> dict[str, str]:
+    """The Go environment for `t` (cgo on only where it needs it), on `env` (default
+    `go_env()`): the same for its build and its module prefetch, so both load one build
+    list."""
+    return dict(env or go_env(), CGO_ENABLED="1" if t.cgo else "0")
+
+
 def build_target(t: Target, index: int, total: int, t0: float) -> None:
     out = t.out_dir()
     label = f"({index}/{total}) {t.tool} {t.version()}"
@@ -237,8 +244,7 @@ def build_target(t: Target, index: int, total: int, t0: float) -> None:
         say(f"{label}: cached in {out}")
         return
     out.mkdir(parents=True, exist_ok=True)
-    env = go_env()
-    env["CGO_ENABLED"] = "1" if t.cgo else "0"
+    env = target_env(t)
     for group in build_groups(t.binaries):
         start = time.monotonic()
         names = ", ".join(group)
@@ -286,8 +292,7 @@ def prefetch_modules(targets: Iterable[Target]) -> ThreadPoolExecutor:
         tools = ", ".join(t.tool for t in todo)
         say(f"downloading the modules of {tools} beside the builds, {PREFETCH_WORKERS} at a time")
     for t in todo:
-        env_t = dict(env, CGO_ENABLED="1" if t.cgo else "0")
-        pool.submit(_prefetch, t, env_t)
+        pool.submit(_prefetch, t, target_env(t, env))
     return pool
 
 

@@ -25,11 +25,12 @@ What must hold, read back from the real API server and from what clients receive
   its weight at 0 the same picker sends them to the idle pod; each pick counts only when
   the picker's own scores for it (its debug log, `harness.epp.scores`) show what it saw.
 
-Cost on this 2-core machine (real engines; `--durations`, 2026-12-06, at load 14-17 with
-other work beside it; the whole module 18 min): set-up (operator, one engine pod) 1-3 min;
-adding and removing an adapter 9.5 min (two rollouts, each a new engine start beside the
-old pod's drain); the bad adapters 5 min (two engine starts that fail); the picker test
-2-2.5 min (one more engine pod, two picker starts).
+Cost on this 2-core machine (real engines; `--durations`, 2026-12-07): the whole module
+10.5 min with one core kept busy by an unrelated process (24.1 min in CI's busy run
+before the clients were paced, 11.1 min in a quiet one). Set-up (operator, one engine
+pod) 45 s; adding and removing an adapter 4.3 min (two rollouts, each a new engine start
+beside the old pod, then its drain; 2.8 min quiet); the bad adapters 3.3 min (two engine
+starts that fail); the picker test 1.7 min (one more engine pod, two picker starts).
 """
 
 from __future__ import annotations
@@ -54,10 +55,12 @@ from harness.epp.pool import PoolOnCluster
 from harness.epp.rendered import Rendered, deep_merge, render_resource
 from harness.epp.scores import DEBUG_LOG_ARG, scores_of
 from harness.operator import get_json, namespaced_operator, parse_prometheus, wait_for
+from harness.pod import ProcessPod
 from harness.pytest_cluster import Cluster
 from harness.vllm.adapters import TinyAdapter, tiny_adapter
 from harness.vllm.server import START_TIMEOUT_S
-from promptcache.contract import DEFAULT_ISOLATION_HEADER, PickerTarget
+from harness.waiting import eventually
+from promptcache.contract import DEFAULT_ISOLATION_HEADER, VLLM_LOCAL_PORT, PickerTarget
 from promptcache.render.epp_config import KV_CACHE_SCORER, LORA_SCORER
 from promptcache.render.names import Component, Names, selector_labels
 
@@ -230,8 +233,19 @@ def _whole(stream: bool, raw: str) -> tuple[bool, str]:
     return finished == ["length"], ""
 
 
+PACE_S = 1.0
+"""Each client's pause between two requests. Asking back to back, three clients and the
+pinned streams kept the old pod's engine busy on both cores (its worker on one, its
+scheduling loop on most of the other), and the new pod's engine, which must import and
+start three Python processes beside it, took 8-9.5 min to start instead of 22 s (measured
+2026-12-07: the roll's engine starts are what this module's time went to). A 40-token
+answer takes about 0.1 s, so paced clients still have requests on the pods all along the
+roll; what must be in flight as the old pod stops is the pinned streams' job."""
+
+
 class Traffic:
-    """Clients that keep asking through the picker until stopped, and what they got."""
+    """Clients that keep asking through the picker until stopped, each pausing `PACE_S`
+    between requests, and what they got."""
 
     def __init__(self, pool: PoolOnCluster, models: list[str], clients: int = 3) -> None:
         self.pool, self.models, self.clients = pool, models, clients
@@ -306,6 +320,7 @@ class Traffic:
             model = self.models[(n + i) % len(self.models)]
             await self.request(http, model, (n + i) % 2 == 0, f"t{n}")
             i += 1
+            await asyncio.sleep(PACE_S)
 
     async def pinned(
         self, http: aiohttp.ClientSession, alpha: Alpha, pod: str, endpoint: str
@@ -313,7 +328,8 @@ class Traffic:
         """Long streams on one pod, one after another, until the kubelet begins to stop it:
         what a Gateway that picked the pod a moment ago sends. (The picker's own choices
         go to the idle new pod as soon as it is Ready; these make sure requests are in
-        flight on the old one when it stops, on a fast machine too.)"""
+        flight on the old one when it stops, on a fast machine too.) `_roll` starts them
+        once the new pod's engine listens, not while it starts (see `PACE_S`)."""
         while pod not in alpha.kubelet.stopping:
             await self.request(http, BASE, True, "pinned", endpoint=endpoint, max_tokens=300)
 
@@ -338,15 +354,56 @@ def _pod_endpoints(alpha: Alpha) -> dict[str, str]:
     return {name: f"{pod.ip}:{pod.ports['http']}" for name, pod in alpha.kubelet.pods.items()}
 
 
+async def _listens(ip: str, port: int) -> bool:
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(ip, port), timeout=1)
+    except OSError:  # TimeoutError is one
+        return False
+    writer.close()
+    await writer.wait_closed()
+    return True
+
+
+async def _new_engine_listens(alpha: Alpha, old: str, what: str) -> None:
+    """Until the engine of a pod other than `old` accepts connections. The pod cannot be
+    Ready before that: its engine's startup probe must pass first (every 10 s), then the
+    front's readiness, then the Deployment controller must see the pod Ready and delete
+    the old one, and the kubelet see the deletion (every 0.5 s): seconds in which the
+    pinned streams start. A new pod whose engine keeps failing, or an old pod that stops
+    first, ends the wait at once."""
+
+    def new_pods() -> list[ProcessPod]:
+        return [pod for name, pod in list(alpha.kubelet.pods.items()) if name != old]
+
+    async def listening() -> list[str]:
+        return [pod.name for pod in new_pods() if await _listens(pod.ip, VLLM_LOCAL_PORT)]
+
+    def gone_wrong() -> str | None:
+        if old in alpha.kubelet.stopping:
+            return "the old pod began to stop first"
+        return next(filter(None, (pod.crash_looping() for pod in new_pods())), None)
+
+    await eventually(
+        listening,
+        f"{what}: a new pod's engine listens",
+        within_s=ROLLOUT_TIMEOUT_S,
+        fail_if=gone_wrong,
+        detail=lambda: f"pods {list(alpha.kubelet.pods)}",
+    )
+
+
 async def _roll(
     alpha: Alpha, traffic: Traffic, http: aiohttp.ClientSession, change: Any, what: str
 ) -> tuple[str, float]:
     """Apply `change`, then wait until the old pod was replaced and has stopped; returns the
-    old pod's endpoint and when its stop began (monotonic)."""
+    old pod's endpoint and when its stop began (monotonic). The pinned streams on the old
+    pod begin once the new pod's engine listens: begun with the change, they kept the old
+    engine busy through the whole of the new one's start (see `PACE_S`)."""
     (old,) = alpha.kubelet.pods
     old_endpoint = _pod_endpoints(alpha)[old]
-    pinned = asyncio.create_task(traffic.pinned(http, alpha, old, old_endpoint))
     change()
+    await _new_engine_listens(alpha, old, what)
+    pinned = asyncio.create_task(traffic.pinned(http, alpha, old, old_endpoint))
     await _wait(lambda: old in alpha.kubelet.terminated, f"{what}: the old pod stopped", alpha)
     await pinned
     (new,) = alpha.kubelet.pods

@@ -354,6 +354,13 @@ def gone_from_window(served: Served, run: Run) -> None:
 # --- the diagnoses ----------------------------------------------------------------------------
 
 
+def judged(served: Served, run: Run, label: str) -> tuple[dict[str, Any], str]:
+    """`run`'s settled ladder (printed) and what `kubectl describe` says of it."""
+    ladder = served.settled_ladder(run)
+    print(f"{label}: status.cache {ladder}")
+    return ladder, served.described()
+
+
 FITS: list[Run] = []
 """The roomy pool's first workload, once it ran: the third must wait for it to leave the
 status window."""
@@ -367,9 +374,7 @@ def test_a_chat_workload_that_fits_loses_nothing_worth_naming(roomy: Served) -> 
     assert estimated == run.accounted[LadderCounter.ACCOUNTED], (
         "every request carried the picker's workload and capacity estimates"
     )
-    ladder = roomy.settled_ladder(run)
-    print(f"fits: status.cache {ladder}")
-    text = roomy.described()
+    ladder, text = judged(roomy, run, "fits")
     assert ladder["largestLoss"] == "None", text
     assert "no step loses more than 10 points" in text, text
     assert ladder["workload"] >= 0.5, ladder
@@ -383,9 +388,7 @@ def test_the_same_chat_workload_on_a_small_kv_cache_names_capacity(tight: Served
     run = chat(tight, "team-tight")
     print(f"\ntight: the front accounted {run.shares()}")
     assert run.accounted[LadderCounter.ESTIMATED] == run.accounted[LadderCounter.ACCOUNTED]
-    ladder = tight.settled_ladder(run)
-    print(f"tight: status.cache {ladder}")
-    text = tight.described()
+    ladder, text = judged(tight, run, "tight")
     assert ladder["largestLoss"] == "Capacity", text
     assert "the largest loss is capacity" in text, text
     assert "KV cache is too small for the working set" in text, text
@@ -400,9 +403,7 @@ def test_a_workload_that_shares_nothing_names_the_workload(roomy: Served) -> Non
         gone_from_window(roomy, earlier)
     run = nothing_shared(roomy, "team-unique")
     print(f"\nnothing shared: the front accounted {run.shares()}")
-    ladder = roomy.settled_ladder(run)
-    print(f"nothing shared: status.cache {ladder}")
-    text = roomy.described()
+    ladder, text = judged(roomy, run, "nothing shared")
     assert ladder["largestLoss"] == "Workload", text
     assert "the largest loss is workload" in text, text
     assert "little for any cache to gain" in text, text

@@ -350,9 +350,11 @@ class ProcessKubelet:
     def _least_bound_core(self, name: str) -> int:
         """The core fewest running engines are bound to. A new pod of a rollout starts
         while the old one still serves (and drains): bound to the same core, the new
-        engine's start waited behind the old one's busy worker for many minutes (a serving
-        engine's worker keeps its core busy under traffic; idle, the engine uses about 1 %
-        of a core, measured 2026-12-07); counting starts round-robin put
+        engine's start waited behind the old one's busy worker for many minutes (the CPU
+        build always runs its worker in a process of its own, which after each step spins
+        for a second waiting for the next, vLLM 0.32's `SpinCondition`: under any steady
+        traffic it holds its core; idle, the engine uses about 1 % of one, measured
+        2026-12-07); counting starts round-robin put
         them together whenever the number of pods started so far said so. Engines that
         serve count first: a pod whose engine keeps failing to start (a bad adapter) uses
         little of its core, and the serving one beside it is what a new engine must avoid."""

@@ -240,7 +240,9 @@ scheduling loop on most of the other), and the new pod's engine, which must impo
 start three Python processes beside it, took 8-9.5 min to start instead of 22 s (measured
 2026-12-07: the roll's engine starts are what this module's time went to). A 40-token
 answer takes about 0.1 s, so paced clients still have requests on the pods all along the
-roll; what must be in flight as the old pod stops is the pinned streams' job."""
+roll; what must be in flight as the old pod stops is the pinned streams' job. (The old
+worker still holds its own core: the CPU build's worker spins for a second after each
+step, so any steady traffic keeps it there; what pacing frees is the other core.)"""
 
 
 class Traffic:

@@ -54,6 +54,7 @@ from harness.epp.extproc import DESTINATION_HEADER, REQUEST_ID_HEADER
 from harness.epp.pool import PoolOnCluster
 from harness.epp.rendered import Rendered, deep_merge, render_resource
 from harness.epp.scores import DEBUG_LOG_ARG, scores_of
+from harness.net import accepts_connections
 from harness.operator import get_json, namespaced_operator, parse_prometheus, wait_for
 from harness.pod import ProcessPod
 from harness.pytest_cluster import Cluster
@@ -356,16 +357,6 @@ def _pod_endpoints(alpha: Alpha) -> dict[str, str]:
     return {name: f"{pod.ip}:{pod.ports['http']}" for name, pod in alpha.kubelet.pods.items()}
 
 
-async def _listens(ip: str, port: int) -> bool:
-    try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(ip, port), timeout=1)
-    except OSError:  # TimeoutError is one
-        return False
-    writer.close()
-    await writer.wait_closed()
-    return True
-
-
 async def _new_engine_listens(alpha: Alpha, old: str, what: str) -> None:
     """Until the engine of a pod other than `old` accepts connections. The pod cannot be
     Ready before that: its engine's startup probe must pass first (every 10 s), then the
@@ -377,8 +368,8 @@ async def _new_engine_listens(alpha: Alpha, old: str, what: str) -> None:
     def new_pods() -> list[ProcessPod]:
         return [pod for name, pod in list(alpha.kubelet.pods.items()) if name != old]
 
-    async def listening() -> list[str]:
-        return [pod.name for pod in new_pods() if await _listens(pod.ip, VLLM_LOCAL_PORT)]
+    def listening() -> list[str]:  # a loopback connect: refused or accepted at once
+        return [pod.name for pod in new_pods() if accepts_connections(pod.ip, VLLM_LOCAL_PORT)]
 
     def gone_wrong() -> str | None:
         if old in alpha.kubelet.stopping:

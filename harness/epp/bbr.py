@@ -11,7 +11,6 @@ way a Gateway does for the rules this project renders (path prefix, exact header
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ import grpc
 import yaml
 
 from harness.localcluster.ports import free_ports
+from harness.net import accepts_connections
 from harness.waiting import wait_until
 
 from .extproc import ExtProcClient
@@ -128,11 +128,7 @@ class BbrProcess:
     def serving_ext_proc(self) -> bool:
         """Whether the ext_proc port accepts connections: with TLS the router first makes a
         self-signed certificate, seconds after its health port is up."""
-        try:
-            with socket.create_connection(("127.0.0.1", self.ports.grpc), timeout=1):
-                return True
-        except OSError:
-            return False
+        return accepts_connections("127.0.0.1", self.ports.grpc)
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
         proc = self._proc

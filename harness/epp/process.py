@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import socket
 import subprocess
 import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
@@ -24,7 +23,7 @@ from typing import BinaryIO
 
 import grpc
 
-from harness.net import free_port
+from harness.net import accepts_connections, free_port
 from harness.waiting import wait_until
 
 from .extproc import ExtProcClient
@@ -190,11 +189,7 @@ class EppProcess:
     def serving_ext_proc(self) -> bool:
         """Whether the ext_proc port accepts connections (with TLS the picker first makes a
         self-signed key, seconds on a busy machine, after its health port is up)."""
-        try:
-            with socket.create_connection(("127.0.0.1", self.ports.grpc), timeout=1):
-                return True
-        except OSError:
-            return False
+        return accepts_connections("127.0.0.1", self.ports.grpc)
 
     def wait_ready(self, timeout_s: float = 90.0) -> None:
         """Until the EPP serves health and ext_proc; fails at once if it exits, with its log."""

@@ -1,5 +1,5 @@
-"""Pytest plugin: how a run with pytest-xdist (`PROMPTCACHE_TEST_WORKERS=2 scripts/test`)
-shares the suite between its worker processes.
+"""Pytest plugin: how a run with pytest-xdist shares the suite between its worker processes:
+`scripts/check`'s unit tests on several workers, `PROMPTCACHE_TEST_WORKERS=2 scripts/test`.
 
 Why: run one test at a time, about half of the suite's time is the real-engine tests and
 the other half everything else. Two workers, one of them given every real-engine test first,
@@ -25,10 +25,12 @@ engine-core processes spin between steps), so the split took 42 min against 43 a
   local control plane per worker (they pick free ports and pod CIDRs; see
   `harness/localcluster/state.py`).
 
-Units are handed out in collection order, which this plugin makes "engine tests first";
-xdist's own reordering (largest unit first, by number of tests) is turned off, since a
-module's number of tests says nothing about its time here (a corpus of 300 cases takes
-seconds; three engine rollouts take ten minutes).
+Units are handed out in collection order, which this plugin makes "engine tests first, then
+the other modules costliest first" by the last recorded run (`docs/test-costs.md`): a long
+module started last would run alone at the end while the other workers idle. xdist's own
+reordering (largest unit first, by number of tests) is turned off, since a module's number
+of tests says nothing about its time here (a corpus of 300 cases takes seconds; three
+engine rollouts take ten minutes).
 
 Registered by `harness.pytest_plugins.register`; inert without xdist.
 """
@@ -36,10 +38,16 @@ Registered by `harness.pytest_plugins.register`; inert without xdist.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tools.test_costs import read_table
+
+COSTS = Path("docs/test-costs.md")
+"""The last recorded run's cost of each module (`tools/test_costs.py` writes it)."""
 ENGINE_TESTS = "e2e/engine/"
 """The node-id prefix of the real-engine tests: one unit of work, first."""
 TAKEN_OVER = frozenset({"load", "loadscope", "loadfile", "loadgroup"})
@@ -61,15 +69,32 @@ def unit_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
-def engine_first(items: list[pytest.Item]) -> None:
-    """Reorder in place: the engine tests first, everything else after, each in its order."""
-    items.sort(key=lambda item: not item.nodeid.startswith(ENGINE_TESTS))
+def recorded_costs(root: Path) -> dict[str, float]:
+    """Each module's cost in seconds as the last recorded run measured it (`COSTS`); empty
+    where the page is missing or unreadable, which only loses the ordering."""
+    try:
+        return read_table((root / COSTS).read_text())
+    except (OSError, ValueError):
+        return {}
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # Only on an xdist worker, so a run of one process keeps pytest's own order.
+def run_order(items: list[pytest.Item], costs: Mapping[str, float]) -> None:
+    """Reorder in place: the engine tests first, in their order; then each other module
+    whole, costliest first by `costs` (a module not in it last), each in its own order."""
+
+    def key(item: pytest.Item) -> tuple[bool, float]:
+        if item.nodeid.startswith(ENGINE_TESTS):
+            return (False, 0.0)
+        return (True, -costs.get(unit_of(item.nodeid), 0.0))
+
+    items.sort(key=key)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Only on an xdist worker, so a run of one process keeps pytest's own order. Every
+    # worker sorts the same way, as xdist requires of their collections.
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        engine_first(items)
+        run_order(items, recorded_costs(config.rootpath))
 
 
 @pytest.hookimpl(tryfirst=True)

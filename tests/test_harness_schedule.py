@@ -1,6 +1,6 @@
 """harness/pytest_schedule.py: under pytest-xdist, every real-engine test runs on one worker,
 before anything else on it and at a lower priority, and every other module runs whole on
-one worker.
+one worker, costliest first by the last recorded run.
 
 A real pytest session with two xdist workers runs a small tree shaped like the suite's
 (`e2e/engine/` beside other modules); each test records its worker and its turn, and the
@@ -39,9 +39,21 @@ def test_case(request, n):
     record(request)
 """
 
+COSTS = """
+| module | tests | cost | share | cumulative | slowest test |
+| --- | ---: | ---: | ---: | ---: | --- |
+| `tests/test_slow.py` | 2 | 2.5 min | 60 % | 60 % | `test_case[0]` 75 s |
+| `e2e/test_cluster.py` | 5 | 40 s | 30 % | 90 % | `test_case[0]` 8 s |
+| `tests/test_many.py` | 40 | 9 s | 10 % | 100 % | `test_case[0]` 0 s |
+"""
+"""The last run's costs as `tools/test_costs.py` writes them: the costliest module is last in
+collection order and has the fewest tests, so neither pytest's order nor xdist's count of
+tests would start it first; `tests/test_few.py` is not listed (a module new since)."""
+
 TREE = {
     "tests/test_many.py": 40,  # more tests than the engine unit: xdist alone would run it first
     "tests/test_few.py": 3,
+    "tests/test_slow.py": 2,
     "e2e/test_cluster.py": 5,
     "e2e/engine/test_engine_a.py": 4,
     "e2e/engine/test_engine_b.py": 4,
@@ -54,6 +66,8 @@ def test_the_engine_tests_share_one_worker_first_and_modules_stay_whole(tmp_path
         (tmp_path / path).write_text(MODULE.format(count=count))
     (tmp_path / "recorder.py").write_text(RECORDER)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "test-costs.md").write_text(COSTS)
     log = tmp_path / "schedule.jsonl"
     env = {
         **os.environ,
@@ -81,6 +95,8 @@ def test_the_engine_tests_share_one_worker_first_and_modules_stay_whole(tmp_path
     first = [r["test"] for r in on_it[:engine_count]]
     assert all(t.startswith(ENGINE_TESTS) for t in first), [r["test"] for r in on_it]
     assert {"gw0", "gw1"} == {r["worker"] for r in records}, "the other worker ran nothing"
+    others_first = min((r for r in records if r["worker"] != engine_worker), key=lambda r: r["at"])
+    assert unit_of(others_first["test"]) == "tests/test_slow.py", "not the costliest first"
 
     base = os.getpriority(os.PRIO_PROCESS, 0)
     niceness = {r["test"]: r["nice"] for r in records}

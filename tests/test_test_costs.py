@@ -6,7 +6,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tools.test_costs import module_of, read_junit, read_steps, render
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tools.test_costs import (
+    OUT,
+    minutes,
+    module_of,
+    read_junit,
+    read_steps,
+    read_table,
+    render,
+    seconds_of,
+)
 
 SLOW = """
 import time
@@ -62,6 +74,26 @@ def test_costs_sum_set_up_call_and_teardown_per_module(tmp_path: Path) -> None:
     assert "| waiting for the Go builds | 5.0 min |" in text
     assert "| `pkg/test_fast.py` | 2 (1 failed, 1 skipped) |" in text
     assert text.index("pkg/test_slow.py") < text.index("pkg/test_fast.py")
+
+    # What a parallel run orders its modules by reads the same page back.
+    read = read_table(text)
+    assert set(read) == {"pkg/test_slow.py", "pkg/test_fast.py"}
+    assert abs(read["pkg/test_slow.py"] - slow.seconds) <= 0.5
+
+
+@given(st.floats(min_value=0, max_value=10 * 3600, allow_nan=False))
+def test_a_printed_cost_reads_back_within_its_rounding(seconds: float) -> None:
+    # Whole seconds below 90 s, tenths of a minute above.
+    assert abs(seconds_of(minutes(seconds)) - seconds) <= (0.5 if seconds < 89.5 else 3.0)
+
+
+def test_the_committed_table_reads_back_every_module_it_lists() -> None:
+    text = OUT.read_text()
+    header = next(line for line in text.splitlines() if line.startswith("Run of "))
+    listed = int(header.split(" tests in ")[1].split(" modules")[0])
+    costs = read_table(text)
+    assert len(costs) == listed
+    assert all(path.endswith(".py") and seconds >= 0 for path, seconds in costs.items())
 
 
 def test_a_class_inside_a_module_counts_for_the_module(tmp_path: Path) -> None:

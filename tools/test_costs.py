@@ -108,6 +108,23 @@ def minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
+def seconds_of(cell: str) -> float:
+    """The inverse of `minutes`: ``"35 s"`` or ``"1.8 min"`` in seconds."""
+    value, unit = cell.split()
+    return float(value) * (60 if unit == "min" else 1)
+
+
+def read_table(text: str) -> dict[str, float]:
+    """Each module's cost in seconds, read back from a page `render` wrote: what
+    `harness.pytest_schedule` hands out costliest first to the workers of a parallel run."""
+    costs: dict[str, float] = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 6 and cells[0].startswith("`") and cells[0].endswith(".py`"):
+            costs[cells[0].strip("`")] = seconds_of(cells[2])
+    return costs
+
+
 def table(costs: Iterable[ModuleCost], total: float) -> list[str]:
     lines = [
         "| module | tests | cost | share | cumulative | slowest test |",

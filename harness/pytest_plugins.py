@@ -11,7 +11,7 @@ import importlib
 
 import pytest
 
-PLUGINS = ("pytest_cluster", "pytest_guards", "pytest_schedule")
+PLUGINS = ("pytest_cluster", "pytest_guards", "pytest_parts", "pytest_schedule")
 """Modules of `harness`, registered under their own names."""
 
 

@@ -46,8 +46,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     part = part_of(os.environ)
     if part is None:
         return
-    keep = [item for item in items if is_unit(item) == (part == "unit")]
-    if len(keep) != len(items):
-        kept = set(map(id, keep))
-        config.hook.pytest_deselected(items=[item for item in items if id(item) not in kept])
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
+    for item in items:
+        (keep if is_unit(item) == (part == "unit") else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
         items[:] = keep

@@ -7,7 +7,9 @@ A chat workload that fits: turns that share a long system prompt, each through t
 (ext_proc), then exactly what Envoy would send to the picked pod. The picker signs its
 prefix match for the pod; the front counts it beside the engine's own `cached_tokens`; the
 counters are the sums of what each answer said, and once the prefix is known both the
-predicted and the delivered share are well above zero. Printed: the two ratios.
+predicted and the delivered share are well above zero. Each turn's own text is longer than
+two of the picker's blocks, so each adds at least one whole block to its prefix index, and
+the next turn waits until it has (`index_grows`) instead of pausing. Printed: the two ratios.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from harness.epp.binary import find_epp_binary, missing_reason
 from harness.epp.extproc import chat_body
 from harness.epp.pool import PoolOnCluster
 from harness.epp.rendered import Rendered, render_resource
-from harness.epp.scenarios import settle_index, unique_text
+from harness.epp.scenarios import index_grows, unique_text
 from harness.extproc_gateway import envoy_applies
 from harness.pod import ProcessPod
 from harness.pytest_cluster import Cluster
@@ -39,6 +41,10 @@ pytestmark = pytest.mark.cluster
 KV_CACHE_BYTES = 8 << 20
 """8 MiB: 256 blocks of 32 for the tiny model, far more than this workload needs."""
 TURNS = 6
+TURN_BYTES = 300
+"""Each turn's own text: more than two blocks of the picker's 32 tokens at 4 bytes a token,
+so at least one whole block of every turn is new to the index, wherever the block
+boundaries fall."""
 
 
 @pytest.fixture(scope="module")
@@ -102,9 +108,10 @@ def test_the_front_counts_the_pickers_prediction_beside_the_engines_cached_token
     prompt = predicted = delivered = 0
     with pool.client() as client:
         for turn in range(TURNS):
-            pick = client.pick(
-                chat_body(system + f" turn {turn} " + unique_text(100), model="tiny")
-            )
+            with index_grows(pool.epp):  # the next turn must see this one's blocks
+                pick = client.pick(
+                    chat_body(system + f" turn {turn} " + unique_text(TURN_BYTES), model="tiny")
+                )
             headers = envoy_applies(pick.sent_headers, pick.responses)
             (value,) = [v for k, v in headers if k.lower() == PREDICTED_MATCH_HEADER]
             match, total, block = (int(x) for x in value.split(".")[3:6])
@@ -112,7 +119,6 @@ def test_the_front_counts_the_pickers_prediction_beside_the_engines_cached_token
             prompt += usage["prompt_tokens"]
             predicted += Prediction(match, total, block).tokens(usage["prompt_tokens"])
             delivered += usage["prompt_tokens_details"]["cached_tokens"] or 0
-            settle_index()
     got = _counters(pod)
     assert got["promptcache_front_accounted_prompt_tokens_total"] == prompt
     assert got["promptcache_front_predicted_tokens_total"] == predicted

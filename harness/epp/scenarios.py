@@ -99,11 +99,9 @@ def index_grows(epp: MetricsSource | None, by: int = 1, within_s: float = 30) ->
 
 
 def settle_index(seconds: float = 0.5) -> None:
-    """A fixed pause for the prefix index, kept only for callers that cannot observe it: the
-    llm-d-router picker (not buildable here, its metrics unverified), and a pick that may add
-    no whole block (`e2e/engine/test_engine_predicted.py`: each turn adds a short suffix to a
-    prefix the index holds, so its size need not grow). Everything else waits with
-    `index_grows`."""
+    """A fixed pause for the prefix index, kept only for the one caller that cannot observe
+    it: the llm-d-router picker (not buildable here, so its index metric is unverified).
+    Everything else waits with `index_grows`."""
     time.sleep(seconds)
 
 

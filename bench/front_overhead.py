@@ -481,8 +481,9 @@ class Arm:
 
 
 def thread_affinities(pids: list[int]) -> dict[int, set[int]]:
-    """Each thread's cores, to put back: the CPU build binds its worker's compute thread to
-    a core of its own (`VLLM_CPU_OMP_THREADS_BIND=auto`), and that is how it runs unpinned."""
+    """Each thread's cores, to put back: how the engine runs when the bench pins nothing.
+    Since 2026-12-07 the harness starts engines unpinned (`harness.vllm.cpu.UNPINNED`); the
+    figures before that date had the worker on core 0, vLLM's own binding here."""
     out: dict[int, set[int]] = {}
     for pid in pids:
         for task in Path(f"/proc/{pid}/task").glob("[0-9]*"):

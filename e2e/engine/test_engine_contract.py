@@ -10,6 +10,9 @@
   runs with the default set).
 * Metrics: the engine reports the rendered cache geometry in `vllm:cache_config_info`, and
   the front's `/metrics` (what the picker scrapes) carries the engine's series.
+* Cores: what the harness sets so that the engines of a session share the machine's cores
+  (`harness.vllm.cpu.UNPINNED`) is what the engine did: its own log says it skipped the
+  thread binding.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness.engine.pods import BLOCK_SIZE, engine_resource, rendered_pod_spec
+from harness.pod import ProcessPod
 from harness.vllm import cpu_engine_args, engine_python
+from harness.vllm.cpu import UNPINNED
 from promptcache.tenancy.routes import VLLM_ROUTES_VERSION, find_route
 from tools import vllm_routes
 
@@ -145,3 +150,16 @@ async def test_engine_reports_the_rendered_geometry_through_the_front(
         "vllm:prefix_cache_hits_total",
     ):
         assert _samples(front, name), name
+
+
+def test_the_engine_runs_unpinned_as_the_harness_asks(engine_pod: ProcessPod) -> None:
+    """`UNPINNED` names vLLM's own variable and value: were either misspelt or renamed in
+    a later build, every engine would go back to computing on core 0 and nothing else would
+    fail, only slow down. The engine logs its binding decision as its worker starts."""
+    log = engine_pod.container("vllm").log_path.read_text(errors="replace")
+    bind = UNPINNED["VLLM_CPU_OMP_THREADS_BIND"]
+    decided = [ln for ln in log.splitlines() if "VLLM_CPU_OMP_THREADS_BIND=" in ln]
+    assert decided, "the engine logged no thread-binding decision: has its log changed?"
+    assert all(f"VLLM_CPU_OMP_THREADS_BIND={bind!r}" in ln for ln in decided), decided
+    assert all("skip_setup=True" in ln for ln in decided), decided
+    assert "core ids=" not in log, "the engine bound its worker to cores"

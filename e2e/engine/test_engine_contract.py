@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from harness.engine.pods import BLOCK_SIZE, engine_resource, rendered_pod_spec
 from harness.pod import ProcessPod
 from harness.vllm import cpu_engine_args, engine_python
-from harness.vllm.cpu import UNPINNED
+from harness.vllm.cpu import OMP_BIND_ENV, UNPINNED
 from promptcache.tenancy.routes import VLLM_ROUTES_VERSION, find_route
 from tools import vllm_routes
 
@@ -157,9 +157,9 @@ def test_the_engine_runs_unpinned_as_the_harness_asks(engine_pod: ProcessPod) ->
     a later build, every engine would go back to computing on core 0 and nothing else would
     fail, only slow down. The engine logs its binding decision as its worker starts."""
     log = engine_pod.container("vllm").log_path.read_text(errors="replace")
-    bind = UNPINNED["VLLM_CPU_OMP_THREADS_BIND"]
-    decided = [ln for ln in log.splitlines() if "VLLM_CPU_OMP_THREADS_BIND=" in ln]
+    bind = UNPINNED[OMP_BIND_ENV]
+    decided = [ln for ln in log.splitlines() if f"{OMP_BIND_ENV}=" in ln]
     assert decided, "the engine logged no thread-binding decision: has its log changed?"
-    assert all(f"VLLM_CPU_OMP_THREADS_BIND={bind!r}" in ln for ln in decided), decided
+    assert all(f"{OMP_BIND_ENV}={bind!r}" in ln for ln in decided), decided
     assert all("skip_setup=True" in ln for ln in decided), decided
     assert "core ids=" not in log, "the engine bound its worker to cores"

@@ -6,7 +6,7 @@ its body digest, and the whole gateway decision are defined in Python
 (`promptcache.tenancy`, `promptcache.gateway.decision.decide`); so are the session a
 request names and the session plugin's type and parameters (`promptcache.contract.session`,
 read by `picker/sessions` and `picker/plugins/sessionaffinity`). This script computes
-vectors from those functions into ``picker/testdata/vectors.json`` and writes the route
+vectors from those functions into ``picker/testvectors/vectors.json`` and writes the route
 table the Go side classifies requests with (``picker/tenancy/routes_table.go``);
 ``go test ./...`` in ``picker/`` reads the vectors, and
 ``tests/tenancy/test_picker_vectors.py`` fails when either file is stale. A change to one
@@ -58,8 +58,8 @@ from promptcache.tenancy.routes import ROUTES, RouteClass
 from promptcache.tenancy.settings import MIN_SALT_KEY_BYTES, PolicySettings
 
 ROOT = Path(__file__).resolve().parent.parent
-VECTORS = ROOT / "picker" / "testdata" / "vectors.json"
-PREDICTION_VECTORS = ROOT / "picker" / "testdata" / "prediction_vectors.json"
+VECTORS = ROOT / "picker" / "testvectors" / "vectors.json"
+PREDICTION_VECTORS = ROOT / "picker" / "testvectors" / "prediction_vectors.json"
 ROUTE_TABLE = ROOT / "picker" / "tenancy" / "routes_table.go"
 
 SECRET = b"vectors-salt-key-0123456789abcdef"

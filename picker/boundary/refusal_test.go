@@ -2,8 +2,9 @@ package boundary
 
 import (
 	"encoding/json"
-	"os"
 	"testing"
+
+	"promptcache.local/picker/testvectors"
 )
 
 // The refusals and flag names crossing from Python (runtime.refusals.too_large / body_timeout,
@@ -32,10 +33,7 @@ type boundaryVectors struct {
 
 func loadVectors(t *testing.T) boundaryVectors {
 	t.Helper()
-	raw, err := os.ReadFile("../testdata/vectors.json")
-	if err != nil {
-		t.Fatal(err)
-	}
+	raw := testvectors.Vectors
 	var v boundaryVectors
 	if err := json.Unmarshal(raw, &v); err != nil {
 		t.Fatal(err)

@@ -5,7 +5,7 @@
 //
 // The Python module promptcache.tenancy.prediction is the source of this definition (the
 // header's name, form, key derivation and MAC); this is a port held to it by the vectors
-// tools/picker_vectors.py writes to ../testdata/prediction_vectors.json.
+// tools/picker_vectors.py writes to ../testvectors/prediction_vectors.json.
 package prediction
 
 import (

@@ -4,8 +4,9 @@ import (
 	"bytes"
 	"encoding/hex"
 	"encoding/json"
-	"os"
 	"testing"
+
+	"promptcache.local/picker/testvectors"
 )
 
 type hexBytes []byte
@@ -41,10 +42,7 @@ type vectors struct {
 
 func load(t *testing.T) vectors {
 	t.Helper()
-	raw, err := os.ReadFile("../testdata/prediction_vectors.json")
-	if err != nil {
-		t.Fatal(err)
-	}
+	raw := testvectors.Prediction
 	var v vectors
 	if err := json.Unmarshal(raw, &v); err != nil {
 		t.Fatal(err)

@@ -2,9 +2,10 @@ package sessions
 
 import (
 	"encoding/json"
-	"os"
 	"slices"
 	"testing"
+
+	"promptcache.local/picker/testvectors"
 )
 
 type vectorFile struct {
@@ -26,10 +27,7 @@ type vectorFile struct {
 
 func loadVectors(t *testing.T) vectorFile {
 	t.Helper()
-	raw, err := os.ReadFile("../testdata/vectors.json")
-	if err != nil {
-		t.Fatal(err)
-	}
+	raw := testvectors.Vectors
 	var v vectorFile
 	if err := json.Unmarshal(raw, &v); err != nil {
 		t.Fatal(err)

@@ -4,9 +4,10 @@ import (
 	"bytes"
 	"encoding/hex"
 	"encoding/json"
-	"os"
 	"strings"
 	"testing"
+
+	"promptcache.local/picker/testvectors"
 )
 
 // blob is bytes in the vectors: a JSON string (UTF-8) or {"hex": "..."}.
@@ -115,10 +116,7 @@ func (p pluginSettings) settings() Settings {
 
 func load(t *testing.T) *vectorFile {
 	t.Helper()
-	raw, err := os.ReadFile("../testdata/vectors.json")
-	if err != nil {
-		t.Fatal(err)
-	}
+	raw := testvectors.Vectors
 	var v vectorFile
 	if err := json.Unmarshal(raw, &v); err != nil {
 		t.Fatal(err)

@@ -69,7 +69,7 @@ def test_the_release_publishes_the_targets_built_here() -> None:
 def test_the_context_is_what_dockerignore_lets_in() -> None:
     files = {p.relative_to(ROOT).parts[0] for p in images_build.context_files()}
     assert files == {"pyproject.toml", "README.md", "operator", "picker"}
-    assert not any(p.parts[:2] == ("picker", "testdata") for p in images_build.context_files())
+    assert not any(p.parts[:2] == ("picker", "testvectors") for p in images_build.context_files())
     assert not any("__pycache__" in p.parts for p in images_build.context_files())
 
 

@@ -21,6 +21,8 @@ import (
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/plugins/requestcontrol/dataproducer/approximateprefix"
 
 	"promptcache.local/picker/prediction"
+
+	"promptcache.local/picker/testvectors"
 )
 
 // Through GIE's own prefix producer (its block hashes, in its plugin state): the first
@@ -187,10 +189,7 @@ func TestClientCopyNeverPasses(t *testing.T) {
 // The renderer writes this plugin's type and parameters (contract.PREDICTED_MATCH_PLUGIN,
 // contract.PredictedMatchParam); the vectors carry them.
 func TestTypeAndParametersAreTheContracts(t *testing.T) {
-	raw, err := os.ReadFile("../../testdata/prediction_vectors.json")
-	if err != nil {
-		t.Fatal(err)
-	}
+	raw := testvectors.Prediction
 	var v struct {
 		Contract struct {
 			Plugin     string   `json:"plugin"`

@@ -3,7 +3,6 @@ package sessionaffinity
 import (
 	"context"
 	"encoding/json"
-	"os"
 	"reflect"
 	"runtime"
 	"slices"
@@ -16,6 +15,8 @@ import (
 	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/framework/interface/scheduling"
 
 	"promptcache.local/picker/sessions"
+
+	"promptcache.local/picker/testvectors"
 )
 
 func endpoint(name string) scheduling.Endpoint {
@@ -135,10 +136,7 @@ func TestParametersAreStrictAndRequired(t *testing.T) {
 // The renderer writes this plugin's type, parameters and sources (contract.session); the
 // vectors carry them, so a name changed on one side fails here.
 func TestTypeAndParametersAreTheContracts(t *testing.T) {
-	raw, err := os.ReadFile("../../testdata/vectors.json")
-	if err != nil {
-		t.Fatal(err)
-	}
+	raw := testvectors.Vectors
 	var v struct {
 		Contract struct {
 			Plugin     string   `json:"session_affinity_plugin"`

@@ -2,22 +2,20 @@ package tenantsalt
 
 import (
 	"encoding/json"
-	"os"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
 
 	"promptcache.local/picker/tenancy"
+
+	"promptcache.local/picker/testvectors"
 )
 
 // The renderer writes this plugin's type and parameters (contract.TENANT_SALT_PARSER,
 // contract.TenantSaltParam); the vectors carry them, so a name changed on one side fails.
 func TestTypeAndParametersAreTheContracts(t *testing.T) {
-	raw, err := os.ReadFile("../../testdata/vectors.json")
-	if err != nil {
-		t.Fatal(err)
-	}
+	raw := testvectors.Vectors
 	var v struct {
 		Contract struct {
 			TenantSaltParser     string   `json:"tenant_salt_parser"`

@@ -222,7 +222,7 @@ def test_the_hpa_controller_scales_a_resource_up_and_down_on_the_waiting_queue(
         assert hpa["spec"]["scaleTargetRef"]["kind"] == "PromptCacheDeployment"
 
         def replicas() -> tuple[int, int]:
-            obj = get_json(cluster.kubectl, "pcd", "llm", "-n", ns) or {}
+            obj = cluster.pcd_json(ns, "llm") or {}
             return (obj.get("spec", {}).get("model", {}).get("replicas", -1),
                     len(pods.pods))  # fmt: skip
 

@@ -59,7 +59,7 @@ def wait_condition(
     op: OperatorProcess,
 ) -> dict[str, Any]:
     def check() -> Any:
-        cond = condition(get_json(cluster.kubectl, "pcd", name, "-n", ns), type_)
+        cond = condition(cluster.pcd_json(ns, name), type_)
         if cond and (cond["status"], cond["reason"]) == (status, reason):
             return cond
         return None
@@ -285,7 +285,7 @@ def test_loading_weights_is_a_wait_not_a_failure(cluster: Cluster, env: dict[str
     )
     assert cond["message"] == expected
     shown(cluster, ns, "loading", expected)
-    degraded = condition(get_json(cluster.kubectl, "pcd", "loading", "-n", ns), "Degraded")
+    degraded = condition(cluster.pcd_json(ns, "loading"), "Degraded")
     assert degraded is not None
     assert (degraded["status"], degraded["reason"]) == ("False", "AsExpected")
     assert event(cluster, ns, "loading", "LoadingWeights")["type"] == "Normal"
@@ -350,7 +350,7 @@ def test_gpu_pool_scaled_to_zero_is_a_warning_not_a_failure(
     )
     assert cond["message"] == expected
     shown(cluster, ns, "scale-from-zero", expected)
-    degraded = condition(get_json(cluster.kubectl, "pcd", "scale-from-zero", "-n", ns), "Degraded")
+    degraded = condition(cluster.pcd_json(ns, "scale-from-zero"), "Degraded")
     assert degraded is not None
     assert (degraded["status"], degraded["reason"]) == ("False", "AsExpected")
     assert event(cluster, ns, "scale-from-zero", "Unschedulable")["type"] == "Warning"
@@ -469,7 +469,7 @@ def test_gateway_ready_follows_the_gateway_controllers_verdict(
     )
     assert cond["message"] == expected
     shown(cluster, ns, "routed", expected)
-    status = get_json(cluster.kubectl, "pcd", "routed", "-n", ns)["status"]
+    status = cluster.pcd_json(ns, "routed")["status"]
     assert status["gateway"] == {"addresses": ["203.0.113.7"]}
     assert event(cluster, ns, "routed", "Accepted")["type"] == "Normal"
 
@@ -500,7 +500,7 @@ def test_monitoring_says_when_the_prometheus_operator_is_missing_then_applies(
         cond = wait_condition(
             cluster, ns, "watched", "MonitoringReady", "True", "PodMonitorsApplied", op
         )
-        uid = get_json(cluster.kubectl, "pcd", "watched", "-n", ns)["metadata"]["uid"]
+        uid = cluster.pcd_json(ns, "watched")["metadata"]["uid"]
         monitors = get_json(
             cluster.kubectl, "podmonitors", "-n", ns, "-l", "app.kubernetes.io/instance=watched"
         )["items"]
@@ -523,7 +523,7 @@ def test_monitoring_says_when_the_prometheus_operator_is_missing_then_applies(
             left = get_json(
                 cluster.kubectl, "podmonitors", "-n", ns, "-l", "app.kubernetes.io/instance=watched"
             )["items"]
-            obj = get_json(cluster.kubectl, "pcd", "watched", "-n", ns)
+            obj = cluster.pcd_json(ns, "watched")
             return not left and condition(obj, "MonitoringReady") is None
 
         wait_for(

@@ -57,7 +57,7 @@ def test_operator_image_makes_a_resource_available(cluster: Cluster, tmp_path: P
             return None if code is None else f"the operator exited {code}"
 
         def ready() -> dict[str, Any] | None:
-            obj = get_json(cluster.kubectl, "pcd", "fromimage", "-n", ns)
+            obj = cluster.pcd_json(ns, "fromimage")
             return condition(obj, "Ready")
 
         def operator_log() -> str:

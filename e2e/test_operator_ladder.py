@@ -114,7 +114,7 @@ def ladder_of(cluster: Cluster, env: dict[str, Any], name: str) -> dict[str, Any
     op: OperatorProcess = env["op"]
 
     def ready() -> Any:
-        st = get_json(cluster.kubectl, "pcd", name, "-n", env["ns"]).get("status") or {}
+        st = cluster.pcd_json(env["ns"], name).get("status") or {}
         return st.get("cache")
 
     return dict(wait_for(ready, f"{name} status.cache\n{op.log_tail()}", timeout=TIMEOUT_S))
@@ -133,7 +133,7 @@ def test_describe_names_the_largest_loss_and_the_condition_follows(
         assert (st["workload"], st["capacity"], st["routing"]) == (1.0, 1.0, 1.0)
         assert st["delivered"] == pytest.approx(120 / 128, abs=1e-3)
         assert st["largestLoss"] == "None"
-        cond = condition(get_json(cluster.kubectl, "pcd", "flat", "-n", ns), "CacheDelivering")
+        cond = condition(cluster.pcd_json(ns, "flat"), "CacheDelivering")
         assert (cond["status"], cond["reason"]) == ("True", "AsPredicted")
         assert "no step loses more than 10 points" in described(cluster, ns, "flat")
         # what the demo prints at its end: the Cache section, message and rungs
@@ -147,7 +147,7 @@ def test_describe_names_the_largest_loss_and_the_condition_follows(
         text = described(cluster, ns, "lost")
         assert "the largest loss is delivery (88 points)" in text, text
         assert "prefixCache.autoTune" in text
-        cond = condition(get_json(cluster.kubectl, "pcd", "lost", "-n", ns), "CacheDelivering")
+        cond = condition(cluster.pcd_json(ns, "lost"), "CacheDelivering")
         assert (cond["status"], cond["reason"]) == ("False", "DeliveredBelowPredicted")
     finally:
         for server in servers:

@@ -65,12 +65,12 @@ def test_the_exact_rules_are_enough(cluster: Cluster, rbac_ns: str, tmp_path: Pa
         )
 
         def ready() -> Any:
-            obj = get_json(cluster.kubectl, "pcd", "guarded", "-n", rbac_ns)
+            obj = cluster.pcd_json(rbac_ns, "guarded")
             cond = condition(obj, "Ready")
             return cond and cond["status"] == "True"
 
         wait_for(ready, f"Ready under the exact ClusterRole\n{op.log_tail()}", timeout=TIMEOUT_S)
-        obj = get_json(cluster.kubectl, "pcd", "guarded", "-n", rbac_ns)
+        obj = cluster.pcd_json(rbac_ns, "guarded")
         assert condition(obj, "Degraded")["status"] == "False"
         assert get_json(cluster.kubectl, "httproute", "guarded", "-n", rbac_ns) is not None
         assert get_json(cluster.kubectl, "secret", "guarded-salt", "-n", rbac_ns) is not None
@@ -159,9 +159,7 @@ def test_removing_one_rule_breaks_it(cluster: Cluster, rbac_ns: str, tmp_path: P
         apply_yaml(cluster.kubectl, resource("unguarded", rbac_ns))
 
         def degraded() -> Any:
-            cond = condition(
-                get_json(cluster.kubectl, "pcd", "unguarded", "-n", rbac_ns), "Degraded"
-            )
+            cond = condition(cluster.pcd_json(rbac_ns, "unguarded"), "Degraded")
             return cond if cond and cond["status"] == "True" else None
 
         cond = wait_for(
@@ -286,7 +284,7 @@ def test_the_charts_rbac_is_least_privilege_in_all_namespaces_mode(cluster: Clus
             "apply", "--server-side", f"--as={alice}", "-f", "-",
             input=yaml.safe_dump(resource("by-alice", team)),
         )  # fmt: skip
-        assert get_json(cluster.kubectl, "pcd", "by-alice", "-n", team) is not None
+        assert cluster.pcd_json(team, "by-alice") is not None
         cluster.wait_for(lambda: can_i(cluster, bob, "get", pcd, team), "view aggregates")
         assert not can_i(cluster, bob, "create", pcd, team)
         assert not can_i(cluster, alice, "create", pcd, ops)  # only where edit is bound

@@ -58,7 +58,7 @@ def env(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 
 
 def pcd(cluster: Cluster, ns: str, name: str) -> Any:
-    return get_json(cluster.kubectl, "pcd", name, "-n", ns)
+    return cluster.pcd_json(ns, name)
 
 
 def wait_ready(cluster: Cluster, ns: str, name: str, op: OperatorProcess) -> dict[str, Any]:

@@ -62,7 +62,7 @@ def operator(cluster: Cluster, ns: str, log: Path, *flags: str) -> OperatorProce
 
 def ready(cluster: Cluster, ns: str, op: OperatorProcess) -> dict[str, Any]:
     def now() -> Any:
-        obj = get_json(cluster.kubectl, "pcd", NAME, "-n", ns)
+        obj = cluster.pcd_json(ns, NAME)
         cond = condition(obj, "Ready")
         gen = obj["metadata"]["generation"]
         ok = cond and cond["status"] == "True" and obj["status"].get("observedGeneration") == gen

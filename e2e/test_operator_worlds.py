@@ -43,7 +43,7 @@ def wait_condition(
     reason: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     def check() -> Any:
-        cond = condition(get_json(cluster.kubectl, "pcd", name, "-n", ns), type_)
+        cond = condition(cluster.pcd_json(ns, name), type_)
         if cond and cond["status"] == status and (reason is None or cond["reason"] == reason):
             return cond
         return None

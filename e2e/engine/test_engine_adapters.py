@@ -55,7 +55,7 @@ from harness.epp.pool import PoolOnCluster
 from harness.epp.rendered import Rendered, deep_merge, render_resource
 from harness.epp.scores import DEBUG_LOG_ARG, scores_of
 from harness.net import accepts_connections
-from harness.operator import get_json, namespaced_operator, parse_prometheus, wait_for
+from harness.operator import namespaced_operator, parse_prometheus, wait_for
 from harness.pod import ProcessPod
 from harness.pytest_cluster import Cluster
 from harness.vllm.adapters import TinyAdapter, tiny_adapter
@@ -96,7 +96,7 @@ class Alpha:
         )
 
     def status(self) -> dict[str, dict[str, Any]]:
-        pcd = get_json(self.cluster.kubectl, "pcd", NAME, "-n", self.ns)
+        pcd = self.cluster.pcd_json(self.ns, NAME)
         return {a["name"]: a for a in (pcd.get("status") or {}).get("adapters") or []}
 
     def wait_adapters(

@@ -60,7 +60,6 @@ from harness.extproc_gateway import envoy_applies
 from harness.operator import (
     OperatorProcess,
     condition,
-    get_json,
     namespaced_operator,
     wait_for,
 )
@@ -171,7 +170,7 @@ class Served:
         return out
 
     def cache_status(self) -> dict[str, Any] | None:
-        pcd = get_json(self.cluster.kubectl, "pcd", self.name, "-n", self.ns) or {}
+        pcd = self.cluster.pcd_json(self.ns, self.name) or {}
         cache = (pcd.get("status") or {}).get("cache")
         return dict(cache) if cache else None
 
@@ -207,9 +206,7 @@ class Served:
         return re.sub(r"\s+", " ", str(out))
 
     def delivering(self) -> dict[str, Any] | None:
-        return condition(
-            get_json(self.cluster.kubectl, "pcd", self.name, "-n", self.ns), "CacheDelivering"
-        )
+        return condition(self.cluster.pcd_json(self.ns, self.name), "CacheDelivering")
 
 
 @dataclass(frozen=True)

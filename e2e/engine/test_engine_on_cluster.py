@@ -35,7 +35,7 @@ from harness.engine.client import chat_body, long_text
 from harness.engine.cluster_pods import PROCESS_POD_TEMPLATE, run_on_cluster
 from harness.engine.pods import engine_resource
 from harness.images import built_image
-from harness.operator import condition, get_json, namespaced_operator, wait_for
+from harness.operator import condition, namespaced_operator, wait_for
 from harness.pod import ProcessPod
 from harness.pytest_cluster import Cluster
 from harness.vllm.server import START_TIMEOUT_S
@@ -52,7 +52,7 @@ def env(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 
 
 def _status(cluster: Cluster, ns: str) -> dict[str, Any]:
-    return dict(get_json(cluster.kubectl, "pcd", NAME, "-n", ns).get("status") or {})
+    return dict(cluster.pcd_json(ns, NAME).get("status") or {})
 
 
 def _pod_ready(cluster: Cluster, ns: str, pod: str) -> str | None:
@@ -108,7 +108,7 @@ def test_status_and_readiness_come_from_the_real_engine(
         time.sleep(3)
         if not pod.ready:
             assert _pod_ready(cluster, ns, name) == "False"
-            ready = condition(get_json(cluster.kubectl, "pcd", NAME, "-n", ns), "Ready")
+            ready = condition(cluster.pcd_json(ns, NAME), "Ready")
             assert ready is None or ready["status"] != "True"
         pod.wait_ready(timeout_s=START_TIMEOUT_S)
         wait_for(
@@ -145,7 +145,7 @@ def test_status_and_readiness_come_from_the_real_engine(
             f"readyReplicas 0 after the engine died\n{op.log_tail()}",
             timeout=120,
         )
-        ready = condition(get_json(cluster.kubectl, "pcd", NAME, "-n", ns), "Ready")
+        ready = condition(cluster.pcd_json(ns, NAME), "Ready")
         assert ready is not None
         assert ready["status"] == "False"
         assert name in ready["message"], ready

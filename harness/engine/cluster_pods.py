@@ -133,10 +133,10 @@ def _running_pods(pool: PoolOnCluster, timeout_s: float = 120) -> list[dict[str,
     selector = ",".join(f"{k}={v}" for k, v in pool.rendered.selector.items())
     deadline = time.monotonic() + timeout_s
     while True:
-        items = pool.cluster.get_json("pods", "-n", pool.rendered.namespace, "-l", selector)
+        items = pool.cluster.pods_json(pool.rendered.namespace, selector)
         pods = [
             p
-            for p in items["items"]
+            for p in ([] if items is None else items["items"])
             if p["status"].get("podIP") and not p["metadata"].get("deletionTimestamp")
         ]
         if len(pods) == pool.rendered.replicas:
@@ -216,13 +216,13 @@ class ProcessKubelet:
     """The kubelet for every annotated pod matching `selector` in `namespace`, as they come
     and go: a Deployment's rollout, a scale or a deletion plays out with real processes.
 
-    Every `period_s` it lists the pods (one `kubectl get`). A new pod that kwok has given an
-    IP is started from its spec as the API server holds it (its own thread: starting waits
-    for an engine slot); a pod that is gone or being deleted is terminated as a kubelet
-    would (`ProcessPod.terminate`: preStop hooks, SIGTERM, the grace period), in its own
-    thread too, so the old pod drains while the new one serves. kwok deletes a pod object
-    at once, so here the picker sees a deleted pod leave at once; a real kubelet marks it
-    not Ready first, which the front's lame duck covers either way.
+    Every `period_s` it lists the pods (`Cluster.pods_json`: no kubectl process). A new pod
+    that kwok has given an IP is started from its spec as the API server holds it (its own
+    thread: starting waits for an engine slot); a pod that is gone or being deleted is
+    terminated as a kubelet would (`ProcessPod.terminate`: preStop hooks, SIGTERM, the grace
+    period), in its own thread too, so the old pod drains while the new one serves. kwok
+    deletes a pod object at once, so here the picker sees a deleted pod leave at once; a
+    real kubelet marks it not Ready first, which the front's lame duck covers either way.
     """
 
     def __init__(
@@ -287,14 +287,12 @@ class ProcessKubelet:
 
     def _run(self) -> None:
         while not self._stop.wait(self.period_s):
-            listed = self.cluster.kubectl(
-                "get", "pods", "-n", self.namespace, "-l", self.selector, "-o", "json", check=False
-            )
-            if listed.returncode != 0:
+            listed = self.cluster.pods_json(self.namespace, self.selector)
+            if listed is None:
                 continue
             live = {
                 p["metadata"]["name"]: p
-                for p in json.loads(listed.stdout)["items"]
+                for p in listed["items"]
                 if not p["metadata"].get("deletionTimestamp")
             }
             for name in [n for n in self.pods if n not in live]:  # first: their IPs held

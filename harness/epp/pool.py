@@ -144,11 +144,9 @@ class PoolOnCluster:
 
     def ready_pods(self) -> list[dict[str, Any]]:
         selector = ",".join(f"{k}={v}" for k, v in self.rendered.selector.items())
-        items = self.cluster.get_json("pods", "-n", self.rendered.namespace, "-l", selector)[
-            "items"
-        ]
+        listed = self.cluster.pods_json(self.rendered.namespace, selector)
         ready = []
-        for p in items:
+        for p in [] if listed is None else listed["items"]:
             if p["metadata"].get("deletionTimestamp"):
                 continue
             conds = {c["type"]: c["status"] for c in p["status"].get("conditions", [])}

@@ -83,15 +83,19 @@ def test_a_pod_stopped_while_it_waits_for_a_slot_never_starts(
 
 
 class _ListsOnePod:
-    """A cluster whose one annotated pod has an IP: what the kubelet's loop lists."""
+    """A cluster whose one annotated pod has an IP: what the kubelet's loop lists (through
+    `pods_json`, as `Cluster` reads it in-process) and any other read returns."""
 
-    def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def pods_json(self, namespace: str, selector: str) -> dict[str, Any]:
         pod = {
             "metadata": {"name": "alpha-1", "annotations": {PROCESS_POD_ANNOTATION: "true"}},
             "spec": _spec("front"),
             "status": {"podIP": "127.0.0.11"},
         }
-        return subprocess.CompletedProcess(args, 0, json.dumps({"items": [pod]}), "")
+        return {"items": [pod]}
+
+    def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(args, 0, json.dumps(self.pods_json("", "")), "")
 
 
 def test_the_kubelet_starts_a_pod_once_however_long_building_it_takes(

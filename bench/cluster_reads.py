@@ -20,7 +20,6 @@ Needs the control plane's binaries (`python e2e/cluster build`, which `scripts/t
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import statistics
 import time
@@ -29,18 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.cpu import tree_cpu_seconds
 from harness.operator import apply_yaml, get_json, install_crd
 from harness.operator import resource as pcd_resource
 from harness.pytest_cluster import Cluster, start_local_cluster, stop_cluster
 
 SELECTOR = "app=bench-reads"
 NAME = "reads"
-
-
-def _process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of `pid` so far (/proc/<pid>/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _apiserver_pid(cluster: Cluster) -> int:
@@ -78,12 +72,12 @@ class Arm:
     server_cpu_s: list[float] = field(default_factory=list)
 
     def measure(self, reads: int, apiserver: int) -> None:
-        wall0, cpu0, srv0 = time.monotonic(), _own_cpu_s(), _process_cpu_s(apiserver)
+        wall0, cpu0, srv0 = time.monotonic(), _own_cpu_s(), tree_cpu_seconds(apiserver)
         for _ in range(reads):
             assert self.read() is not None, f"{self.name}: a read failed"
         self.wall_s.append((time.monotonic() - wall0) / reads)
         self.client_cpu_s.append((_own_cpu_s() - cpu0) / reads)
-        self.server_cpu_s.append((_process_cpu_s(apiserver) - srv0) / reads)
+        self.server_cpu_s.append((tree_cpu_seconds(apiserver) - srv0) / reads)
 
 
 def _arms(cluster: Cluster, ns: str) -> list[Arm]:

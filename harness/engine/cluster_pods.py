@@ -136,7 +136,7 @@ def _running_pods(pool: PoolOnCluster, timeout_s: float = 120) -> list[dict[str,
         items = pool.cluster.pods_json(pool.rendered.namespace, selector)
         pods = [
             p
-            for p in ([] if items is None else items["items"])
+            for p in items["items"]
             if p["status"].get("podIP") and not p["metadata"].get("deletionTimestamp")
         ]
         if len(pods) == pool.rendered.replicas:
@@ -287,8 +287,9 @@ class ProcessKubelet:
 
     def _run(self) -> None:
         while not self._stop.wait(self.period_s):
-            listed = self.cluster.pods_json(self.namespace, self.selector)
-            if listed is None:
+            try:
+                listed = self.cluster.pods_json(self.namespace, self.selector)
+            except Exception:  # an HTTP error or a lost connection: list again next period
                 continue
             live = {
                 p["metadata"]["name"]: p

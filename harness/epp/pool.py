@@ -42,7 +42,7 @@ class ClusterLike(Protocol):
 
     def get_json(self, *args: str) -> Any: ...
 
-    def pods_json(self, namespace: str, selector: str) -> dict[str, Any] | None: ...
+    def pods_json(self, namespace: str, selector: str) -> dict[str, Any]: ...
 
     def service_account_kubeconfig(
         self, namespace: str, sa: str, path: Path, *, duration: str = "2h"
@@ -144,9 +144,8 @@ class PoolOnCluster:
 
     def ready_pods(self) -> list[dict[str, Any]]:
         selector = ",".join(f"{k}={v}" for k, v in self.rendered.selector.items())
-        listed = self.cluster.pods_json(self.rendered.namespace, selector)
         ready = []
-        for p in [] if listed is None else listed["items"]:
+        for p in self.cluster.pods_json(self.rendered.namespace, selector)["items"]:
             if p["metadata"].get("deletionTimestamp"):
                 continue
             conds = {c["type"]: c["status"] for c in p["status"].get("conditions", [])}

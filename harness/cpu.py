@@ -34,18 +34,26 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def descendants(pid: int) -> list[int]:
+    """The live processes `pid` started, and theirs, at the moment of reading."""
+    found: list[int] = []
+    pending = _children(pid)
+    while pending:
+        child = pending.pop()
+        found.append(child)
+        pending += _children(child)
+    return found
+
+
 def tree_cpu_seconds(pid: int | None = None) -> float:
     """User and system CPU seconds of `pid` (default: this process) and of its live
     descendants, to the kernel's clock tick (10 ms)."""
     root = os.getpid() if pid is None else pid
     total = time.process_time() if root == os.getpid() else 0.0
-    pending = _children(root) if root == os.getpid() else [root]
-    while pending:
-        child = pending.pop()
+    for child in descendants(root) if root == os.getpid() else [root, *descendants(root)]:
         fields = _stat_fields(child)
         if fields is None:
             continue
         utime, stime = int(fields[11]), int(fields[12])  # stat fields 14 and 15
         total += (utime + stime) / _TICKS_PER_SECOND
-        pending += _children(child)
     return total

@@ -21,6 +21,9 @@ what a kubelet would, from the pod spec alone:
   each container's `lifecycle.preStop` hook (exec, httpGet, sleep) and then SIGTERM to
   that container, all containers at once, and SIGKILL to whatever still runs when the
   pod's `terminationGracePeriodSeconds` is over;
+* **cpus**: an engine whose env binds it to a core starts with that core as its only CPU,
+  the rest of its processes get every core back once its startup probe passes
+  (`harness.vllm.affinity` says why);
 * **restarts** with a back-off that doubles from one second (a kubelet starts at ten);
 * **termination messages**: a container that exits non-zero under
   `terminationMessagePolicy: FallbackToLogsOnError` leaves the tail of its log (the last
@@ -48,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from harness.vllm.affinity import bound_cores, confined, release
 from harness.vllm.cpu import cpu_engine_args, engine_cache_root, engine_env
 from harness.vllm.layer import engine_dir
 from harness.vllm.server import START_TIMEOUT_S
@@ -145,6 +149,9 @@ class Container:
     cleanup: list[str] | None = None
     """What removes what the process leaves when killed (a container run from an image:
     SIGKILL stops podman, not the container)."""
+    start_cores: frozenset[int] | None = None
+    """The only CPUs the process may use until its startup probe passes (an engine bound
+    to a core: `harness.vllm.affinity`), or None to start it as this process runs."""
     restarts: int = 0
     started: bool = False
     exited_at: float | None = None
@@ -155,10 +162,11 @@ class Container:
 
     def start(self, cwd: Path) -> None:
         self._log = self.log_path.open("ab")
-        self._log.write(f"\n=== start {self.restarts + 1}: {shlex.join(self.argv)}\n".encode())
+        argv = self.argv if self.start_cores is None else confined(self.start_cores, self.argv)
+        self._log.write(f"\n=== start {self.restarts + 1}: {shlex.join(argv)}\n".encode())
         self._log.flush()
         self.proc = subprocess.Popen(
-            self.argv,
+            argv,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=self.env,
@@ -316,7 +324,10 @@ class ProcessPod:
         else:
             argv = [*promptcache_argv, *args]
 
-        return self._as_container(spec, argv, env)
+        container = self._as_container(spec, argv, env)
+        if spec["name"] == VLLM_CONTAINER and container.startup is not None:
+            container.start_cores = bound_cores(env)  # released when the probe passes
+        return container
 
     def _as_container(
         self,
@@ -589,6 +600,8 @@ class ProcessPod:
         c.startup.failures = 0 if ok else c.startup.failures + 1
         if ok:
             c.started = True
+            if c.start_cores is not None and c.proc is not None:
+                release(c.proc.pid)
         elif c.startup.failures >= c.startup.threshold:
             self._restart(c, c.startup)
 

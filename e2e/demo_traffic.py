@@ -164,7 +164,7 @@ class _StatusWatch:
 def _scheduled_pods(cluster: Any, rendered: Rendered, timeout_s: float = 120) -> list[str]:
     """The model-server pods once kwok has made them Running with an IP (not Ready: that
     is for their probes to say)."""
-    selector = ",".join(f"{k}={v}" for k, v in rendered.selector.items())
+    selector = rendered.label_selector
     deadline = time.monotonic() + timeout_s
     names: list[str] = []
     while time.monotonic() < deadline:

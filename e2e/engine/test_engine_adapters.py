@@ -63,7 +63,6 @@ from harness.vllm.server import START_TIMEOUT_S
 from harness.waiting import eventually
 from promptcache.contract import DEFAULT_ISOLATION_HEADER, VLLM_LOCAL_PORT, PickerTarget
 from promptcache.render.epp_config import KV_CACHE_SCORER, LORA_SCORER
-from promptcache.render.names import Component, Names, selector_labels
 
 pytestmark = [pytest.mark.cluster]
 
@@ -180,13 +179,13 @@ def alpha(
             },
         )
         cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
-        names = Names(instance=NAME, namespace=ns)
-        selector = ",".join(
-            f"{k}={v}" for k, v in selector_labels(names, Component.MODEL_SERVER).items()
-        )
         pool = PoolOnCluster(cluster, Rendered(render_resource(doc)), workdir / "pool")
         with ProcessKubelet(
-            cluster, ns, selector, workdir / "pods", kv_cache_bytes=KV_CACHE_BYTES
+            cluster,
+            ns,
+            pool.rendered.label_selector,
+            workdir / "pods",
+            kv_cache_bytes=KV_CACHE_BYTES,
         ) as kubelet:
             found = Alpha(cluster, ns, op, doc, kubelet, pool, folders)
             found.wait_adapters({"sql-lora": ("Served", 1)}, "the first pod", pods_must_start=True)

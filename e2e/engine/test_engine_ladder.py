@@ -67,7 +67,6 @@ from harness.pod import ProcessPod
 from harness.pytest_cluster import Cluster
 from harness.vllm.server import START_TIMEOUT_S
 from promptcache.contract import DEFAULT_ISOLATION_HEADER, LadderCounter, PickerTarget
-from promptcache.render.names import Component, Names, selector_labels
 
 pytestmark = [pytest.mark.cluster]
 
@@ -268,14 +267,10 @@ def serving(env: Env, name: str, kv_cache_bytes: int) -> Iterator[Served]:
     rendered = Rendered(render_resource(doc))
     assert rendered.picker is PickerTarget.PROMPTCACHE, "the default picker is ours"
     env.cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
-    names = Names(instance=name, namespace=env.ns)
-    selector = ",".join(
-        f"{k}={v}" for k, v in selector_labels(names, Component.MODEL_SERVER).items()
-    )
     pool = PoolOnCluster(env.cluster, rendered, env.workdir / name)
     try:
         with ProcessKubelet(
-            env.cluster, env.ns, selector, env.workdir / f"{name}-pods",
+            env.cluster, env.ns, rendered.label_selector, env.workdir / f"{name}-pods",
             kv_cache_bytes=kv_cache_bytes,
         ) as kubelet:  # fmt: skip
             wait_for(

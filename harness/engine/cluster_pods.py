@@ -128,24 +128,6 @@ def stop_on_cluster(cluster: Cluster, namespace: str, pod: ProcessPod) -> None:
         _write_readiness(cluster, namespace)(pod, False)
 
 
-def _running_pods(pool: PoolOnCluster, timeout_s: float = 120) -> list[dict[str, Any]]:
-    """The pool's model-server pods once kwok gave each an IP (Ready or not)."""
-    selector = ",".join(f"{k}={v}" for k, v in pool.rendered.selector.items())
-    deadline = time.monotonic() + timeout_s
-    while True:
-        items = pool.cluster.pods_json(pool.rendered.namespace, selector)
-        pods = [
-            p
-            for p in items["items"]
-            if p["status"].get("podIP") and not p["metadata"].get("deletionTimestamp")
-        ]
-        if len(pods) == pool.rendered.replicas:
-            return sorted(pods, key=lambda p: p["metadata"]["name"])
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{len(pods)}/{pool.rendered.replicas} pods Running")
-        time.sleep(0.3)
-
-
 def start_pool_pods(
     pool: PoolOnCluster,
     workdir: Path,
@@ -173,7 +155,7 @@ def start_pool_pods(
     cores = sorted(os.sched_getaffinity(0))
     pods = []
     on_ready = None if reports_to is None else _write_readiness(reports_to, pool.rendered.namespace)
-    objs = pool.wait_pods() if reports_to is None else _running_pods(pool)
+    objs = pool.wait_pods(ready=reports_to is None)
     for i, obj in enumerate(objs):
         mine = json.loads(json.dumps(spec))
         for c in mine["containers"]:

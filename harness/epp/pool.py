@@ -142,22 +142,29 @@ class PoolOnCluster:
         doc = json.dumps({"apiVersion": "v1", "kind": "List", "items": self.applicable_objects()})
         self.cluster.kubectl("apply", "-n", ns, "-f", "-", input=doc)
 
-    def ready_pods(self) -> list[dict[str, Any]]:
-        selector = ",".join(f"{k}={v}" for k, v in self.rendered.selector.items())
-        ready = []
-        for p in self.cluster.pods_json(self.rendered.namespace, selector)["items"]:
-            if p["metadata"].get("deletionTimestamp"):
+    def live_pods(self, *, ready: bool = True) -> list[dict[str, Any]]:
+        """The pool's model-server pods that kwok gave an IP and nobody is deleting, by
+        name; with `ready`, only those whose Ready condition is True."""
+        live = []
+        for p in self.cluster.pods_json(self.rendered.namespace, self.rendered.label_selector)[
+            "items"
+        ]:
+            if p["metadata"].get("deletionTimestamp") or not p["status"].get("podIP"):
                 continue
             conds = {c["type"]: c["status"] for c in p["status"].get("conditions", [])}
-            if conds.get("Ready") == "True" and p["status"].get("podIP"):
-                ready.append(p)
-        return sorted(ready, key=lambda p: p["metadata"]["name"])
+            if not ready or conds.get("Ready") == "True":
+                live.append(p)
+        return sorted(live, key=lambda p: p["metadata"]["name"])
 
-    def wait_pods(self, timeout_s: float = 120) -> list[dict[str, Any]]:
+    def ready_pods(self) -> list[dict[str, Any]]:
+        return self.live_pods(ready=True)
+
+    def wait_pods(self, timeout_s: float = 120, *, ready: bool = True) -> list[dict[str, Any]]:
+        """Until the Deployment's replicas are all live (and with `ready`, Ready)."""
         want = self.rendered.replicas
         return wait_until(
-            self.ready_pods,
-            f"{want} model-server pods Ready",
+            lambda: self.live_pods(ready=ready),
+            f"{want} model-server pods {'Ready' if ready else 'with an IP'}",
             within_s=timeout_s,
             interval_s=0.3,
             until=lambda pods: len(pods) == want,

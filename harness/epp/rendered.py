@@ -230,6 +230,11 @@ class Rendered:
         return dict(self.pool["spec"]["selector"]["matchLabels"])
 
     @property
+    def label_selector(self) -> str:
+        """`selector` as the API server's `labelSelector` query (and kubectl's `-l`) reads it."""
+        return ",".join(f"{k}={v}" for k, v in self.selector.items())
+
+    @property
     def service_account(self) -> str:
         return str(self.epp_deployment["spec"]["template"]["spec"]["serviceAccountName"])
 

@@ -26,11 +26,13 @@ What must hold, read back from the real API server and from what clients receive
   the picker's own scores for it (its debug log, `harness.epp.scores`) show what it saw.
 
 Cost on this 2-core machine (real engines; `--durations`, 2026-12-07): the whole module
-10.5 min with one core kept busy by an unrelated process (24.1 min in CI's busy run
-before the clients were paced, 11.1 min in a quiet one). Set-up (operator, one engine
-pod) 45 s; adding and removing an adapter 4.3 min (two rollouts, each a new engine start
-beside the old pod, then its drain; 2.8 min quiet); the bad adapters 3.3 min (two engine
-starts that fail); the picker test 1.7 min (one more engine pod, two picker starts).
+6.7 min in a CI run since engine pods start inside their core (`harness.vllm.affinity`;
+8.6-12.4 min in the last quiet CI runs before, where a new pod's start could stall for
+minutes), 10.5 min with one core kept busy by an unrelated process before that. Set-up
+(operator, one engine pod) 40 s; adding and removing an adapter 2.6-3.5 min (two
+rollouts, each a new engine start beside the old pod, then its drain); the bad adapters
+about 2 min (two engine starts that fail); the picker test 1.3-1.5 min (one more engine pod,
+two picker starts).
 """
 
 from __future__ import annotations

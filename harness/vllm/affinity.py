@@ -23,7 +23,8 @@ core again, as they had before: only the start differs. The worker stays, since 
 binds its OpenMP threads to those cores itself.
 
 An engine without a core (`nobind`: bare `VllmServer`s and a module's own pods) starts as
-before.
+before; a `VllmServer` given `start_cores` starts as the kubelet's engines do, which
+`bench/engine_start_beside.py` uses to compare both starts beside a serving engine.
 """
 
 from __future__ import annotations

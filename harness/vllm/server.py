@@ -21,6 +21,7 @@ from contextlib import ExitStack, suppress
 from pathlib import Path
 from typing import IO, Any
 
+from harness.vllm.affinity import confined, release
 from harness.vllm.cpu import cpu_engine_args, engine_cache_root, engine_env
 from harness.vllm.layer import engine_dir
 from harness.vllm.slots import engine_slot
@@ -47,9 +48,11 @@ class VllmServer:
         env: Mapping[str, str] | None = None,
         kv_cache_bytes: int | None = None,
         name: str = "vllm",
+        start_cores: frozenset[int] | None = None,
     ) -> None:
         """`args`: what follows `vllm serve`, as rendered (model first); the CPU
-        translation is applied here, once."""
+        translation is applied here, once. `start_cores`: the only CPUs of the engine until
+        it is healthy (`harness.vllm.affinity`; None: start as this process runs)."""
         self.workdir = workdir
         self.host, self.port = host, port
         self.name = name
@@ -59,6 +62,7 @@ class VllmServer:
         self.env = engine_env(env or {}, cache_root=workdir / "vllm-cache")
         self.log_path = workdir / f"{name}.log"
         self.starts = 0
+        self.start_cores = start_cores
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         self._slot = ExitStack()
@@ -81,15 +85,16 @@ class VllmServer:
             self._holds_slot = True
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("ab")
-        self._log.write(
-            f"\n=== start {self.starts + 1}: vllm serve {' '.join(self.args)}\n".encode()
-        )
+        command = [str(engine_dir() / "bin" / "vllm"), "serve", *self.args]
+        argv = command if self.start_cores is None else confined(self.start_cores, command)
+        shown = [*argv[: len(argv) - len(command)], "vllm serve", *self.args]
+        self._log.write(f"\n=== start {self.starts + 1}: {' '.join(shown)}\n".encode())
         self._log.flush()
         env = {**os.environ, **self.env}
         env.pop("PYTHONPATH", None)  # the engine's own virtualenv, nothing of ours
         engine_cache_root(Path(env["VLLM_CACHE_ROOT"]))
         self._proc = subprocess.Popen(
-            [str(engine_dir() / "bin" / "vllm"), "serve", *self.args],
+            argv,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=env,
@@ -108,6 +113,8 @@ class VllmServer:
                     f"{self.name} exited ({code}) before it was healthy:\n{self.log_tail()}"
                 )
             if self.health() == 200:
+                if self.start_cores is not None:
+                    release(self._proc.pid)
                 return self
             time.sleep(0.5)
         raise EngineFailedError(

@@ -26,7 +26,7 @@ What must hold, read back from the real API server and from what clients receive
   the picker's own scores for it (its debug log, `harness.epp.scores`) show what it saw.
 
 Cost on this 2-core machine (real engines; `--durations`, 2026-12-07): the whole module
-6.7 min in a CI run since engine pods start inside their core (`harness.vllm.affinity`;
+6.0-6.7 min in CI runs since engine pods start inside their core (`harness.vllm.affinity`;
 8.6-12.4 min in the last quiet CI runs before, where a new pod's start could stall for
 minutes), 10.5 min with one core kept busy by an unrelated process before that. Set-up
 (operator, one engine pod) 40 s; adding and removing an adapter 2.6-3.5 min (two

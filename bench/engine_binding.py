@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +70,27 @@ def engine_args(ip: str) -> list[str]:
     )
     vllm = next(c for c in spec["containers"] if c["name"] == "vllm")
     return [pod_local(str(a), ip, {}) for a in vllm["args"]]
+
+
+def bench_engine(
+    workdir: Path,
+    env: Mapping[str, str],
+    name: str,
+    start_cores: frozenset[int] | None = None,
+) -> VllmServer:
+    """A real engine of the tiny model on a pod IP of its own, with a test resource's
+    rendered args and 8 MiB of KV cache (the engine benches' one shape)."""
+    ip = free_pod_ip()
+    return VllmServer(
+        workdir,
+        engine_args(ip),
+        host=ip,
+        port=VLLM_LOCAL_PORT,
+        env=env,
+        kv_cache_bytes=8 << 20,
+        name=name,
+        start_cores=start_cores,
+    )
 
 
 @dataclass
@@ -113,15 +135,8 @@ def run_arm(layout: str, args: argparse.Namespace, workdir: Path) -> Sample:
     with ExitStack() as stack:
         engines = []
         for i in range(args.engines):
-            ip = free_pod_ip()
-            server = VllmServer(
-                workdir / f"{layout.replace(' ', '-')}-{i}",
-                engine_args(ip),
-                host=ip,
-                port=VLLM_LOCAL_PORT,
-                env=layout_env(layout, i),
-                kv_cache_bytes=8 << 20,
-                name=f"vllm-{i}",
+            server = bench_engine(
+                workdir / f"{layout.replace(' ', '-')}-{i}", layout_env(layout, i), f"vllm-{i}"
             )
             stack.callback(server.stop)
             engines.append(server)

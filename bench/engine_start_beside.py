@@ -15,10 +15,10 @@ stalled some starts for minutes). This bench measures what that costs or saves:
   the API server's first line to the EngineCore's, where the stalls were seen.
 
 It prints each arm's median and worst against `free`, measured in the same run, and the
-requests A served meanwhile. `--busy` keeps one more core busy with a spinning process.
+requests A served meanwhile.
 
     python -m bench.engine_start_beside               # ~6 minutes: 3 rounds of 2 arms
-    python -m bench.engine_start_beside --rounds 5 --busy
+    python -m bench.engine_start_beside --rounds 5 --pause 0.3
 
 Needs the engine layer (`scripts/engine`) and two free engine slots.
 """
@@ -31,8 +31,6 @@ import os
 import re
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -42,11 +40,9 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.engine_binding import engine_args
-from harness.engine.pods import free_pod_ip
-from harness.vllm import VllmServer, engine_unavailable
+from bench.engine_binding import bench_engine
+from harness.vllm import engine_unavailable
 from harness.vllm.cpu import OMP_BIND_ENV
-from promptcache.contract import VLLM_LOCAL_PORT
 
 ARMS = ("free", "confined")
 BASELINE = ARMS[0]
@@ -122,15 +118,10 @@ class Clients:
 
 
 def start_b(arm: str, core: int, workdir: Path, n: int) -> Start:
-    ip = free_pod_ip()
-    server = VllmServer(
+    server = bench_engine(
         workdir / f"b-{arm}-{n}",
-        engine_args(ip),
-        host=ip,
-        port=VLLM_LOCAL_PORT,
-        env={OMP_BIND_ENV: str(core)},
-        kv_cache_bytes=8 << 20,
-        name="vllm-b",
+        {OMP_BIND_ENV: str(core)},
+        "vllm-b",
         start_cores=frozenset({core}) if arm == "confined" else None,
     )
     started = time.monotonic()
@@ -147,7 +138,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=40)
     ap.add_argument("--pause", type=float, default=1.0)
-    ap.add_argument("--busy", action="store_true", help="keep one more core busy all along")
     args = ap.parse_args(argv)
     why = engine_unavailable()
     if why is not None:
@@ -156,18 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     if len(cores) < 2:
         raise SystemExit("one usable core: there is no other core to start beside")
     workdir = Path(tempfile.mkdtemp(prefix="engine-start-beside-"))
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy else None
     starts: dict[str, list[Start]] = {arm: [] for arm in ARMS}
-    ip = free_pod_ip()
-    a = VllmServer(
-        workdir / "a",
-        engine_args(ip),
-        host=ip,
-        port=VLLM_LOCAL_PORT,
-        env={OMP_BIND_ENV: str(cores[0])},
-        kv_cache_bytes=8 << 20,
-        name="vllm-a",
-    )
+    a = bench_engine(workdir / "a", {OMP_BIND_ENV: str(cores[0])}, "vllm-a")
     try:
         with a, Clients(a.url, args.clients, args.tokens, args.pause) as clients:
             for r in range(args.rounds):
@@ -183,14 +163,11 @@ def main(argv: list[str] | None = None) -> int:
                     )
             served, errors = clients.served, clients.errors
     finally:
-        if busy is not None:
-            busy.kill()
-            busy.wait()
         shutil.rmtree(workdir, ignore_errors=True)
     base = statistics.median(s.healthy_s for s in starts[BASELINE])
     print(
-        f"\n{args.rounds} rounds beside an engine serving {args.clients} paced clients"
-        f"{' and one core kept busy' if busy else ''}; A served {served} requests,"
+        f"\n{args.rounds} rounds beside an engine serving {args.clients} paced clients;"
+        f" A served {served} requests,"
         f" {len(errors)} failed{': ' + errors[0] if errors else ''}."
         f" Ratio against `{BASELINE}` (below 1: faster)"
     )

@@ -85,10 +85,10 @@ class VllmServer:
             self._holds_slot = True
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("ab")
-        command = [str(engine_dir() / "bin" / "vllm"), "serve", *self.args]
-        argv = command if self.start_cores is None else confined(self.start_cores, command)
-        shown = [*argv[: len(argv) - len(command)], "vllm serve", *self.args]
-        self._log.write(f"\n=== start {self.starts + 1}: {' '.join(shown)}\n".encode())
+        prefix = [] if self.start_cores is None else confined(self.start_cores, [])
+        argv = [*prefix, str(engine_dir() / "bin" / "vllm"), "serve", *self.args]
+        shown = " ".join([*prefix, "vllm serve", *self.args])
+        self._log.write(f"\n=== start {self.starts + 1}: {shown}\n".encode())
         self._log.flush()
         env = {**os.environ, **self.env}
         env.pop("PYTHONPATH", None)  # the engine's own virtualenv, nothing of ours

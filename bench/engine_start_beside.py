@@ -95,12 +95,15 @@ class Clients:
                 "temperature": 0,
                 "stream": n % 2 == 0,
             }
-            async with http.post(self.url + "/v1/completions", json=body) as resp:
-                text = await resp.text()
-                if resp.status == 200:
-                    self.served += 1
-                else:
-                    self.errors.append(f"{resp.status} {text[:120]}")
+            try:
+                async with http.post(self.url + "/v1/completions", json=body) as resp:
+                    text = await resp.text()
+                    if resp.status == 200:
+                        self.served += 1
+                    else:
+                        self.errors.append(f"{resp.status} {text[:120]}")
+            except aiohttp.ClientError as error:  # counted, and the client goes on asking
+                self.errors.append(repr(error))
             i += 1
             await asyncio.sleep(self.pause)
 
